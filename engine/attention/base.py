@@ -1,0 +1,62 @@
+"""The attention interface: one metadata object per step, one backend per engine.
+
+KV cache layout (per layer): two tensors, key and value, each
+`[num_blocks, block_size, num_kv_heads, head_dim]` (flashinfer's "NHD" paged
+layout, so both backends share the pool). A token's slot is
+`block_id * block_size + offset_in_block`.
+
+The batch is flattened: the tokens of all sequences of a step lie end to end
+(`query_lens` says how many belong to each sequence, in order). A prefill
+chunk and a decode token are the same thing here: `query_len` new tokens
+whose keys go after `context_len - query_len` tokens already in the cache.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    query_lens: list[int]  # new tokens per sequence this step
+    context_lens: list[int]  # tokens in the KV cache per sequence after this step's writes
+    block_tables: list[list[int]]  # block ids per sequence, in order
+    slot_mapping: torch.Tensor  # [num_tokens] int64: where each new token's k/v goes
+    block_size: int
+    # backends cache per-step derived state here (index tensors, flashinfer plans)
+    scratch: dict = field(default_factory=dict)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.numel())
+
+
+class AttentionBackend(ABC):
+    name: str = "abstract"
+
+    @abstractmethod
+    def prepare(self, metadata: AttentionMetadata) -> None:
+        """Once per step, before the forward: build whatever all layers share."""
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Write k/v into the cache at `slot_mapping`, then attend causally.
+
+        Returns [num_tokens, num_heads, head_dim].
+        """

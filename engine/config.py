@@ -1,0 +1,56 @@
+"""Engine configuration: one dataclass, hashed into the replica's identity."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class EngineConfig:
+    model: str  # local Hugging Face directory
+    dtype: str = "float32"  # "float32" | "bfloat16" (| "float16" on CUDA)
+    device: str = "cpu"
+    attention_backend: str = "auto"  # "auto" | "torch" | "flashinfer"
+    seed: int = 0
+    # KV cache
+    block_size: int = 16
+    kv_cache_memory_bytes: int = 256 * 1024**2  # memory budget for the KV pool
+    num_kv_blocks: int | None = None  # overrides the memory budget when set (tests)
+    enable_prefix_caching: bool = True
+    # scheduler budgets
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    # quantization: "none" | "int8" | "int4"; group size for int4; layers (name substrings) to skip
+    quantization: str = "none"
+    quant_group_size: int = 128
+    quant_skip_layers: list[str] = field(default_factory=lambda: ["lm_head"])
+    # speculative decoding: "none" | "ngram" | "draft"
+    speculative_mode: str = "none"
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
+    ngram_min: int = 1
+    ngram_max: int = 4
+    # tokenization
+    tokenization_cache_size: int = 4096
+    # identity
+    replica_id: str = "replica-0"
+    served_model_name: str | None = None  # defaults to the model directory's name
+    store_text: bool = False  # may prompt/output text be stored in telemetry
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    def config_hash(self) -> str:
+        """Hash of everything that can change what or how the engine computes.
+
+        The replica id and the served name are labels, not behaviour: excluded,
+        so that identical replicas share a config hash.
+        """
+        d = asdict(self)
+        for label in ("replica_id", "served_model_name"):
+            d.pop(label)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,214 @@
+"""The telemetry contract: every record infersight stores.
+
+The engine produces these, the recorder buffers and ships them, the DDL in
+`telemetry/schema/` mirrors them column for column, and diagnostics, dashboards
+and evals read only what is defined here. Columns may be added; none may
+silently change meaning.
+
+Conventions:
+- time is UTC; wall-clock instants are float seconds since the epoch
+  (`time.time()`), durations are float seconds;
+- token IDs are lists of ints (Array(UInt32) in ClickHouse);
+- JSON-valued fields are `str` holding JSON (so the records stay flat);
+- this module depends on nothing but the standard library, so the engine can
+  import it without pulling in the telemetry stack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class ReplicaRecord:
+    """One row per replica start: its identity and its placement."""
+
+    replica_id: str
+    host: str
+    pid: int
+    start_time: float
+    engine_version: str
+    model_name: str
+    weights_hash: str
+    tokenizer_hash: str
+    chat_template_hash: str
+    config_json: str  # the full engine config as JSON
+    config_hash: str
+    dtype: str
+    quantization: str  # "none" | "int8" | "int4-g128" ...
+    speculative_mode: str  # "none" | "ngram" | "draft"
+    attention_backend: str  # "torch" | "flashinfer"
+    device: str  # "cpu" | "cuda:0" ...
+    # placement
+    cpu_affinity: list[int] = field(default_factory=list)
+    cpu_numa_nodes: list[int] = field(default_factory=list)
+    mem_policy_nodes: list[int] = field(default_factory=list)
+    gpu_numa_node: int = -1  # -1: no GPU or unknown
+    numa_mismatch: bool = False
+    labels_json: str = "{}"  # free-form operator labels (fleet name, zone ...)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One row per finished or aborted request."""
+
+    replica_id: str
+    request_id: str
+    trace_id: str  # W3C trace id (32 hex), "" when not traced
+    model_name: str
+    workload: str  # workload tag from the client ("chat", "agent", "batch", "" ...)
+    # lifecycle instants (epoch seconds); 0.0 when the request never got there
+    arrival_time: float
+    scheduled_time: float  # first time the scheduler ran any of its tokens
+    first_token_time: float
+    finish_time: float
+    # derived durations (seconds)
+    queue_seconds: float  # arrival -> scheduled
+    prefill_seconds: float  # scheduled -> first token
+    ttft_seconds: float  # arrival -> first token
+    e2e_seconds: float  # arrival -> finish
+    # tokens
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int  # prompt tokens served from the prefix cache
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    # offset of each output token from arrival_time, seconds (len == output_tokens)
+    token_times: list[float]
+    # sampling and outcome
+    sampling_params_json: str
+    finish_reason: str  # "stop" | "length" | "abort" | "error"
+    error: str = ""
+    preemptions: int = 0
+    spec_proposed: int = 0  # draft tokens proposed for this request
+    spec_accepted: int = 0  # of which accepted
+    prompt_text_hash: str = ""  # sha256 of the prompt text, "" for token-ID prompts
+    prompt_text: str = ""  # only when the operator allows storing text
+    output_text: str = ""  # only when the operator allows storing text
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One row per scheduler step."""
+
+    replica_id: str
+    step_id: int  # monotonically increasing per replica start
+    start_time: float  # epoch seconds
+    duration_seconds: float  # wall time of the whole step
+    phase: str  # "prefill" | "decode" | "mixed" | "idle"
+    num_seqs: int  # sequences in the batch
+    num_prefill_seqs: int
+    num_decode_seqs: int
+    num_tokens: int  # tokens fed to the forward pass
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_generated_tokens: int  # tokens appended to outputs this step
+    # host time split, seconds
+    schedule_seconds: float
+    prepare_seconds: float
+    forward_seconds: float
+    sample_seconds: float
+    postprocess_seconds: float
+    telemetry_seconds: float  # time spent in observers during the previous step
+    # KV cache (blocks)
+    kv_blocks_total: int
+    kv_blocks_used: int  # referenced by running sequences
+    kv_blocks_free: int  # not referenced (includes cached)
+    kv_blocks_cached: int  # free but holding a reusable prefix
+    prefix_hit_tokens: int  # prompt tokens served from cache in this step's admissions
+    prefix_query_tokens: int  # prompt tokens looked up in this step's admissions
+    evictions: int  # cached blocks evicted this step
+    # queues
+    num_waiting: int
+    num_running: int
+    num_preempted: int  # preemptions this step
+    # speculative decoding
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    # accepted count per draft position (index 0 = first draft token) this step
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class EvalRunRecord:
+    run_id: str
+    suite: str
+    start_time: float
+    finish_time: float
+    config_json: str
+    config_hash: str
+    model_name: str
+    weights_hash: str
+    quantization: str
+    speculative_mode: str
+    git_sha: str
+    num_items: int
+    accuracy: float
+    endpoint: str = ""  # URL when run against a deployed replica
+    notes: str = ""
+
+
+@dataclass(slots=True)
+class EvalItemRecord:
+    run_id: str
+    item_id: str
+    suite: str
+    task: str  # sub-task label (e.g. "addition")
+    scorer: str
+    score: float  # 1.0 correct / 0.0 wrong, or a graded score
+    reference: str
+    output_text: str
+    input_token_ids: list[int]
+    output_token_ids: list[int]
+    output_logprobs: list[float] = field(default_factory=list)  # logprob of each output token
+    latency_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class FindingRecord:
+    finding_id: str  # stable hash of (kind, subject, scope) so re-runs update, not duplicate
+    kind: str  # "regression" | "lagging_replica" | "tokenizer_divergence" | "quality_drift" ...
+    severity: str  # "info" | "warning" | "critical"
+    subject: str  # what it is about: a replica id, a version pair, a config hash ...
+    summary: str  # one line a person reads first
+    window_start: float
+    window_end: float
+    evidence_json: str  # numbers, tests, replicas, token IDs, first divergence
+    first_seen: float
+    last_seen: float
+    diagnostic: str = ""  # which diagnostic produced it
+
+
+@dataclass(slots=True)
+class ProfileRecord:
+    profile_id: str
+    replica_id: str
+    pid: int
+    start_time: float
+    duration_seconds: float
+    stack: str  # folded stack "a;b;c"
+    samples: int
+    group: str = ""  # scheduler | input_preparation | forward | sampling | telemetry | server | other
+
+
+RECORD_TYPES: dict[str, type] = {
+    "replicas": ReplicaRecord,
+    "requests": RequestRecord,
+    "steps": StepRecord,
+    "eval_runs": EvalRunRecord,
+    "eval_items": EvalItemRecord,
+    "findings": FindingRecord,
+    "profiles": ProfileRecord,
+}
+
+
+def record_fields(record_type: type) -> list[str]:
+    """Column names of a record type, in declaration order (the DDL's order)."""
+    return [f.name for f in dataclasses.fields(record_type)]
+
+
+def as_row(record: Any) -> tuple:
+    """A record as a tuple in column order (cheap: no dict is built)."""
+    return tuple(getattr(record, name) for name in record.__slots__)

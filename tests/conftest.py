@@ -1,0 +1,33 @@
+"""Shared fixtures: small random-weight models of real architectures, built once per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """`factory(arch="llama", **overrides) -> Path`: a saved random model, cached per arguments."""
+    from engine.tiny_model import build_random_model
+
+    cache: dict = {}
+
+    def factory(arch: str = "llama", **overrides):
+        key = (arch, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"tiny_{arch}")
+            cache[key] = build_random_model(out, arch, **overrides)
+        return cache[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_factory):
+    return tiny_model_factory("llama")
