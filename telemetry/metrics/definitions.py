@@ -1,0 +1,111 @@
+"""The engine's Prometheus metric families (the names are a contract: see COMMON.md / METRICS.md).
+
+One `EngineMetrics` per registry: several replicas in one process (tests, a local
+fleet) share the families and tell themselves apart by the `replica` label.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+from telemetry.metrics import buckets
+
+LABELS = ("replica", "model")
+# `*_created` series would double the scrape and show up as extra gauge families in the
+# text format that dashboards and alerts must not depend on (vLLM turns them off too).
+disable_created_metrics()
+
+REPLICA_INFO_LABELS = LABELS + (
+    "version", "config_hash", "quantization", "speculative_mode", "attention_backend",
+    "tokenizer_hash", "chat_template_hash", "numa_mismatch",
+)
+
+
+class EngineMetrics:
+    """Every engine-side metric family, registered on one registry."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+
+        def histogram(name, doc, bounds):
+            return Histogram(name, doc, LABELS, buckets=bounds, registry=registry)
+
+        def gauge(name, doc, extra=()):
+            return Gauge(name, doc, LABELS + tuple(extra), registry=registry)
+
+        def counter(name, doc, extra=()):
+            # prometheus_client appends the `_total` suffix on exposition
+            return Counter(name.removesuffix("_total"), doc, LABELS + tuple(extra), registry=registry)
+
+        # request latencies (observed once per finished request)
+        self.ttft = histogram("infersight_time_to_first_token_seconds",
+                              "Arrival to first output token, seconds", buckets.TTFT_SECONDS)
+        self.itl = histogram("infersight_inter_token_latency_seconds",
+                             "Time between consecutive output tokens of a request, seconds", buckets.ITL_SECONDS)
+        self.e2e = histogram("infersight_e2e_request_latency_seconds",
+                             "Arrival to finish of a request, seconds", buckets.REQUEST_SECONDS)
+        self.queue = histogram("infersight_request_queue_time_seconds",
+                               "Arrival to first scheduled, seconds", buckets.REQUEST_SECONDS)
+        self.prefill = histogram("infersight_request_prefill_time_seconds",
+                                 "First scheduled to first output token, seconds", buckets.REQUEST_SECONDS)
+        self.decode = histogram("infersight_request_decode_time_seconds",
+                                "First output token to finish, seconds", buckets.REQUEST_SECONDS)
+        self.request_prompt_tokens = histogram("infersight_request_prompt_tokens",
+                                               "Prompt tokens per finished request", buckets.TOKENS)
+        self.request_generation_tokens = histogram("infersight_request_generation_tokens",
+                                                   "Output tokens per finished request", buckets.TOKENS)
+        # steps
+        self.step_duration = histogram("infersight_step_duration_seconds",
+                                       "Wall time of one scheduler step, seconds", buckets.STEP_SECONDS)
+        self.host_overhead = histogram("infersight_step_host_overhead_ratio",
+                                       "Share of a step's wall time spent outside the forward pass (0..1)",
+                                       buckets.RATIO)
+        # state
+        self.running = gauge("infersight_num_requests_running", "Requests in the running batch")
+        self.waiting = gauge("infersight_num_requests_waiting", "Requests waiting to be scheduled")
+        self.kv_usage = gauge("infersight_kv_cache_usage_ratio", "KV blocks referenced by requests / all KV blocks")
+        self.kv_blocks = gauge("infersight_kv_cache_blocks",
+                               "KV blocks by state: used (referenced), free (not referenced, includes cached), "
+                               "cached (free but holding a reusable prefix)", ("state",))
+        self.replica_info = Gauge("infersight_replica_info", "Replica identity (value 1)",
+                                  REPLICA_INFO_LABELS, registry=registry)
+        # counters
+        self.prompt_tokens = counter("infersight_prompt_tokens_total", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("infersight_generation_tokens_total", "Output tokens of finished requests")
+        self.request_success = counter("infersight_request_success_total",
+                                       "Finished requests by finish reason (stop, length, abort, error)",
+                                       ("finished_reason",))
+        self.preemptions = counter("infersight_num_preemptions_total", "Requests preempted (KV blocks ran out)")
+        self.prefix_queries = counter("infersight_prefix_cache_queries_total",
+                                      "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = counter("infersight_prefix_cache_hits_total",
+                                   "Prompt tokens served from the prefix cache")
+        self.evictions = counter("infersight_kv_cache_evictions_total", "Cached KV blocks evicted for reuse")
+        self.spec_drafts = counter("infersight_spec_decode_num_drafts_total", "Speculative drafts proposed")
+        self.spec_draft_tokens = counter("infersight_spec_decode_num_draft_tokens_total",
+                                         "Speculative draft tokens proposed")
+        self.spec_accepted = counter("infersight_spec_decode_num_accepted_tokens_total",
+                                     "Speculative draft tokens accepted")
+        self.spec_accepted_per_pos = counter("infersight_spec_decode_num_accepted_tokens_per_pos_total",
+                                             "Speculative draft tokens accepted, by draft position (0 = first)",
+                                             ("position",))
+        self.tokenization_queries = counter("infersight_tokenization_cache_queries_total",
+                                            "Prompts looked up in the tokenization cache")
+        self.tokenization_hits = counter("infersight_tokenization_cache_hits_total",
+                                         "Prompts served from the tokenization cache")
+
+
+_by_registry: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def engine_metrics(registry: CollectorRegistry) -> EngineMetrics:
+    """The registry's EngineMetrics, created on first use (registering twice would raise)."""
+    with _lock:
+        metrics = _by_registry.get(registry)
+        if metrics is None:
+            metrics = _by_registry[registry] = EngineMetrics(registry)
+        return metrics

@@ -1,0 +1,155 @@
+"""MetricsObserver: turns the engine's hooks into Prometheus metrics.
+
+The hooks run on the engine thread every step, so every labelled child is bound
+once here (`.labels(...)` costs a dict lookup and a lock per call otherwise) and
+each hook is a handful of lock-protected adds. `telemetry/benchmarks/observer_cost.py`
+measures it.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from engine.observer import EngineObserver
+from telemetry.metrics.definitions import engine_metrics
+from telemetry.records import ReplicaRecord, RequestRecord, StepRecord
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+class MetricsObserver(EngineObserver):
+    """Updates the `infersight_*` metrics of one replica on `registry` (a private one by default)."""
+
+    enabled = True
+
+    def __init__(self, replica_id: str, model: str, registry: CollectorRegistry | None = None):
+        self.replica_id = replica_id
+        self.model = model
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = m = engine_metrics(self.registry)
+        self._info_labels: tuple | None = None
+        ids = (replica_id, model)
+
+        self._ttft = m.ttft.labels(*ids)
+        self._itl = m.itl.labels(*ids)
+        self._e2e = m.e2e.labels(*ids)
+        self._queue = m.queue.labels(*ids)
+        self._prefill = m.prefill.labels(*ids)
+        self._decode = m.decode.labels(*ids)
+        self._request_prompt_tokens = m.request_prompt_tokens.labels(*ids)
+        self._request_generation_tokens = m.request_generation_tokens.labels(*ids)
+        self._step_duration = m.step_duration.labels(*ids)
+        self._host_overhead = m.host_overhead.labels(*ids)
+        self._running = m.running.labels(*ids)
+        self._waiting = m.waiting.labels(*ids)
+        self._kv_usage = m.kv_usage.labels(*ids)
+        self._kv_used = m.kv_blocks.labels(*ids, "used")
+        self._kv_free = m.kv_blocks.labels(*ids, "free")
+        self._kv_cached = m.kv_blocks.labels(*ids, "cached")
+        self._prompt_tokens = m.prompt_tokens.labels(*ids)
+        self._generation_tokens = m.generation_tokens.labels(*ids)
+        # the usual reasons exist from the start (rate() needs a series before its first increment)
+        self._success = {reason: m.request_success.labels(*ids, reason) for reason in FINISH_REASONS}
+        self._preemptions = m.preemptions.labels(*ids)
+        self._prefix_queries = m.prefix_queries.labels(*ids)
+        self._prefix_hits = m.prefix_hits.labels(*ids)
+        self._evictions = m.evictions.labels(*ids)
+        self._spec_drafts = m.spec_drafts.labels(*ids)
+        self._spec_draft_tokens = m.spec_draft_tokens.labels(*ids)
+        self._spec_accepted = m.spec_accepted.labels(*ids)
+        self._spec_per_pos: list = []  # grown on demand: the draft length is the engine's config
+        self._tok_queries = m.tokenization_queries.labels(*ids)
+        self._tok_hits = m.tokenization_hits.labels(*ids)
+
+    # -- hooks -------------------------------------------------------------------------
+
+    def on_replica_start(self, record: ReplicaRecord) -> None:
+        labels = (
+            self.replica_id, self.model, record.engine_version, record.config_hash, record.quantization,
+            record.speculative_mode, record.attention_backend, record.tokenizer_hash,
+            record.chat_template_hash, str(bool(record.numa_mismatch)).lower(),
+        )
+        if self._info_labels is not None and self._info_labels != labels:
+            self.metrics.replica_info.remove(*self._info_labels)  # a restart with a new identity
+        self._info_labels = labels
+        self.metrics.replica_info.labels(*labels).set(1)
+
+    def on_step(self, r: StepRecord) -> None:
+        self._running.set(r.num_running)
+        self._waiting.set(r.num_waiting)
+        self._kv_usage.set(r.kv_blocks_used / r.kv_blocks_total if r.kv_blocks_total else 0.0)
+        self._kv_used.set(r.kv_blocks_used)
+        self._kv_free.set(r.kv_blocks_free)
+        self._kv_cached.set(r.kv_blocks_cached)
+        if r.num_preempted:
+            self._preemptions.inc(r.num_preempted)
+        if r.prefix_query_tokens:
+            self._prefix_queries.inc(r.prefix_query_tokens)
+            if r.prefix_hit_tokens:
+                self._prefix_hits.inc(r.prefix_hit_tokens)
+        if r.evictions:
+            self._evictions.inc(r.evictions)
+        if r.phase != "idle" and r.duration_seconds > 0:
+            self._step_duration.observe(r.duration_seconds)
+            self._host_overhead.observe(min(1.0, max(0.0, 1.0 - r.forward_seconds / r.duration_seconds)))
+        if r.spec_proposed:
+            self._on_spec(r)
+
+    def on_request_finished(self, r: RequestRecord) -> None:
+        success = self._success.get(r.finish_reason)
+        if success is None:  # an unexpected reason still counts, under its own name
+            success = self._success[r.finish_reason] = self.metrics.request_success.labels(
+                self.replica_id, self.model, r.finish_reason)
+        success.inc()
+        self._prompt_tokens.inc(r.prompt_tokens)
+        self._request_prompt_tokens.observe(r.prompt_tokens)
+        self._generation_tokens.inc(r.output_tokens)
+        self._request_generation_tokens.observe(r.output_tokens)
+        self._e2e.observe(r.e2e_seconds)
+        if r.scheduled_time > 0:
+            self._queue.observe(r.queue_seconds)
+        if r.first_token_time > 0:
+            self._ttft.observe(r.ttft_seconds)
+            if r.scheduled_time > 0:
+                self._prefill.observe(r.prefill_seconds)
+            self._decode.observe(max(0.0, r.finish_time - r.first_token_time))
+        times = r.token_times
+        observe_itl = self._itl.observe
+        for i in range(1, len(times)):
+            observe_itl(max(0.0, times[i] - times[i - 1]))
+
+    def on_tokenization(self, cache_hit: bool) -> None:
+        self._tok_queries.inc()
+        if cache_hit:
+            self._tok_hits.inc()
+
+    # -- speculative decoding ----------------------------------------------------------
+
+    def _on_spec(self, r: StepRecord) -> None:
+        self._spec_drafts.inc(num_drafts(r))
+        self._spec_draft_tokens.inc(r.spec_proposed)
+        if r.spec_accepted:
+            self._spec_accepted.inc(r.spec_accepted)
+        per_pos = r.spec_accepted_per_pos
+        while len(self._spec_per_pos) < len(per_pos):
+            position = str(len(self._spec_per_pos))
+            self._spec_per_pos.append(self.metrics.spec_accepted_per_pos.labels(self.replica_id, self.model, position))
+        for child, accepted in zip(self._spec_per_pos, per_pos):
+            if accepted:
+                child.inc(accepted)
+
+
+def num_drafts(r: StepRecord) -> int:
+    """Drafts (sequences given draft tokens) in a step.
+
+    Uses the step record's `spec_num_drafts` when the engine provides it; else
+    estimates it as proposed tokens / draft length (the length of the per-position
+    list), exact when every draft has the full length.
+    """
+    exact = getattr(r, "spec_num_drafts", None)
+    if exact is not None:
+        return exact
+    draft_len = len(r.spec_accepted_per_pos)
+    if draft_len:
+        return -(-r.spec_proposed // draft_len)
+    return r.num_decode_seqs or 1

@@ -1,0 +1,286 @@
+"""MetricsObserver and the collectors: feed real records, scrape the text exposition, check the numbers."""
+
+from __future__ import annotations
+
+import pytest
+from live_telemetry_samples import queued_abort_record, replica_record, request_record, step_record
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.observer import EngineObserver, ObserverGuard
+from telemetry.metrics import MetricsObserver, ObserverFailuresCollector, RecorderStatsCollector
+
+# the engine half of the metric-name contract in COMMON.md: name -> type
+CONTRACT = {
+    "infersight_time_to_first_token_seconds": "histogram",
+    "infersight_inter_token_latency_seconds": "histogram",
+    "infersight_e2e_request_latency_seconds": "histogram",
+    "infersight_request_queue_time_seconds": "histogram",
+    "infersight_request_prefill_time_seconds": "histogram",
+    "infersight_request_decode_time_seconds": "histogram",
+    "infersight_step_duration_seconds": "histogram",
+    "infersight_step_host_overhead_ratio": "histogram",
+    "infersight_request_prompt_tokens": "histogram",
+    "infersight_request_generation_tokens": "histogram",
+    "infersight_num_requests_running": "gauge",
+    "infersight_num_requests_waiting": "gauge",
+    "infersight_kv_cache_usage_ratio": "gauge",
+    "infersight_kv_cache_blocks": "gauge",
+    "infersight_replica_info": "gauge",
+    "infersight_prompt_tokens_total": "counter",
+    "infersight_generation_tokens_total": "counter",
+    "infersight_request_success_total": "counter",
+    "infersight_num_preemptions_total": "counter",
+    "infersight_prefix_cache_queries_total": "counter",
+    "infersight_prefix_cache_hits_total": "counter",
+    "infersight_kv_cache_evictions_total": "counter",
+    "infersight_spec_decode_num_drafts_total": "counter",
+    "infersight_spec_decode_num_draft_tokens_total": "counter",
+    "infersight_spec_decode_num_accepted_tokens_total": "counter",
+    "infersight_spec_decode_num_accepted_tokens_per_pos_total": "counter",
+    "infersight_tokenization_cache_queries_total": "counter",
+    "infersight_tokenization_cache_hits_total": "counter",
+    "infersight_telemetry_rows_written_total": "counter",
+    "infersight_telemetry_rows_spooled_total": "counter",
+    "infersight_telemetry_rows_replayed_total": "counter",
+    "infersight_telemetry_rows_dropped_total": "counter",
+    "infersight_observer_failures_total": "counter",
+}
+
+
+def scrape(registry) -> dict:
+    """{sample name: [(labels, value)]} plus {"__types__": {metric name: type}} from the text format."""
+    out: dict = {"__types__": {}}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        name = family.name + "_total" if family.type == "counter" else family.name
+        out["__types__"][name] = family.type
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def value(scraped, name, **labels) -> float:
+    matches = [v for lbls, v in scraped.get(name, []) if all(lbls.get(k) == str(x) for k, x in labels.items())]
+    assert len(matches) == 1, f"{name} {labels}: {len(matches)} samples"
+    return matches[0]
+
+
+class FakeRecorderStats:
+    """Stands in for telemetry.recorder.Recorder's counting surface only (no store involved)."""
+
+    def __init__(self, stats):
+        self._stats = stats
+
+    def stats(self):
+        return self._stats
+
+
+def full_registry():
+    registry = CollectorRegistry()
+    observer = MetricsObserver("r0", "tiny-llama", registry=registry)
+    registry.register(RecorderStatsCollector(
+        FakeRecorderStats({"requests": {"written": 5, "spooled": 2, "replayed": 2, "dropped": 1},
+                           "steps": {"written": 40, "spooled": 0, "replayed": 0, "dropped": 0}}),
+        "r0", "tiny-llama"))
+    registry.register(ObserverFailuresCollector(lambda: 3, "r0", "tiny-llama"))
+    return registry, observer
+
+
+def test_every_contract_metric_is_exported_with_its_type_and_labels():
+    registry, observer = full_registry()
+    observer.on_replica_start(replica_record())
+    observer.on_step(step_record(spec_proposed=4, spec_accepted=2, spec_per_pos=(1, 1, 0, 0)))
+    observer.on_request_finished(request_record())
+    observer.on_tokenization(True)
+    s = scrape(registry)
+    for name, kind in CONTRACT.items():
+        assert s["__types__"].get(name) == kind, name
+    ours = [n for n in s["__types__"] if n.startswith("infersight_")]
+    assert sorted(ours) == sorted(CONTRACT), "no metric outside the contract"
+    for name, samples in s.items():
+        if name.startswith("infersight_"):
+            for labels, _ in samples:
+                assert labels["replica"] == "r0" and labels["model"] == "tiny-llama", name
+
+
+def test_request_histograms_and_counters_agree_with_the_records():
+    registry = CollectorRegistry()
+    observer = MetricsObserver("r0", "m", registry=registry)
+    finished = [
+        request_record("a", itls=(0.008, 0.02, 0.015), prompt_tokens=7, finish_reason="length"),
+        request_record("b", queue=0.2, prefill=1.5, itls=(0.3,), prompt_tokens=120, finish_reason="stop"),
+        request_record("c", itls=(), prompt_tokens=3, finish_reason="stop"),
+        queued_abort_record("d"),
+    ]
+    for r in finished:
+        observer.on_request_finished(r)
+    s = scrape(registry)
+    ids = dict(replica="r0", model="m")
+
+    assert value(s, "infersight_request_success_total", finished_reason="stop", **ids) == 2
+    assert value(s, "infersight_request_success_total", finished_reason="length", **ids) == 1
+    assert value(s, "infersight_request_success_total", finished_reason="abort", **ids) == 1
+    assert value(s, "infersight_request_success_total", finished_reason="error", **ids) == 0
+    assert value(s, "infersight_generation_tokens_total", **ids) == sum(r.output_tokens for r in finished) == 7
+    assert value(s, "infersight_prompt_tokens_total", **ids) == sum(r.prompt_tokens for r in finished)
+    assert value(s, "infersight_request_generation_tokens_count", **ids) == 4
+    assert value(s, "infersight_request_prompt_tokens_bucket", le="100.0", **ids) == 3  # 120 is above
+
+    # TTFT / prefill / decode only for requests that produced a token; queue only for scheduled ones
+    started = [r for r in finished if r.first_token_time > 0]
+    assert value(s, "infersight_time_to_first_token_seconds_count", **ids) == 3
+    assert value(s, "infersight_time_to_first_token_seconds_sum", **ids) == pytest.approx(
+        sum(r.ttft_seconds for r in started))
+    assert value(s, "infersight_request_queue_time_seconds_count", **ids) == 3
+    assert value(s, "infersight_request_prefill_time_seconds_sum", **ids) == pytest.approx(0.03 + 1.5 + 0.03)
+    assert value(s, "infersight_request_decode_time_seconds_sum", **ids) == pytest.approx(0.043 + 0.3)
+    assert value(s, "infersight_e2e_request_latency_seconds_count", **ids) == 4
+    assert value(s, "infersight_e2e_request_latency_seconds_sum", **ids) == pytest.approx(
+        sum(r.e2e_seconds for r in finished))
+    # b's TTFT (1.7 s) is above the 1 s bound; a's and c's (34 ms) are below 50 ms but above 25 ms
+    assert value(s, "infersight_time_to_first_token_seconds_bucket", le="0.025", **ids) == 0
+    assert value(s, "infersight_time_to_first_token_seconds_bucket", le="0.05", **ids) == 2
+    assert value(s, "infersight_time_to_first_token_seconds_bucket", le="1.0", **ids) == 2
+    assert value(s, "infersight_time_to_first_token_seconds_bucket", le="+Inf", **ids) == 3
+
+    # one ITL per pair of consecutive tokens
+    assert value(s, "infersight_inter_token_latency_seconds_count", **ids) == 3 + 1
+    assert value(s, "infersight_inter_token_latency_seconds_sum", **ids) == pytest.approx(0.043 + 0.3)
+    assert value(s, "infersight_inter_token_latency_seconds_bucket", le="0.01", **ids) == 1
+    assert value(s, "infersight_inter_token_latency_seconds_bucket", le="0.025", **ids) == 3
+
+
+def test_step_gauges_counters_and_host_overhead():
+    registry = CollectorRegistry()
+    observer = MetricsObserver("r0", "m", registry=registry)
+    steps = [
+        step_record(0, duration=0.010, forward=0.008, running=2, waiting=5, used=8, free=56, cached=0,
+                    prefix_query=32, prefix_hit=16),
+        step_record(1, duration=0.020, forward=0.005, running=4, waiting=0, used=48, free=16, cached=6,
+                    preempted=2, evictions=3, prefix_query=16, prefix_hit=0),
+        step_record(2, duration=0.5, forward=0.0, phase="idle", running=4, waiting=0, used=48, free=16, cached=6),
+    ]
+    for r in steps:
+        observer.on_step(r)
+    s = scrape(registry)
+    ids = dict(replica="r0", model="m")
+    assert value(s, "infersight_num_requests_running", **ids) == 4
+    assert value(s, "infersight_num_requests_waiting", **ids) == 0
+    assert value(s, "infersight_kv_cache_usage_ratio", **ids) == pytest.approx(48 / 64)
+    assert value(s, "infersight_kv_cache_blocks", state="used", **ids) == 48
+    assert value(s, "infersight_kv_cache_blocks", state="free", **ids) == 16
+    assert value(s, "infersight_kv_cache_blocks", state="cached", **ids) == 6
+    assert value(s, "infersight_num_preemptions_total", **ids) == 2
+    assert value(s, "infersight_kv_cache_evictions_total", **ids) == 3
+    assert value(s, "infersight_prefix_cache_queries_total", **ids) == 48
+    assert value(s, "infersight_prefix_cache_hits_total", **ids) == 16
+    # the idle step is not a step of work: neither histogram sees it
+    assert value(s, "infersight_step_duration_seconds_count", **ids) == 2
+    assert value(s, "infersight_step_duration_seconds_sum", **ids) == pytest.approx(0.030)
+    assert value(s, "infersight_step_host_overhead_ratio_sum", **ids) == pytest.approx(0.2 + 0.75)
+    assert value(s, "infersight_step_host_overhead_ratio_bucket", le="0.2", **ids) == 1
+
+
+def test_kv_usage_is_zero_not_an_error_without_blocks():
+    registry = CollectorRegistry()
+    MetricsObserver("r0", "m", registry=registry).on_step(step_record(used=0, free=0, cached=0, total=0))
+    assert value(scrape(registry), "infersight_kv_cache_usage_ratio", replica="r0", model="m") == 0
+
+
+def test_speculative_decoding_counters_per_position():
+    registry = CollectorRegistry()
+    observer = MetricsObserver("r0", "m", registry=registry)
+    # 2 sequences x 3 draft tokens; then 1 sequence x 3
+    observer.on_step(step_record(0, running=2, spec_proposed=6, spec_accepted=3, spec_per_pos=(2, 1, 0)))
+    observer.on_step(step_record(1, running=1, spec_proposed=3, spec_accepted=3, spec_per_pos=(1, 1, 1)))
+    observer.on_step(step_record(2, running=1))  # no speculation this step
+    s = scrape(registry)
+    ids = dict(replica="r0", model="m")
+    assert value(s, "infersight_spec_decode_num_drafts_total", **ids) == 3
+    assert value(s, "infersight_spec_decode_num_draft_tokens_total", **ids) == 9
+    assert value(s, "infersight_spec_decode_num_accepted_tokens_total", **ids) == 6
+    per_pos = [value(s, "infersight_spec_decode_num_accepted_tokens_per_pos_total", position=p, **ids)
+               for p in range(3)]
+    assert per_pos == [3, 2, 1]
+
+
+def test_tokenization_cache_counters():
+    registry = CollectorRegistry()
+    observer = MetricsObserver("r0", "m", registry=registry)
+    for hit in (False, True, True, False, True):
+        observer.on_tokenization(hit)
+    s = scrape(registry)
+    assert value(s, "infersight_tokenization_cache_queries_total", replica="r0", model="m") == 5
+    assert value(s, "infersight_tokenization_cache_hits_total", replica="r0", model="m") == 3
+
+
+def test_replica_info_carries_identity_and_a_restart_replaces_it():
+    registry = CollectorRegistry()
+    observer = MetricsObserver("r0", "m", registry=registry)
+    observer.on_replica_start(replica_record(numa_mismatch=True, quantization="int8"))
+    info = scrape(registry)["infersight_replica_info"]
+    assert len(info) == 1
+    labels, v = info[0]
+    assert v == 1
+    assert labels == {"replica": "r0", "model": "m", "version": "0.1.0", "config_hash": "cfg123",
+                      "quantization": "int8", "speculative_mode": "none", "attention_backend": "torch",
+                      "tokenizer_hash": "t" * 16, "chat_template_hash": "c" * 16, "numa_mismatch": "true"}
+    observer.on_replica_start(replica_record(config_hash="cfg456"))
+    info = scrape(registry)["infersight_replica_info"]
+    assert [lbls["config_hash"] for lbls, _ in info] == ["cfg456"]
+
+
+def test_replicas_sharing_a_registry_keep_separate_series():
+    registry = CollectorRegistry()
+    a = MetricsObserver("r0", "m", registry=registry)
+    b = MetricsObserver("r1", "m", registry=registry)
+    a.on_request_finished(request_record("x"))
+    b.on_request_finished(request_record("y"))
+    b.on_request_finished(request_record("z", finish_reason="stop"))
+    s = scrape(registry)
+    assert value(s, "infersight_e2e_request_latency_seconds_count", replica="r0", model="m") == 1
+    assert value(s, "infersight_e2e_request_latency_seconds_count", replica="r1", model="m") == 2
+
+
+def test_an_unexpected_finish_reason_is_counted_under_its_name():
+    registry = CollectorRegistry()
+    observer = MetricsObserver("r0", "m", registry=registry)
+    observer.on_request_finished(request_record(finish_reason="timeout"))
+    assert value(scrape(registry), "infersight_request_success_total",
+                 replica="r0", model="m", finished_reason="timeout") == 1
+
+
+def test_recorder_stats_collector_exports_each_table_and_survives_a_broken_source():
+    registry, _ = full_registry()
+    s = scrape(registry)
+    ids = dict(replica="r0", model="tiny-llama")
+    assert value(s, "infersight_telemetry_rows_written_total", table="requests", **ids) == 5
+    assert value(s, "infersight_telemetry_rows_spooled_total", table="requests", **ids) == 2
+    assert value(s, "infersight_telemetry_rows_replayed_total", table="requests", **ids) == 2
+    assert value(s, "infersight_telemetry_rows_dropped_total", table="requests", **ids) == 1
+    assert value(s, "infersight_telemetry_rows_written_total", table="steps", **ids) == 40
+
+    def broken():
+        raise RuntimeError("recorder gone")
+
+    registry = CollectorRegistry()
+    MetricsObserver("r0", "m", registry=registry).on_tokenization(True)
+    registry.register(RecorderStatsCollector(broken, "r0", "m"))
+    s = scrape(registry)  # the scrape itself still succeeds
+    assert value(s, "infersight_tokenization_cache_hits_total", replica="r0", model="m") == 1
+    assert "infersight_telemetry_rows_dropped_total" not in s
+
+
+def test_observer_failures_counter_reads_a_guard():
+    class Broken(EngineObserver):
+        enabled = True
+
+        def on_step(self, record):
+            raise ValueError("bug in an observer")
+
+    guard = ObserverGuard(Broken())
+    registry = CollectorRegistry()
+    registry.register(ObserverFailuresCollector(lambda: guard.failures, "r0", "m"))
+    for i in range(3):
+        guard.on_step(step_record(i))
+    assert value(scrape(registry), "infersight_observer_failures_total", replica="r0", model="m") == 3
