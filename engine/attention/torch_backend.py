@@ -1,0 +1,167 @@
+"""Paged attention in plain torch: runs on the CPU here and on any device.
+
+Per step, `prepare` turns the metadata into a few index tensors that every
+layer shares (stored in `metadata.scratch`), so a layer does one cache write
+and one SDPA call per group of sequences, with no Python loop over sequences:
+- decode sequences (one new token each) form one group: their cache blocks
+  are gathered into a padded [B, Lmax] key/value batch with a length mask;
+- prefill chunks are grouped by the power of two of their length (so padding
+  wastes at most half of a group), each group one masked SDPA call;
+- a lone prefill with nothing cached before it attends its own fresh keys with
+  `is_causal`, without touching the cache (the common "first chunk" case).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.base import AttentionBackend, AttentionMetadata
+
+_SCRATCH_KEY = "torch_plan"
+
+
+@dataclass
+class _Group:
+    """Sequences attended by one SDPA call."""
+
+    is_decode: bool
+    token_index: torch.Tensor  # [B, Qmax]: row of each query in the flat batch (padding -> 0)
+    slots: torch.Tensor | None  # [B, Lmax]: cache slot of each key position (padding -> 0)
+    mask: torch.Tensor | None  # decode [B, 1, 1, Lmax]; prefill [B, 1, Qmax, Lmax]; True = attend
+    valid: torch.Tensor | None  # [B * Qmax] bool: real (not padding) query rows; None if all real
+    out_index: torch.Tensor  # [num real rows]: where each real row goes in the flat output
+    fresh_causal: bool = False  # one sequence, nothing cached before: attend fresh k/v causally
+
+
+@dataclass
+class _Plan:
+    groups: list[_Group]
+    identity: bool  # one group whose rows are exactly the flat batch in order: no scatter needed
+
+
+def _seq_slots(block_tables: list[list[int]], lengths: list[int], block_size: int,
+               device: torch.device) -> torch.Tensor:
+    """[B, max(lengths)] cache slot of every position (positions past a length map to slot 0)."""
+    lmax = max(lengths)
+    nblocks = (lmax + block_size - 1) // block_size
+    table = torch.zeros(len(block_tables), nblocks, dtype=torch.long)
+    for i, (blocks, length) in enumerate(zip(block_tables, lengths)):
+        needed = (length + block_size - 1) // block_size
+        if len(blocks) < needed:
+            raise ValueError(f"sequence {i}: {len(blocks)} blocks cannot hold {length} tokens "
+                             f"(block size {block_size})")
+        table[i, :needed] = torch.tensor(blocks[:needed], dtype=torch.long)
+    pos = torch.arange(lmax)
+    slots = table[:, pos // block_size] * block_size + pos % block_size
+    slots[pos[None, :] >= torch.tensor(lengths)[:, None]] = 0
+    return slots.to(device)
+
+
+def _build_group(seq_ids: list[int], metadata: AttentionMetadata, starts: list[int],
+                 device: torch.device) -> _Group:
+    qlens = [metadata.query_lens[i] for i in seq_ids]
+    clens = [metadata.context_lens[i] for i in seq_ids]
+    b, qmax, lmax = len(seq_ids), max(qlens), max(clens)
+    qpos = torch.arange(qmax)
+    qlen_t = torch.tensor(qlens)
+    start_t = torch.tensor([starts[i] for i in seq_ids])
+    real = qpos[None, :] < qlen_t[:, None]  # [B, Qmax]
+    token_index = torch.where(real, start_t[:, None] + qpos[None, :], 0)
+    out_index = token_index[real]
+    valid = None if bool(real.all()) else real.reshape(-1).to(device)
+    is_decode = qmax == 1
+    if b == 1 and qlens[0] == clens[0] and not is_decode:
+        return _Group(False, token_index.to(device), None, None, valid, out_index.to(device),
+                      fresh_causal=True)
+    slots = _seq_slots([metadata.block_tables[i] for i in seq_ids], clens, metadata.block_size, device)
+    kpos = torch.arange(lmax)
+    clen_t = torch.tensor(clens)
+    if is_decode:
+        mask = (kpos[None, :] < clen_t[:, None])[:, None, None, :]
+    else:
+        # query i of a chunk sees keys up to context_len - query_len + i; padding rows see
+        # every real key (never an empty row, which would give NaN)
+        limit = torch.minimum(clen_t[:, None] - qlen_t[:, None] + qpos[None, :] + 1, clen_t[:, None])
+        mask = (kpos[None, None, :] < limit[:, :, None])[:, None, :, :]
+    return _Group(is_decode, token_index.to(device), slots, mask.to(device), valid,
+                  out_index.to(device))
+
+
+def plan_groups(metadata: AttentionMetadata) -> list[list[int]]:
+    """Sequence ids per SDPA call: all decodes together, prefills by power-of-two length."""
+    decode, buckets = [], {}
+    for i, q in enumerate(metadata.query_lens):
+        if q == 1:
+            decode.append(i)
+        else:
+            buckets.setdefault((q - 1).bit_length(), []).append(i)
+    groups = [decode] if decode else []
+    return groups + [buckets[k] for k in sorted(buckets)]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def prepare(self, metadata: AttentionMetadata) -> None:
+        if _SCRATCH_KEY in metadata.scratch:
+            return  # idempotent: the model calls it too, in case the runner did not
+        device = metadata.slot_mapping.device
+        starts, total = [], 0
+        for q in metadata.query_lens:
+            starts.append(total)
+            total += q
+        if total != metadata.num_tokens:
+            raise ValueError(f"query_lens sum to {total} but slot_mapping has {metadata.num_tokens} tokens")
+        groups = [_build_group(ids, metadata, starts, device) for ids in plan_groups(metadata)]
+        identity = len(groups) == 1 and groups[0].valid is None and (
+            groups[0].is_decode or groups[0].fresh_causal)
+        metadata.scratch[_SCRATCH_KEY] = _Plan(groups, identity)
+
+    def forward(self, q, k, v, k_cache, v_cache, metadata, scale):
+        self.prepare(metadata)
+        plan: _Plan = metadata.scratch[_SCRATCH_KEY]
+        num_tokens, num_heads, head_dim = q.shape
+        num_kv_heads = k.shape[1]
+        group_size = num_heads // num_kv_heads
+        k_flat = k_cache.view(-1, num_kv_heads, head_dim)
+        v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+        k_flat.index_copy_(0, metadata.slot_mapping, k)
+        v_flat.index_copy_(0, metadata.slot_mapping, v)
+
+        out = None if plan.identity else q.new_empty(num_tokens, num_heads, head_dim)
+        for g in plan.groups:
+            rows = self._attend_group(g, q, k, v, k_flat, v_flat, scale, num_kv_heads, group_size)
+            if plan.identity:
+                return rows
+            if g.valid is not None:
+                rows = rows[g.valid]
+            out.index_copy_(0, g.out_index, rows)
+        return out
+
+    @staticmethod
+    def _attend_group(g: _Group, q, k, v, k_flat, v_flat, scale, num_kv_heads, group_size):
+        """Returns [B * Qmax, num_heads, head_dim] rows in (sequence, query) order."""
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        b, qmax = g.token_index.shape
+        if g.fresh_causal:
+            idx = g.token_index[0]
+            qs = q[idx].transpose(0, 1)[None]  # [1, H, Q, D]
+            ks = k[idx].transpose(0, 1)[None]
+            vs = v[idx].transpose(0, 1)[None]
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
+                                               enable_gqa=group_size > 1)
+            return o[0].transpose(0, 1)
+        ks = k_flat[g.slots].permute(0, 2, 1, 3)  # [B, KVH, L, D]
+        vs = v_flat[g.slots].permute(0, 2, 1, 3)
+        if g.is_decode:
+            # the query heads sharing a kv head act as that head's query rows: no kv repeat
+            qs = q[g.token_index[:, 0]].view(b, num_kv_heads, group_size, head_dim)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=g.mask, scale=scale)
+            return o.reshape(b, num_heads, head_dim)
+        qs = q[g.token_index].permute(0, 2, 1, 3)  # [B, H, Qmax, D]
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=g.mask, scale=scale,
+                                           enable_gqa=group_size > 1)
+        return o.permute(0, 2, 1, 3).reshape(b * qmax, num_heads, head_dim)

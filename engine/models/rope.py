@@ -1,0 +1,71 @@
+"""Rotary position embeddings: the default and llama3-style (and linear) frequency scaling.
+
+Cos/sin are computed once per forward for the step's positions and shared by all
+layers, so no table of max_position_embeddings rows is kept. The arithmetic
+follows transformers' (float32 frequencies, halves rotated), so logits agree
+to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
+                    high_freq_factor: float, original_max_position_embeddings: int) -> torch.Tensor:
+    """Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between."""
+    old_len = original_max_position_embeddings
+    low_freq_wavelen = old_len / low_freq_factor
+    high_freq_wavelen = old_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def build_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """Inverse frequencies for `scaling` (a rope_parameters / rope_scaling dict, or None)."""
+    inv_freq = default_inv_freq(head_dim, theta)
+    rope_type = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(scaling["factor"])
+    if rope_type == "llama3":
+        return llama3_inv_freq(inv_freq, float(scaling["factor"]), float(scaling["low_freq_factor"]),
+                               float(scaling["high_freq_factor"]),
+                               int(scaling["original_max_position_embeddings"]))
+    raise ValueError(f"unsupported rope type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
+
+
+class RotaryEmbedding(torch.nn.Module):
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None):
+        super().__init__()
+        # a plain attribute, not a buffer: it survives meta-device construction untouched
+        self.inv_freq = build_inv_freq(head_dim, theta, scaling)
+        self._per_device: dict[str, torch.Tensor] = {}
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape [T, 1, head_dim / 2] (broadcast over heads), in `dtype`."""
+        key = str(positions.device)
+        inv_freq = self._per_device.get(key)
+        if inv_freq is None:
+            inv_freq = self._per_device[key] = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * inv_freq[None, :]
+        return freqs.cos().to(dtype)[:, None, :], freqs.sin().to(dtype)[:, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, H, D] by (cos, sin) [T, 1, D/2]; pairs are (i, i + D/2) as in transformers."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
