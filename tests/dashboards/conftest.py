@@ -1,0 +1,79 @@
+"""Fixtures for the dashboards tests: a real Prometheus on loopback, scraping live exporters."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+import yaml
+
+from dashboards.promql import ALERTS_FILE
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def engine_metrics_target():
+    """host:port of a live engine /metrics (telemetry.metrics fed with real records)."""
+    from live_metrics import serve_engine_metrics
+
+    port = free_port()
+    server = serve_engine_metrics(port)
+    yield f"127.0.0.1:{port}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def prometheus_url(tmp_path_factory, engine_metrics_target):
+    """Debian's `prometheus` on a free loopback port, loading our alert rules and scraping the
+    live engine exporter every second as job infersight-replicas (and the sidecar job)."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("the `prometheus` binary is missing: run .ci/setup (Debian package prometheus)")
+    tmp = tmp_path_factory.mktemp("prometheus")
+    config = tmp / "prometheus.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(ALERTS_FILE)],
+        "scrape_configs": [
+            {"job_name": "infersight-replicas", "honor_labels": True,
+             "static_configs": [{"targets": [engine_metrics_target], "labels": {"replica": "r0"}}]},
+            # no sidecar here yet: its `up` series exists (value 0), which is what the rules need
+            {"job_name": "infersight-sidecar", "static_configs": [{"targets": [f"127.0.0.1:{free_port()}"]}]},
+        ],
+    }))
+    port = free_port()
+    log = open(tmp / "prometheus.log", "wb")
+    proc = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"prometheus did not start: {(tmp / 'prometheus.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
