@@ -68,6 +68,7 @@ class TracingObserver(EngineObserver):
         self._ids: _RecordTraceIds | None = None
         if isinstance(self._tracer, Tracer):  # the SDK's: let a root span reuse the record's trace id
             self._ids = self._tracer.id_generator = _RecordTraceIds(self._tracer.id_generator)
+        self._closed = False
         self._carriers: dict[str, dict] = {}  # request id -> caller's trace context, until it finishes
         self.dropped_contexts = 0
 
@@ -99,8 +100,9 @@ class TracingObserver(EngineObserver):
         root.end(end_time=_ns(r.finish_time))
 
     def close(self) -> None:
-        if self.provider is None:
+        if self.provider is None or self._closed:
             return
+        self._closed = True
         if self._owns_provider:
             self.provider.shutdown()  # flushes the batch processor
         else:

@@ -1,0 +1,89 @@
+"""build_observer: one observer fanning out to guarded parts, a registry for /metrics, failures counted."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from live_telemetry_samples import replica_record, request_record, step_record
+from live_telemetry_scrape import CONTRACT, scrape, value
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from telemetry.setup import build_observer
+
+
+@pytest.fixture
+def spans():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def drive(observer, n_requests=3):
+    observer.on_replica_start(replica_record())
+    for i in range(n_requests):
+        r = request_record(f"req-{i}")
+        observer.on_request_arrival(r.request_id, r.arrival_time, r.prompt_tokens, r.workload, None)
+        observer.on_tokenization(i > 0)
+        observer.on_step(step_record(i))
+        observer.on_request_finished(r)
+
+
+def test_metrics_and_tracing_parts_both_see_every_hook(spans):
+    provider, exporter = spans
+    observer, parts = build_observer("r0", "tiny-llama", tracer_provider=provider)
+    assert observer.enabled and parts.recorder is None
+    assert [type(g.inner).__name__ for g in parts.guards] == ["MetricsObserver", "TracingObserver"]
+    drive(observer, 3)
+    s = scrape(parts.registry)
+    assert value(s, "infersight_request_success_total", replica="r0", model="tiny-llama",
+                 finished_reason="length") == 3
+    assert value(s, "infersight_tokenization_cache_hits_total", replica="r0", model="tiny-llama") == 2
+    assert value(s, "infersight_observer_failures_total", replica="r0", model="tiny-llama") == 0
+    assert len([sp for sp in exporter.get_finished_spans() if sp.parent is None]) == 3
+    parts.close()
+    observer.close()  # the engine closing too is harmless
+
+
+def test_a_failing_part_is_counted_and_does_not_starve_the_others(spans):
+    provider, exporter = spans
+    observer, parts = build_observer("r0", "m", tracer_provider=provider)
+    broken = dataclasses.replace(request_record("bad"), token_times=[0.1, None])  # metrics cannot subtract None
+    observer.on_request_finished(broken)
+    observer.on_request_finished(request_record("good"))
+    assert parts.failures() == 1
+    s = scrape(parts.registry)
+    assert value(s, "infersight_observer_failures_total", replica="r0", model="m") == 1
+    assert {sp.attributes["gen_ai.response.id"] for sp in exporter.get_finished_spans() if sp.parent is None} == {
+        "bad", "good"}
+
+
+def test_metrics_off_and_tracing_off_leaves_only_the_failure_counter():
+    observer, parts = build_observer("r0", "m", metrics=False)
+    assert observer.enabled is False and parts.guards == [] and parts.tracing is None
+    names = set(scrape(parts.registry)["__types__"])
+    assert names == {"infersight_observer_failures_total"}
+
+
+def test_bad_tracing_choice_is_a_clear_error():
+    with pytest.raises(ValueError, match="exporter must be one of"):
+        build_observer("r0", "m", tracing="zipkin")
+
+
+def test_with_a_store_the_recorder_is_a_part_and_its_rows_are_exported(tmp_path):
+    pytest.importorskip("telemetry.recorder")
+    observer, parts = build_observer("r0", "tiny-llama", store_target=str(tmp_path / "store"))
+    assert parts.recorder is not None
+    try:
+        drive(observer, 4)
+        parts.recorder.flush()
+        stats = parts.recorder.stats()
+        s = scrape(parts.registry)
+        assert set(CONTRACT) <= set(s["__types__"])
+        assert value(s, "infersight_telemetry_rows_written_total", replica="r0", model="tiny-llama",
+                     table="requests") == stats["requests"]["written"] == 4
+    finally:
+        parts.close()
