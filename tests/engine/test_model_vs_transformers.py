@@ -27,6 +27,21 @@ CASES = {
 }
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny matrices: extra threads only fight over the shared cores
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model_path(tiny_model_factory, tiny_llama):
+    """`model_path(arch, **overrides)`: a tiny model sharing tiny_llama's tokenizer (training one is slow)."""
+    return lambda arch, **kw: tiny_model_factory(arch, tokenizer_dir=tiny_llama, **kw)
+
+
 def reference_logits(ref, tokens: list[int]) -> torch.Tensor:
     with torch.inference_mode():
         return ref(torch.tensor([tokens])).logits[0].float()
@@ -47,9 +62,9 @@ def transformers_model():
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_prefill_and_decode_match_transformers(case, tiny_model_factory, transformers_model):
+def test_prefill_and_decode_match_transformers(case, model_path, transformers_model):
     arch, overrides = CASES[case]
-    path = tiny_model_factory(arch, **overrides)
+    path = model_path(arch, **overrides)
     ref = transformers_model(path)
     loaded = load_model(path)
     backend = get_backend("torch")
@@ -68,21 +83,23 @@ def test_prefill_and_decode_match_transformers(case, tiny_model_factory, transfo
         torch.testing.assert_close(logits[offset:offset + len(p)], reference_logits(ref, p), atol=1e-4, rtol=1e-4)
         offset += len(p)
 
+    # greedy decoding: each next token is the reference's argmax
     seqs = [list(p) for p in prompts]
+    nxt = [int(reference_logits(ref, s)[-1].argmax()) for s in seqs]
     for _ in range(3):
-        # the next token is the reference's greedy choice, so this is greedy decoding
-        nxt = [int(reference_logits(ref, s)[-1].argmax()) for s in seqs]
         ids, pos, md = batcher.step([(i, [t]) for i, t in enumerate(nxt)])
         with torch.inference_mode():
             logits = loaded.model.compute_logits(loaded.model(ids, pos, md, kv, backend))
         for i, t in enumerate(nxt):
             seqs[i].append(t)
-            torch.testing.assert_close(logits[i], reference_logits(ref, seqs[i])[-1], atol=1e-4, rtol=1e-4)
+            expected = reference_logits(ref, seqs[i])[-1]
+            torch.testing.assert_close(logits[i], expected, atol=1e-4, rtol=1e-4)
+            nxt[i] = int(expected.argmax())
 
 
-def test_chunked_prefill_mixed_with_decode(tiny_model_factory, transformers_model):
+def test_chunked_prefill_mixed_with_decode(model_path, transformers_model):
     """A prompt prefilled in chunks, in the same steps as other sequences' decodes."""
-    path = tiny_model_factory("qwen2")
+    path = model_path("qwen2")
     ref = transformers_model(path)
     loaded = load_model(path)
     backend = get_backend("torch")
@@ -106,8 +123,8 @@ def test_chunked_prefill_mixed_with_decode(tiny_model_factory, transformers_mode
         torch.testing.assert_close(logits[1:], reference_logits(ref, seen)[-len(chunk):], atol=1e-4, rtol=1e-4)
 
 
-def test_bfloat16_loads_and_runs(tiny_model_factory, transformers_model):
-    path = tiny_model_factory("llama")
+def test_bfloat16_loads_and_runs(tiny_llama, transformers_model):
+    path = tiny_llama
     ref = transformers_model(path)
     loaded = load_model(path, dtype="bfloat16")
     assert loaded.dtype == torch.bfloat16

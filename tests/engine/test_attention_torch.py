@@ -1,0 +1,116 @@
+"""The torch paged-attention backend against a dense per-sequence reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.attention import get_backend
+from engine.attention.simple_batch import SimplePagedBatcher
+from engine.attention.torch_backend import TorchAttentionBackend, plan_groups
+
+
+def dense_reference(q, keys, values, context_len, scale):
+    """q [Q, H, D] of the last Q tokens over keys/values [L, KVH, D]; float64, explicit mask."""
+    qlen, heads, _ = q.shape
+    group = heads // keys.shape[1]
+    k = keys.double().repeat_interleave(group, dim=1)  # [L, H, D]
+    v = values.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    allowed = torch.arange(context_len)[None, :] <= (context_len - qlen + torch.arange(qlen))[:, None]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def run_steps(steps, heads=4, kv_heads=2, head_dim=8, block_size=4, num_blocks=64, seed=0):
+    """Run each step (a list of (seq, query_len)) through the backend; check against the reference."""
+    gen = torch.Generator().manual_seed(seed)
+    backend = get_backend("torch", "cpu")
+    k_cache = torch.zeros(num_blocks, block_size, kv_heads, head_dim)
+    v_cache = torch.zeros_like(k_cache)
+    batcher = SimplePagedBatcher(num_blocks, block_size, seed=seed)
+    history = {}  # seq -> (keys, values) seen so far
+    scale = head_dim ** -0.5
+    for chunks in steps:
+        _, _, md = batcher.step([(seq, [0] * n) for seq, n in chunks])
+        t = md.num_tokens
+        q = torch.randn(t, heads, head_dim, generator=gen)
+        k = torch.randn(t, kv_heads, head_dim, generator=gen)
+        v = torch.randn(t, kv_heads, head_dim, generator=gen)
+        out = backend.forward(q, k, v, k_cache, v_cache, md, scale)
+        assert out.shape == (t, heads, head_dim)
+        offset = 0
+        for (seq, n), ctx in zip(chunks, md.context_lens):
+            keys, values = history.get(seq, (k[:0], v[:0]))
+            keys = torch.cat([keys, k[offset:offset + n]])
+            values = torch.cat([values, v[offset:offset + n]])
+            history[seq] = (keys, values)
+            assert len(keys) == ctx
+            expected = dense_reference(q[offset:offset + n], keys, values, ctx, scale)
+            torch.testing.assert_close(out[offset:offset + n].double(), expected, atol=1e-5, rtol=1e-5)
+            offset += n
+        # the new keys and values landed in the cache at their slots
+        flat_k = k_cache.view(-1, kv_heads, head_dim)
+        assert torch.equal(flat_k[md.slot_mapping], k)
+        assert torch.equal(v_cache.view(-1, kv_heads, head_dim)[md.slot_mapping], v)
+
+
+def test_single_fresh_prefill():
+    run_steps([[("a", 13)]])
+
+
+def test_batched_prefill_then_decodes():
+    run_steps([[("a", 5), ("b", 1), ("c", 9), ("d", 16), ("e", 3)]] + [[(s, 1) for s in "abcde"]] * 4)
+
+
+def test_chunked_prefill_with_prefix_mixed_with_decode():
+    # chunks of different lengths in one power-of-two bucket (padding), after cached prefixes
+    run_steps([
+        [("a", 6), ("b", 10)],
+        [("a", 1), ("b", 7), ("c", 5)],
+        [("a", 1), ("b", 1), ("c", 6), ("d", 2)],
+        [("d", 1), ("c", 1), ("a", 3), ("b", 1)],
+    ])
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1)])
+def test_head_grouping(heads, kv_heads):
+    run_steps([[("a", 7), ("b", 2)], [("a", 1), ("b", 1)], [("a", 4), ("b", 1)]], heads=heads, kv_heads=kv_heads)
+
+
+def test_block_size_one_and_large():
+    run_steps([[("a", 5), ("b", 3)], [("a", 1), ("b", 2)]], block_size=1, num_blocks=32)
+    run_steps([[("a", 5), ("b", 3)], [("a", 1), ("b", 2)]], block_size=32, num_blocks=4)
+
+
+def test_bfloat16_cache():
+    backend = TorchAttentionBackend()
+    batcher = SimplePagedBatcher(8, 4)
+    _, _, md = batcher.step([("a", [0] * 6), ("b", [0] * 2)])
+    q = torch.randn(8, 4, 8, dtype=torch.bfloat16)
+    k = torch.randn(8, 2, 8, dtype=torch.bfloat16)
+    k_cache = torch.zeros(8, 4, 2, 8, dtype=torch.bfloat16)
+    out = backend.forward(q, k, k.clone(), k_cache, k_cache.clone(), md, 0.35)
+    assert out.dtype == torch.bfloat16
+    ref = dense_reference(q[:6], k[:6], k[:6], 6, 0.35)
+    torch.testing.assert_close(out[:6].double(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_groups_decodes_together_and_prefills_by_length():
+    _, _, md = SimplePagedBatcher(64, 4).step([(i, [0] * n) for i, n in enumerate([1, 5, 1, 8, 2, 30, 7])])
+    assert plan_groups(md) == [[0, 2], [4], [1, 3, 6], [5]]
+
+
+def test_mismatched_metadata_is_rejected():
+    _, _, md = SimplePagedBatcher(8, 4).step([("a", [0] * 3)])
+    md.query_lens = [4]
+    with pytest.raises(ValueError, match="query_lens sum to 4"):
+        TorchAttentionBackend().prepare(md)
+
+
+def test_unknown_backend_and_flashinfer_on_cpu():
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        get_backend("xformers")
+    with pytest.raises(ValueError, match="CUDA"):
+        get_backend("flashinfer", "cpu")
+    assert get_backend("auto", "cpu").name == "torch"
