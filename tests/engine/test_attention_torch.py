@@ -114,3 +114,13 @@ def test_unknown_backend_and_flashinfer_on_cpu():
     with pytest.raises(ValueError, match="CUDA"):
         get_backend("flashinfer", "cpu")
     assert get_backend("auto", "cpu").name == "torch"
+
+
+def test_importing_attention_does_not_import_flashinfer():
+    import subprocess
+    import sys
+
+    code = ("import sys, engine.attention, engine.attention.flashinfer_backend, engine.models; "
+            "print('flashinfer' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr

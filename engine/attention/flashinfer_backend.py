@@ -1,0 +1,91 @@
+"""Paged attention with flashinfer's kernels (CUDA only), on the same NHD cache as the torch backend.
+
+Imported only when CUDA and flashinfer are present (see `get_backend`). Per step,
+`prepare` builds flashinfer's CSR page table (indptr / indices / last page
+lengths) once; the first layer's call plans the kernel (it needs the head
+counts, dtype and scale, which only the layer knows) and every later layer
+reuses that plan. A batch of pure decodes goes to the decode wrapper, anything
+else to the prefill wrapper with a causal mask aligned to the end of each
+sequence (flashinfer's convention, and ours). What flashinfer's kernels do not
+cover (float32, unusual head sizes) falls back to the torch backend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.attention.torch_backend import TorchAttentionBackend
+
+_SCRATCH_KEY = "flashinfer_plan"
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+WORKSPACE_BYTES = 128 * 1024 * 1024
+
+
+class FlashInferBackend(AttentionBackend):
+    name = "flashinfer"
+
+    def __init__(self, device: str | torch.device = "cuda"):
+        import flashinfer
+
+        self.device = torch.device(device)
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.fallback = TorchAttentionBackend()
+        self._planned = None  # (step state, shape key) the wrappers were last planned for
+
+    def prepare(self, metadata: AttentionMetadata) -> None:
+        if _SCRATCH_KEY in metadata.scratch:
+            return
+        bs = metadata.block_size
+        pages = [(c + bs - 1) // bs for c in metadata.context_lens]
+        indices = [b for table, n in zip(metadata.block_tables, pages) for b in table[:n]]
+        metadata.scratch[_SCRATCH_KEY] = {
+            "is_decode": all(q == 1 for q in metadata.query_lens),
+            # indptrs stay on the host: plan() reads them there
+            "qo_indptr": torch.tensor([0] + _cumsum(metadata.query_lens), dtype=torch.int32),
+            "kv_indptr": torch.tensor([0] + _cumsum(pages), dtype=torch.int32),
+            "kv_indices": torch.tensor(indices, dtype=torch.int32, device=self.device),
+            "kv_last_page_len": torch.tensor([c - (n - 1) * bs for c, n in zip(metadata.context_lens, pages)],
+                                             dtype=torch.int32),
+        }
+
+    def _plan(self, state: dict, metadata: AttentionMetadata, num_heads: int, num_kv_heads: int,
+              head_dim: int, dtype: torch.dtype, scale: float) -> None:
+        # a plan lives in the wrapper: replan when another step (or model) planned it since
+        key = (num_heads, num_kv_heads, head_dim, dtype, scale)
+        if self._planned is not None and self._planned[0] is state and self._planned[1] == key:
+            return
+        if state["is_decode"]:
+            self.decode.plan(state["kv_indptr"], state["kv_indices"], state["kv_last_page_len"],
+                             num_heads, num_kv_heads, head_dim, metadata.block_size,
+                             q_data_type=dtype, kv_data_type=dtype, sm_scale=scale)
+        else:
+            self.prefill.plan(state["qo_indptr"], state["kv_indptr"], state["kv_indices"],
+                              state["kv_last_page_len"], num_heads, num_kv_heads, head_dim,
+                              metadata.block_size, causal=True, sm_scale=scale,
+                              q_data_type=dtype, kv_data_type=dtype)
+        self._planned = (state, key)
+
+    def forward(self, q, k, v, k_cache, v_cache, metadata, scale):
+        head_dim = q.shape[-1]
+        if q.dtype not in SUPPORTED_DTYPES or head_dim not in SUPPORTED_HEAD_DIMS:
+            return self.fallback.forward(q, k, v, k_cache, v_cache, metadata, scale)
+        self.prepare(metadata)
+        state = metadata.scratch[_SCRATCH_KEY]
+        num_kv_heads = k.shape[1]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, v)
+        self._plan(state, metadata, q.shape[1], num_kv_heads, head_dim, q.dtype, scale)
+        wrapper = self.decode if state["is_decode"] else self.prefill
+        return wrapper.run(q.contiguous(), (k_cache, v_cache))
+
+
+def _cumsum(values: list[int]) -> list[int]:
+    out, total = [], 0
+    for v in values:
+        total += v
+        out.append(total)
+    return out
