@@ -1,0 +1,113 @@
+"""Turns logits into tokens, for the whole batch at once.
+
+Greedy rows take the argmax of the raw logits. Other rows are scaled by their
+temperature, cut by top-k and top-p (one sort shared by both), and sampled
+with the exponential race `argmax(p / E)`, E ~ Exp(1) - which draws exactly
+from p. A request with a seed draws its noise from its own torch.Generator,
+always a full vocabulary row per step, so its tokens depend only on its seed
+and its logits, never on what else is in the batch.
+
+Logprobs are those of the model (log_softmax of the raw logits, before
+temperature and truncation), as vLLM and transformers report them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.outputs import TokenLogprob
+from engine.sequence import Sequence
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]  # per row; None where not asked
+
+
+class Sampler:
+    def __init__(self, seed: int = 0, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        # noise for requests without a seed of their own
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def make_generator(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        """`logits` [N, V] float32, one row per sequence in `seqs`."""
+        params = [s.sampling_params for s in seqs]
+        if all(p.temperature == 0.0 for p in params):
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample(logits, seqs)
+        token_ids = tokens.tolist()
+        logprobs: list[TokenLogprob | None] = [None] * len(seqs)
+        wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if wanted:
+            rows = torch.tensor(wanted, device=logits.device)
+            top_n = [params[i].logprobs for i in wanted]
+            for i, lp in zip(wanted, token_logprobs(logits[rows], tokens[rows], top_n)):
+                logprobs[i] = lp
+        return SamplerOutput(token_ids, logprobs)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        params = [s.sampling_params for s in seqs]
+        n, vocab = logits.shape
+        device = logits.device
+        greedy = torch.tensor([p.temperature == 0.0 for p in params], device=device)
+        temps = torch.tensor([p.temperature or 1.0 for p in params], device=device, dtype=logits.dtype)
+        x = logits / temps[:, None]
+
+        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+            # 2.0 for "off": a cumulative sum that rounds up to 1.0 must not cut the tail
+            top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], device=device,
+                                 dtype=logits.dtype)
+            x = apply_top_k_top_p(x, top_k, top_p)
+        probs = torch.softmax(x, dim=-1)
+
+        noise = torch.empty_like(probs)
+        unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
+        if len(unseeded) == n:
+            noise.exponential_(generator=self.generator)
+        else:
+            if unseeded:
+                idx = torch.tensor(unseeded, device=device)
+                noise[idx] = torch.empty(len(unseeded), vocab, device=device,
+                                         dtype=probs.dtype).exponential_(generator=self.generator)
+            for i, s in enumerate(seqs):
+                if s.generator is not None:
+                    noise[i].exponential_(generator=s.generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf everything outside each row's top-k and top-p nucleus (the best token always stays)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device)
+    sorted_logits.masked_fill_(ranks[None, :] >= top_k[:, None], float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # probability of the better tokens
+    sorted_logits.masked_fill_(mass_before >= top_p[:, None], float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, top_n: list[int]) -> list[TokenLogprob]:
+    """Logprob of `token_ids[i]` under row i, plus that row's `top_n[i]` most likely tokens."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(-1, token_ids.view(-1, 1).long()).squeeze(-1).tolist()
+    k = max(top_n)
+    if k > 0:
+        top_vals, top_ids = logprobs.topk(k, dim=-1)
+        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+    out = []
+    for i, (tok, lp) in enumerate(zip(token_ids.tolist(), chosen)):
+        n = top_n[i]
+        top = dict(zip(top_ids[i][:n], top_vals[i][:n])) if n > 0 else {}
+        out.append(TokenLogprob(int(tok), lp, top))
+    return out

@@ -1,0 +1,212 @@
+"""The scheduler: the single place that decides what runs in each step.
+
+Continuous batching over two queues. `running` holds sequences that own KV
+blocks, in arrival order; `waiting` holds the ones that do not (new, or
+preempted). Each step:
+
+1. Running sequences first, oldest first: each gets its remaining tokens (one
+   for a decode, the rest of its prompt for a chunked prefill) within the
+   token budget. When the pool has no block for one, the newest running
+   sequence is preempted by recompute (blocks dropped, back to the front of
+   the waiting queue), until the block fits or the sequence itself was the
+   newest.
+2. Then, if nothing was preempted, waiting sequences in arrival order, while
+   the sequence budget, the token budget and the pool allow; a new sequence
+   first takes whatever prefix the cache holds. With chunked prefill a prompt
+   may take only part of the remaining budget and continue next step.
+
+A request that could never run (prompt at least as long as the context, or
+longer than the whole pool) is rejected in `check_prompt` before it queues.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.kv_cache import KVCacheManager
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)  # tokens to compute per sequence
+    # per sequence: does it reach its last token this step (so it samples one)?
+    samples: list[bool] = field(default_factory=list)
+    num_prefill_seqs: int = 0
+    num_decode_seqs: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    preempted: list[Sequence] = field(default_factory=list)
+    newly_scheduled: list[Sequence] = field(default_factory=list)  # first time ever scheduled
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+    @property
+    def phase(self) -> str:
+        if not self.seqs:
+            return "idle"
+        if self.num_decode_seqs == 0:
+            return "prefill"
+        return "decode" if self.num_prefill_seqs == 0 else "mixed"
+
+    def add(self, seq: Sequence, num_new_tokens: int) -> None:
+        # a decode computes exactly the one token sampled last step
+        decode = num_new_tokens == 1 and seq.num_output_tokens > 0 and seq.num_uncomputed_tokens == 1
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new_tokens)
+        self.samples.append(seq.num_computed_tokens + num_new_tokens == len(seq.token_ids))
+        if decode:
+            self.num_decode_seqs += 1
+            self.num_decode_tokens += 1
+        else:
+            self.num_prefill_seqs += 1
+            self.num_prefill_tokens += num_new_tokens
+
+
+class Scheduler:
+    def __init__(self, kv_cache: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, enable_chunked_prefill: bool = True):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        self.kv_cache = kv_cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        # the longest a sequence (prompt + output) may grow. An unfinished sequence of length L
+        # needs L KV slots (and, after a preemption without chunked prefill, L tokens in one
+        # step); the token that makes it max_seq_len long ends it without needing a slot.
+        pool_tokens = kv_cache.num_blocks * kv_cache.block_size
+        self.max_seq_len = min(max_model_len, pool_tokens + 1)
+        if not enable_chunked_prefill:
+            self.max_seq_len = min(self.max_seq_len, max_num_batched_tokens + 1)
+        self.max_model_len = max_model_len
+        self.pool_tokens = pool_tokens
+        # speculative decoding reserves slots for draft tokens beyond the next one
+        self.num_lookahead_tokens = 0
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.total_preemptions = 0
+
+    # --- admission -----------------------------------------------------------
+
+    def check_prompt(self, num_prompt_tokens: int) -> None:
+        """Raise ValueError for a prompt that could never be scheduled."""
+        if num_prompt_tokens < 1:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        if num_prompt_tokens >= self.max_model_len:
+            raise ValueError(f"the prompt has {num_prompt_tokens} tokens, but the context is "
+                             f"{self.max_model_len} tokens (max_model_len) and must leave room for "
+                             "at least one output token")
+        if num_prompt_tokens > self.pool_tokens:
+            raise ValueError(f"the prompt has {num_prompt_tokens} tokens, more than the whole KV cache "
+                             f"holds ({self.kv_cache.num_blocks} blocks x {self.kv_cache.block_size} "
+                             "tokens); raise kv_cache_memory_bytes / num_kv_blocks")
+        if not self.enable_chunked_prefill and num_prompt_tokens > self.max_num_batched_tokens:
+            raise ValueError(f"the prompt has {num_prompt_tokens} tokens; without chunked prefill a "
+                             f"prompt must fit in max_num_batched_tokens ({self.max_num_batched_tokens})")
+
+    def add(self, seq: Sequence) -> None:
+        self.check_prompt(seq.num_prompt_tokens)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- the decision ----------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        kv = self.kv_cache
+        running = self.running
+
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            lookahead = self.num_lookahead_tokens if seq.num_uncomputed_tokens == 1 else 0
+            while not kv.allocate(seq, num_new + lookahead):
+                victim = running.pop()  # the newest running sequence
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                batch.add(seq, num_new)
+                budget -= num_new
+                i += 1
+
+        if not batch.preempted:
+            while self.waiting and budget > 0 and len(running) < self.max_num_seqs:
+                seq = self.waiting[0]
+                hit = kv.find_cached_prefix(seq)
+                computed = len(hit) * kv.block_size
+                num_new = len(seq.token_ids) - computed
+                if num_new > budget:
+                    if not self.enable_chunked_prefill:
+                        break
+                    num_new = budget
+                if not kv.allocate(seq, num_new, hit):
+                    break
+                self.waiting.popleft()
+                kv.record_prefix_query(len(seq.token_ids), computed)
+                batch.prefix_query_tokens += len(seq.token_ids) if kv.enable_prefix_caching else 0
+                batch.prefix_hit_tokens += computed
+                if seq.scheduled_time == 0.0:
+                    seq.num_cached_tokens = computed
+                    batch.newly_scheduled.append(seq)
+                seq.status = SequenceStatus.RUNNING
+                running.append(seq)
+                batch.add(seq, num_new)
+                budget -= num_new
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv_cache.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.total_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # --- after the step --------------------------------------------------------
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark finished and free the blocks; `remove_finished` drops it from `running`."""
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.kv_cache.free(seq)
+
+    def remove_finished(self) -> None:
+        self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
+
+    def abort(self, seq: Sequence) -> None:
+        """Take a sequence out wherever it is and free its blocks."""
+        if seq.status is SequenceStatus.WAITING:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        elif seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        if seq.status is not SequenceStatus.FINISHED:
+            self.finish(seq, "abort")
