@@ -1,0 +1,160 @@
+"""fleet.toml -> FleetConfig: the sidecar and the replicas of a local fleet.
+
+```toml
+[fleet]
+name = "local"                 # the run directory is .infersight/fleets/<name> unless run_dir is set
+host = "127.0.0.1"
+base_port = 8100               # replica i listens on base_port + i unless it sets port (0: any free port)
+restart = false                # default restart policy for replicas that die
+
+[sidecar]                      # the telemetry store; `url = "http://..."` uses an existing one instead
+port = 8123                    # 0: any free port
+
+[defaults]                     # every replica starts from these
+model = "reference"            # a directory, "reference" or "tiny-random:llama"
+engine = { max_num_seqs = 16, kv_cache_memory_bytes = "32MiB" }
+
+[[replica]]
+id = "r0"
+cpus = "0"                     # CPU pinning; or numa_node = 0
+engine = { quantization = "int8" }   # merged over defaults.engine
+```
+Every key is checked: an unknown one is an error naming it and the valid ones.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.server.engine_args import engine_cli_args
+
+_FLEET_KEYS = {"name", "host", "base_port", "run_dir", "restart", "startup_timeout", "stop_timeout",
+               "max_restarts", "log_level"}
+_SIDECAR_KEYS = {"enabled", "port", "data_dir", "url", "args"}
+_REPLICA_KEYS = {"id", "model", "port", "cpus", "numa_node", "threads", "engine", "restart", "api_key",
+                 "tracing", "otlp_endpoint", "args", "env", "drain_timeout"}
+
+
+@dataclass
+class ReplicaSpec:
+    id: str
+    model: str
+    port: int = 0
+    cpus: str | None = None
+    numa_node: int | None = None
+    threads: int | None = None
+    engine: dict = field(default_factory=dict)
+    restart: bool = False
+    api_key: str | None = None
+    tracing: str = "none"
+    otlp_endpoint: str | None = None
+    drain_timeout: float = 10.0
+    args: list[str] = field(default_factory=list)  # any further `infersight serve` options
+    env: dict = field(default_factory=dict)
+
+
+@dataclass
+class SidecarSpec:
+    enabled: bool = True
+    port: int = 0
+    data_dir: str | None = None  # default: <run_dir>/store
+    url: str | None = None  # an existing store; no sidecar is started
+    args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FleetConfig:
+    name: str
+    host: str = "127.0.0.1"
+    run_dir: Path = Path(".infersight/fleets/local")
+    startup_timeout: float = 180.0
+    stop_timeout: float = 15.0
+    max_restarts: int = 5
+    log_level: str = "warning"
+    sidecar: SidecarSpec = field(default_factory=SidecarSpec)
+    replicas: list[ReplicaSpec] = field(default_factory=list)
+    source: Path | None = None
+
+
+def _check_keys(table: dict, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(allowed))}")
+
+
+def default_run_dir(name: str) -> Path:
+    return Path(".infersight") / "fleets" / name
+
+
+def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
+    _check_keys(data, {"fleet", "sidecar", "defaults", "replica"}, "fleet config")
+    fleet = dict(data.get("fleet", {}))
+    _check_keys(fleet, _FLEET_KEYS, "[fleet]")
+    name = str(fleet.get("name", source.stem if source else "local"))
+    sidecar = dict(data.get("sidecar", {}))
+    _check_keys(sidecar, _SIDECAR_KEYS, "[sidecar]")
+    defaults = dict(data.get("defaults", {}))
+    _check_keys(defaults, _REPLICA_KEYS - {"id", "port"}, "[defaults]")
+    replicas_raw = data.get("replica", [])
+    if not isinstance(replicas_raw, list) or not replicas_raw:
+        raise ValueError("fleet config: at least one [[replica]] table is needed")
+
+    base_port = int(fleet.get("base_port", 0))
+    default_restart = bool(fleet.get("restart", False))
+    replicas: list[ReplicaSpec] = []
+    for i, raw in enumerate(replicas_raw):
+        where = f"[[replica]] #{i + 1}"
+        _check_keys(raw, _REPLICA_KEYS, where)
+        merged = {**defaults, **raw}
+        merged["engine"] = {**defaults.get("engine", {}), **raw.get("engine", {})}
+        merged["env"] = {**defaults.get("env", {}), **raw.get("env", {})}
+        merged.setdefault("id", f"replica-{i}")
+        merged.setdefault("restart", default_restart)
+        if "model" not in merged:
+            raise ValueError(f"{where} ({merged['id']}): no model (set it here or in [defaults])")
+        if "port" not in merged:
+            merged["port"] = base_port + i if base_port else 0
+        spec = ReplicaSpec(**merged)
+        spec.id, spec.model, spec.port = str(spec.id), str(spec.model), int(spec.port)
+        if spec.cpus is not None:
+            spec.cpus = str(spec.cpus)
+        try:
+            engine_cli_args(spec.engine)  # unknown engine options fail now, not in a child process
+        except ValueError as e:
+            raise ValueError(f"{where} ({spec.id}): {e}") from None
+        if "replica_id" in spec.engine or "replica-id" in spec.engine:
+            raise ValueError(f"{where} ({spec.id}): set the replica id with `id`, not engine.replica_id")
+        replicas.append(spec)
+
+    ids = [r.id for r in replicas]
+    dupes = sorted({x for x in ids if ids.count(x) > 1})
+    if dupes:
+        raise ValueError(f"fleet config: duplicate replica id(s) {', '.join(dupes)}")
+    ports = [r.port for r in replicas if r.port]
+    dupes_p = sorted({p for p in ports if ports.count(p) > 1})
+    if dupes_p:
+        raise ValueError(f"fleet config: several replicas on port(s) {', '.join(map(str, dupes_p))}")
+
+    run_dir = Path(fleet["run_dir"]) if "run_dir" in fleet else default_run_dir(name)
+    return FleetConfig(
+        name=name, host=str(fleet.get("host", "127.0.0.1")), run_dir=run_dir,
+        startup_timeout=float(fleet.get("startup_timeout", 180.0)),
+        stop_timeout=float(fleet.get("stop_timeout", 15.0)), max_restarts=int(fleet.get("max_restarts", 5)),
+        log_level=str(fleet.get("log_level", "warning")),
+        sidecar=SidecarSpec(**sidecar), replicas=replicas, source=source)
+
+
+def load_fleet(path: str | Path) -> FleetConfig:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such fleet config") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML ({e})") from None
+    try:
+        return parse_fleet(data, source=path)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None

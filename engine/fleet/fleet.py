@@ -1,0 +1,173 @@
+"""Bring a fleet up, look at it, bring it down.
+
+up:     resolve models, give out ports, start the sidecar (the telemetry store)
+        and wait for it, start every replica (`infersight serve`, its own
+        process, pinned as configured) and wait until each answers /health,
+        then write the state file. A failure stops whatever was started.
+status: for every process in the state file: running? healthy? (and what the
+        replica says about itself).
+down:   supervisor first (so nothing restarts), then replicas (they flush
+        telemetry to the sidecar while draining), then the sidecar.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from engine.fleet.config import FleetConfig, ReplicaSpec
+from engine.fleet.models import resolve_model
+from engine.fleet.processes import (alive, free_port, infersight_command, port_in_use, spawn, stop,
+                                    wait_healthy)
+from engine.fleet.state import FleetState, ProcessState
+from engine.server.engine_args import engine_cli_args
+
+SIDECAR_HEALTH = "/ping"
+
+
+def _noop(message: str) -> None:
+    pass
+
+
+def replica_command(spec: ReplicaSpec, model_dir: Path, host: str, port: int, store_url: str | None,
+                    log_level: str = "warning") -> list[str]:
+    cmd = infersight_command("serve", "--model", str(model_dir), "--host", host, "--port", str(port),
+                             "--replica-id", spec.id, "--tracing", spec.tracing, "--log-level", log_level,
+                             "--drain-timeout", str(spec.drain_timeout))
+    if store_url:
+        cmd += ["--store", store_url]
+    if spec.cpus is not None:
+        cmd += ["--cpus", spec.cpus]
+    if spec.numa_node is not None:
+        cmd += ["--numa-node", str(spec.numa_node)]
+    if spec.threads is not None:
+        cmd += ["--threads", str(spec.threads)]
+    if spec.api_key:
+        cmd += ["--api-key", spec.api_key]
+    if spec.otlp_endpoint:
+        cmd += ["--otlp-endpoint", spec.otlp_endpoint]
+    return cmd + engine_cli_args(spec.engine) + list(spec.args)
+
+
+def sidecar_command(data_dir: Path, host: str, port: int, extra: list[str]) -> list[str]:
+    return infersight_command("sidecar", "--data-dir", str(data_dir), "--host", host, "--port", str(port), *extra)
+
+
+def _port(wanted: int, host: str, what: str) -> int:
+    if not wanted:
+        return free_port(host)
+    if port_in_use(wanted, host):
+        raise RuntimeError(f"{what}: port {wanted} is already in use (is another fleet up? `infersight fleet status`)")
+    return wanted
+
+
+def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
+    run_dir = Path(config.run_dir).resolve()
+    state_path = run_dir / "state.json"
+    if state_path.exists():
+        old = FleetState.load(run_dir)
+        if any(alive(p.ref) for p in _processes(old)):
+            raise RuntimeError(f"fleet {old.name!r} is already up (state in {run_dir}); "
+                               f"`infersight fleet down --run-dir {run_dir}` first")
+    logs = run_dir / "logs"
+    host = config.host
+    base_dir = config.source.parent if config.source else None
+    models = {r.id: resolve_model(r.model, base_dir) for r in config.replicas}  # fails before anything starts
+    state = FleetState(name=config.name, run_dir=str(run_dir), created=time.time(), store_url="",
+                       stop_timeout=config.stop_timeout, max_restarts=config.max_restarts)
+    try:
+        sc = config.sidecar
+        if sc.url:
+            state.store_url = sc.url
+        elif sc.enabled:
+            port = _port(sc.port, host, "sidecar")
+            data_dir = Path(sc.data_dir) if sc.data_dir else run_dir / "store"
+            cmd = sidecar_command(data_dir, host, port, sc.args)
+            log = logs / "sidecar.log"
+            progress(f"starting the sidecar on port {port} (store {data_dir})")
+            ref = spawn(cmd, log)
+            state.sidecar = ProcessState("sidecar", ref.pid, ref.start_ticks, f"http://{host}:{port}", port, cmd,
+                                         str(log))
+            state.save()
+            wait_healthy(state.sidecar.url, ref, config.startup_timeout, log, SIDECAR_HEALTH)
+            state.store_url = state.sidecar.url
+        for spec in config.replicas:
+            port = _port(spec.port, host, f"replica {spec.id}")
+            cmd = replica_command(spec, models[spec.id], host, port, state.store_url or None, config.log_level)
+            log = logs / f"{spec.id}.log"
+            ref = spawn(cmd, log, spec.env)
+            state.replicas.append(ProcessState(spec.id, ref.pid, ref.start_ticks, f"http://{host}:{port}", port, cmd,
+                                               str(log), restart=spec.restart, env=dict(spec.env), cpus=spec.cpus,
+                                               numa_node=spec.numa_node, model=str(models[spec.id])))
+        state.save()
+        progress(f"starting {len(state.replicas)} replica(s): " + ", ".join(r.name for r in state.replicas))
+        with ThreadPoolExecutor(max_workers=max(1, len(state.replicas))) as pool:
+            waits = [pool.submit(wait_healthy, r.url, r.ref, config.startup_timeout, Path(r.log))
+                     for r in state.replicas]
+            for r, w in zip(state.replicas, waits):
+                w.result()
+                progress(f"replica {r.name} healthy at {r.url}")
+        state.note("fleet up")
+        state.save()
+        return state
+    except BaseException:
+        stop_all(state, timeout=config.stop_timeout)
+        FleetState.remove(run_dir)
+        raise
+
+
+def _processes(state: FleetState) -> list[ProcessState]:
+    procs = [state.supervisor] if state.supervisor else []
+    procs += state.replicas
+    return procs + ([state.sidecar] if state.sidecar else [])
+
+
+def stop_all(state: FleetState, timeout: float | None = None) -> dict[str, str]:
+    """Supervisor, then replicas (in parallel), then the sidecar. -> {name: outcome}."""
+    timeout = state.stop_timeout if timeout is None else timeout
+    outcome: dict[str, str] = {}
+    groups = [[state.supervisor] if state.supervisor else [], state.replicas, [state.sidecar] if state.sidecar else []]
+    for group in groups:
+        if not group:
+            continue
+        result = stop([p.ref for p in group], timeout)
+        for p in group:
+            outcome[p.name] = result.get(p.pid, "not running")
+    return outcome
+
+
+def fleet_down(run_dir: str | Path, timeout: float | None = None) -> dict[str, str]:
+    state = FleetState.load(run_dir)
+    if state.supervisor:  # stop it first, then re-read: it may have restarted a replica meanwhile
+        stop([state.supervisor.ref], state.stop_timeout)
+        state = FleetState.load(run_dir)
+        state.supervisor = None
+    outcome = stop_all(state, timeout)
+    FleetState.remove(run_dir)
+    return outcome
+
+
+def fleet_status(state: FleetState, timeout: float = 2.0) -> list[dict]:
+    """One row per process: name, kind, pid, url, running, healthy, and the replica's own /health."""
+    rows = []
+    with httpx.Client(timeout=timeout) as client:
+        for p in _processes(state):
+            kind = "supervisor" if p is state.supervisor else "sidecar" if p is state.sidecar else "replica"
+            row = {"name": p.name, "kind": kind, "pid": p.pid, "url": p.url, "running": alive(p.ref),
+                   "healthy": False, "restarts": p.restarts, "cpus": p.cpus, "log": p.log, "detail": {}}
+            if row["running"] and p.url:
+                path = SIDECAR_HEALTH if kind == "sidecar" else "/health"
+                try:
+                    resp = client.get(p.url + path)
+                    row["healthy"] = resp.status_code == 200
+                    if kind == "replica":
+                        row["detail"] = resp.json()
+                except (httpx.HTTPError, ValueError):
+                    pass
+            elif kind == "supervisor":
+                row["healthy"] = row["running"]
+            rows.append(row)
+    return rows

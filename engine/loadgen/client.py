@@ -1,0 +1,136 @@
+"""Send one request and time it from the client's side.
+
+Client-side times (time.perf_counter, from just before the request is sent):
+- TTFT: until the first SSE chunk that carries an output token;
+- ITL: the gaps between chunks that carry tokens, split evenly over the tokens
+  a chunk carries (a speculative step can deliver several at once);
+- e2e: until the response is complete.
+Non-streamed requests have no client TTFT / ITL, only e2e.
+
+Every request asks the server for its token IDs and its own timings
+(`return_token_ids`, `return_metrics`), so the two views can be compared.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+from engine.loadgen.workloads import RequestSpec
+
+
+@dataclass
+class RequestResult:
+    request_id: str
+    workload: str
+    endpoint: str
+    replica: str
+    api: str
+    stream: bool
+    start_time: float  # epoch seconds when sent
+    ok: bool = False
+    status: int = 0
+    error: str = ""
+    ttft: float | None = None  # client-side, seconds
+    e2e: float | None = None
+    itl: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str | None = None
+    server: dict | None = None  # the server's `metrics` object
+
+    @property
+    def mean_itl(self) -> float | None:
+        return sum(self.itl) / len(self.itl) if self.itl else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["mean_itl"] = self.mean_itl
+        return d
+
+
+def _path(api: str) -> str:
+    return "/v1/chat/completions" if api == "chat" else "/v1/completions"
+
+
+def _tokens_in(choice: dict, api: str) -> int:
+    ids = choice.get("token_ids")
+    if ids is not None:
+        return len(ids)
+    text = choice.get("text") if api == "completions" else (choice.get("delta") or {}).get("content")
+    return 1 if text else 0
+
+
+async def send(client: httpx.AsyncClient, endpoint: str, replica: str, model: str, spec: RequestSpec,
+               request_id: str, api_key: str | None = None, timeout: float = 300.0) -> RequestResult:
+    body = dict(spec.body, model=model, stream=spec.stream, return_token_ids=True, return_metrics=True)
+    headers = {"X-Request-Id": request_id, "X-Workload": spec.workload}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    result = RequestResult(request_id, spec.workload, endpoint, replica, spec.api, spec.stream, time.time())
+    t0 = time.perf_counter()
+    try:
+        if spec.stream:
+            await _stream(client, endpoint + _path(spec.api), body, headers, timeout, result, t0)
+        else:
+            resp = await client.post(endpoint + _path(spec.api), json=body, headers=headers, timeout=timeout)
+            result.status = resp.status_code
+            data = resp.json()
+            if resp.status_code != 200:
+                result.error = data.get("error", {}).get("message", resp.text[:200])
+            else:
+                choice = data["choices"][0]
+                result.finish_reason = choice.get("finish_reason")
+                result.output_tokens = data["usage"]["completion_tokens"]
+                result.prompt_tokens = data["usage"]["prompt_tokens"]
+                result.server = data.get("metrics")
+                result.ok = True
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError, ValueError) as e:
+        result.error = f"{type(e).__name__}: {e}"
+    result.e2e = time.perf_counter() - t0
+    return result
+
+
+async def _stream(client, url, body, headers, timeout, result: RequestResult, t0: float) -> None:
+    body["stream_options"] = {"include_usage": True}
+    last = None
+    async with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as resp:
+        result.status = resp.status_code
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")
+            try:
+                result.error = json.loads(text)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                result.error = text[:200]
+            return
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            payload = line[6:]
+            if payload == "[DONE]":
+                break
+            now = time.perf_counter()
+            chunk = json.loads(payload)
+            if "error" in chunk:
+                result.error = chunk["error"].get("message", "stream error")
+                return
+            if chunk.get("usage"):
+                result.prompt_tokens = chunk["usage"]["prompt_tokens"]
+            if chunk.get("metrics"):
+                result.server = chunk["metrics"]
+            for choice in chunk.get("choices", []):
+                n = _tokens_in(choice, result.api)
+                if n:
+                    if result.ttft is None:
+                        result.ttft = now - t0
+                        result.itl.extend([0.0] * (n - 1))  # tokens that came with the first one
+                    else:
+                        result.itl.extend([(now - last) / n] * n)
+                    result.output_tokens += n
+                    last = now
+                if choice.get("finish_reason"):
+                    result.finish_reason = choice["finish_reason"]
+    result.ok = result.finish_reason is not None and not result.error

@@ -1,0 +1,149 @@
+"""Turn an API request into what the engine takes (a prompt and SamplingParams), or a 400.
+
+Everything a client can get wrong is checked here, before the engine sees
+the request, so the message names the parameter and the limit: unsupported
+options, token IDs outside the vocabulary, a prompt longer than the context,
+max_tokens that does not fit beside the prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.sampling_params import SamplingParams
+from engine.server.errors import APIError
+from engine.server.model_info import ServedModel
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+
+MAX_STOP_STRINGS = 16
+
+
+@dataclass
+class Admitted:
+    prompt: str | list[int]  # text (the engine tokenizes and hashes it) or token IDs
+    prompt_token_ids: list[int]  # what the length checks used
+    sampling_params: SamplingParams
+
+
+def _unsupported(param: str, why: str) -> APIError:
+    return APIError(f"{param}: {why}", param=param, code="unsupported_parameter")
+
+
+def _check_common(req: CompletionRequest | ChatCompletionRequest, served: ServedModel) -> None:
+    if req.model != served.name:
+        raise APIError(f"model {req.model!r} does not exist; this server serves {served.name!r} (see /v1/models)",
+                       param="model", code="model_not_found")
+    if req.n != 1:
+        raise _unsupported("n", f"only n=1 is supported, got {req.n}; send {req.n} requests with different seeds")
+    if req.presence_penalty or req.frequency_penalty:
+        raise _unsupported("presence_penalty" if req.presence_penalty else "frequency_penalty",
+                           "penalties are not supported (use 0)")
+    if req.logit_bias:
+        raise _unsupported("logit_bias", "logit_bias is not supported")
+    if req.stream_options is not None and not req.stream:
+        raise APIError("stream_options is only allowed when stream is true", param="stream_options")
+    bad = [t for t in req.stop_token_ids if t >= served.vocab_size]
+    if bad:
+        raise APIError(f"stop_token_ids {bad[:5]} are outside the vocabulary (size {served.vocab_size})",
+                       param="stop_token_ids", code="invalid_token_id")
+
+
+def _stop_strings(stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise APIError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", param="stop")
+    if any(s == "" for s in stops):
+        raise APIError("stop: stop strings must not be empty", param="stop")
+    return stops
+
+
+def _check_token_ids(ids: list[int], served: ServedModel, param: str) -> None:
+    if not ids:
+        raise APIError(f"{param} must not be empty", param=param)
+    bad = [t for t in ids if t >= served.vocab_size]
+    if bad:
+        raise APIError(f"{param}: token IDs {bad[:5]} are outside the vocabulary (valid: 0..{served.vocab_size - 1})",
+                       param=param, code="invalid_token_id")
+
+
+def _max_tokens(requested: int | None, prompt_len: int, served: ServedModel, param: str) -> int:
+    context = served.max_model_len
+    if prompt_len >= context:
+        raise APIError(f"the prompt is {prompt_len} tokens but this model's maximum context length is "
+                       f"{context} tokens (prompt plus at least one generated token)",
+                       param="messages" if param == "max_completion_tokens" else "prompt",
+                       code="context_length_exceeded")
+    room = context - prompt_len
+    if requested is None:
+        return room
+    if requested < 1:
+        raise APIError(f"{param} must be at least 1, got {requested}", param=param)
+    if requested > room:
+        raise APIError(f"this model's maximum context length is {context} tokens; the request asks for "
+                       f"{prompt_len} prompt + {requested} completion tokens; lower {param} to at most {room}",
+                       param=param, code="context_length_exceeded")
+    return requested
+
+
+def _sampling_params(req, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    try:
+        return SamplingParams(
+            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, max_tokens=max_tokens,
+            seed=req.seed, stop_token_ids=list(req.stop_token_ids), stop=_stop_strings(req.stop),
+            ignore_eos=req.ignore_eos, logprobs=logprobs,
+        )
+    except ValueError as e:  # SamplingParams.validate's message names the parameter
+        raise APIError(str(e), param=str(e).split(" ")[0]) from None
+
+
+def admit_completion(req: CompletionRequest, served: ServedModel) -> Admitted:
+    _check_common(req, served)
+    if req.best_of not in (None, 1):
+        raise _unsupported("best_of", f"only best_of=1 is supported, got {req.best_of}")
+    if req.echo:
+        raise _unsupported("echo", "echo is not supported")
+    if req.suffix:
+        raise _unsupported("suffix", "suffix is not supported")
+
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise _unsupported("prompt", f"batched prompts are not supported ({len(prompt)} given); "
+                                         "send one prompt per request")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        prompt_ids = served.encode(prompt)
+    else:
+        _check_token_ids(prompt, served, "prompt")
+        prompt_ids = list(prompt)
+    max_tokens = _max_tokens(req.max_tokens, len(prompt_ids), served, "max_tokens")
+    return Admitted(prompt, prompt_ids, _sampling_params(req, max_tokens, req.logprobs))
+
+
+def _message_text(content) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def admit_chat(req: ChatCompletionRequest, served: ServedModel) -> Admitted:
+    _check_common(req, served)
+    if req.tools:
+        raise _unsupported("tools", "tool calling is not supported")
+    if req.tool_choice not in (None, "none"):
+        raise _unsupported("tool_choice", "tool calling is not supported")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise _unsupported("response_format", f"only type 'text' is supported, got {req.response_format.type!r}")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
+    if req.max_tokens is not None and req.max_completion_tokens is not None:
+        raise APIError("give max_completion_tokens or max_tokens, not both", param="max_tokens")
+
+    messages = [{"role": m.role, "content": _message_text(m.content)} for m in req.messages]
+    try:
+        prompt_ids = served.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+    except Exception as e:  # a template may reject a conversation (e.g. roles out of order)
+        raise APIError(f"messages: the chat template rejected the conversation: {e}", param="messages") from None
+    param = "max_tokens" if req.max_tokens is not None else "max_completion_tokens"
+    max_tokens = _max_tokens(req.max_completion_tokens if req.max_tokens is None else req.max_tokens,
+                             len(prompt_ids), served, param)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return Admitted(prompt_ids, prompt_ids, _sampling_params(req, max_tokens, logprobs))

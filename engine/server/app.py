@@ -1,0 +1,250 @@
+"""The OpenAI-compatible HTTP server of one replica (FastAPI).
+
+Routes: POST /v1/completions, POST /v1/chat/completions (SSE when
+`stream`), GET /v1/models, GET /health, GET /metrics.
+
+A request's life here: headers -> RequestContext (id, workload, trace
+context); body -> admission (prompt + SamplingParams, or a 400); the engine
+generates; outputs -> OpenAI JSON or SSE chunks. A client that goes away
+aborts its request, so the engine frees its KV blocks at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+
+import anyio
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from engine.server.admission import Admitted, admit_chat, admit_completion
+from engine.server.errors import APIError, install_error_handlers, sse_error
+from engine.server.formatting import ResponseOptions, StreamFormatter, full_response
+from engine.server.headers import REQUEST_ID_HEADER, RequestContext, request_context
+from engine.server.model_info import ServedModel
+from engine.server.openapi import install_openapi
+from engine.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+                                    CompletionResponse, ErrorResponse, Health, ModelList)
+from engine.server.request_id import RequestIdMiddleware
+
+log = logging.getLogger(__name__)
+
+SSE_DONE = "data: [DONE]\n\n"
+_ERRORS = {400: {"model": ErrorResponse, "description": "invalid request"},
+           401: {"model": ErrorResponse, "description": "missing or wrong API key"}}
+_STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
+
+
+class Server:
+    """State shared by the routes: the engine, the requests in flight."""
+
+    def __init__(self, served: ServedModel, metrics_registry=None):
+        self.served = served
+        self.registry = metrics_registry
+        self.in_flight: dict[str, float] = {}  # request id -> arrival (duplicates are refused)
+
+    # -- the generation paths -----------------------------------------------------
+
+    def _start(self, ctx: RequestContext, admitted: Admitted):
+        if ctx.request_id in self.in_flight:
+            raise APIError(f"a request with id {ctx.request_id!r} is already in flight; request ids must be unique",
+                           status=409, param=REQUEST_ID_HEADER, code="duplicate_request_id")
+        self.in_flight[ctx.request_id] = time.time()
+        return self.served.engine.generate(admitted.prompt, admitted.sampling_params, ctx.request_id,
+                                           workload=ctx.workload, trace_context=ctx.trace_context)
+
+    async def _abort(self, request_id: str, gen) -> None:
+        # shielded: this runs while the request's task is being cancelled (client gone)
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(Exception):
+                await self.served.engine.abort(request_id)
+            with contextlib.suppress(BaseException):
+                await gen.aclose()
+
+    async def generate_full(self, request: Request, ctx: RequestContext, admitted: Admitted, opts: ResponseOptions):
+        gen = self._start(ctx, admitted)
+        done = False
+        try:
+            collect = asyncio.ensure_future(_last_output(gen))
+            gone = asyncio.ensure_future(_client_disconnected(request))
+            try:
+                await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            if not collect.done():  # the client left: nobody will read the answer
+                collect.cancel()
+                log.info("client disconnected, aborting %s", ctx.request_id)
+                return Response(status_code=499)
+            out = _engine_result(collect)
+            done = True
+            return JSONResponse(full_response(self.served, opts, out))
+        finally:
+            if not done:
+                await self._abort(ctx.request_id, gen)
+            self.in_flight.pop(ctx.request_id, None)
+
+    async def generate_stream(self, ctx: RequestContext, admitted: Admitted, opts: ResponseOptions):
+        gen = self._start(ctx, admitted)
+        try:  # the first output comes before the headers, so an admission error is still a clean 400
+            first = await gen.__anext__()
+        except BaseException as e:
+            self.in_flight.pop(ctx.request_id, None)
+            await self._abort(ctx.request_id, gen)
+            if isinstance(e, StopAsyncIteration):
+                raise APIError("the engine produced no output", status=500, type="internal_error") from None
+            if isinstance(e, ValueError):
+                raise APIError(str(e)) from None
+            raise
+        formatter = StreamFormatter(self.served, opts)
+
+        async def events():
+            finished = first.finished
+            try:
+                for event in formatter.events(first):
+                    yield event
+                if not finished:
+                    async for out in gen:
+                        for event in formatter.events(out):
+                            yield event
+                        finished = out.finished
+                        if finished:
+                            break
+                yield SSE_DONE
+            except Exception as e:  # headers are gone: report in-band, as OpenAI does
+                log.exception("stream of %s failed", ctx.request_id)
+                yield sse_error(f"generation failed: {e}")
+                yield SSE_DONE
+            finally:
+                if not finished:
+                    await self._abort(ctx.request_id, gen)
+                self.in_flight.pop(ctx.request_id, None)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    def health(self) -> dict:
+        s = self.served
+        state = {}
+        with contextlib.suppress(Exception):
+            state = s.engine_state()
+        alive = getattr(s.engine, "is_running", True)
+        return {"status": "ok" if alive else "error", "replica_id": s.replica_id, "model": s.name,
+                "in_flight": len(self.in_flight), **state}
+
+
+async def _last_output(gen):
+    last = None
+    async for out in gen:
+        last = out
+        if out.finished:
+            break
+    return last
+
+
+def _engine_result(task: asyncio.Future):
+    try:
+        out = task.result()
+    except ValueError as e:  # admission errors the engine found (our own checks came first)
+        raise APIError(str(e)) from None
+    if out is None:
+        raise APIError("the engine produced no output", status=500, type="internal_error")
+    if out.finish_reason == "error":
+        raise APIError(f"generation failed: {out.error}", status=500, type="internal_error")
+    return out
+
+
+async def _client_disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _bearer_check(api_key: str):
+    bearer = HTTPBearer(auto_error=False, description="the server's --api-key")
+
+    async def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)):
+        given = credentials.credentials if credentials is not None else ""
+        if not secrets.compare_digest(given.encode(), api_key.encode()):
+            raise APIError("invalid or missing API key: send 'Authorization: Bearer <key>'", status=401,
+                           code="invalid_api_key")
+
+    return check
+
+
+def build_app(served: ServedModel, *, api_key: str | None = None, metrics_registry=None,
+              manage_engine: bool = True) -> FastAPI:
+    """The app for one replica. With `manage_engine`, startup starts the engine and shutdown stops it."""
+    server = Server(served, metrics_registry)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if manage_engine:
+            served.engine.start()
+        try:
+            yield
+        finally:
+            if manage_engine:
+                await served.engine.shutdown()
+
+    app = FastAPI(title="infersight replica", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI-compatible completions and chat completions of one infersight replica.")
+    app.state.server = server
+    app.add_middleware(RequestIdMiddleware)
+    install_error_handlers(app)
+    auth = [Depends(_bearer_check(api_key))] if api_key else []
+
+    def options(kind: str, req, ctx: RequestContext, logprobs) -> ResponseOptions:
+        prefix = "cmpl" if kind == "completion" else "chatcmpl"
+        return ResponseOptions(
+            kind=kind, response_id=f"{prefix}-{ctx.request_id}", created=int(time.time()), model=served.name,
+            return_token_ids=req.return_token_ids, return_metrics=req.return_metrics, logprobs=logprobs,
+            include_usage=bool(req.stream_options and req.stream_options.include_usage))
+
+    @app.post("/v1/completions", dependencies=auth, response_model=CompletionResponse,
+              responses={**_ERRORS, 200: {"content": _STREAM}}, tags=["openai"])
+    async def completions(body: CompletionRequest, request: Request):
+        ctx = request_context(request.headers)
+        admitted = admit_completion(body, served)
+        opts = options("completion", body, ctx, body.logprobs)
+        if body.stream:
+            return await server.generate_stream(ctx, admitted, opts)
+        return await server.generate_full(request, ctx, admitted, opts)
+
+    @app.post("/v1/chat/completions", dependencies=auth, response_model=ChatCompletionResponse,
+              responses={**_ERRORS, 200: {"content": _STREAM}}, tags=["openai"])
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        ctx = request_context(request.headers)
+        admitted = admit_chat(body, served)
+        opts = options("chat", body, ctx, admitted.sampling_params.logprobs)
+        if body.stream:
+            return await server.generate_stream(ctx, admitted, opts)
+        return await server.generate_full(request, ctx, admitted, opts)
+
+    @app.get("/v1/models", dependencies=auth, response_model=ModelList, responses=_ERRORS, tags=["openai"])
+    async def models():
+        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": served.created,
+                                            "owned_by": "infersight", "max_model_len": served.max_model_len,
+                                            "root": served.root}]}
+
+    @app.get("/health", response_model=Health, responses={503: {"model": Health}}, tags=["ops"])
+    async def health():
+        body = server.health()
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    if metrics_registry is not None:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        @app.get("/metrics", response_class=Response, tags=["ops"],
+                 responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+        async def metrics():
+            return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
+
+    install_openapi(app)
+    return app

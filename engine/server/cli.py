@@ -1,0 +1,89 @@
+"""`infersight serve --model DIR`: one replica behind an OpenAI-compatible HTTP API.
+
+Order matters: pin the process (--cpus / --numa-node) before torch starts its
+threads, build the telemetry observer, load the engine, then serve. SIGTERM or
+Ctrl-C stops accepting connections and drains in-flight requests for up to
+--drain-timeout seconds before the engine and the recorder shut down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from engine.server.engine_args import add_engine_arguments, engine_config_from_args
+
+log = logging.getLogger("infersight.serve")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="local Hugging Face model directory")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--store", default=None, metavar="TARGET",
+                        help="telemetry store: the sidecar's URL (http://host:port) or a data directory; "
+                             "default: no recorder (metrics and tracing only)")
+    parser.add_argument("--api-key", default=os.environ.get("INFERSIGHT_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $INFERSIGHT_API_KEY)")
+    parser.add_argument("--tracing", choices=("none", "console", "otlp"), default="none")
+    parser.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP collector, e.g. http://localhost:4318")
+    parser.add_argument("--cpus", default=None, help="pin the replica to these CPUs, e.g. '0-3,8'")
+    parser.add_argument("--numa-node", type=int, default=None, help="pin CPUs and memory to this NUMA node")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: the number of CPUs the replica may use)")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="seconds to let in-flight requests finish on shutdown")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_engine_arguments(parser)
+
+
+def _pin(args) -> None:
+    if args.cpus is None and args.numa_node is None:
+        return
+    from telemetry.placement import bind_replica
+
+    placement = bind_replica(cpus=args.cpus, numa_node=args.numa_node)
+    log.info("pinned to CPUs %s (NUMA nodes %s)%s", placement.cpu_affinity, placement.cpu_numa_nodes,
+             "; " + "; ".join(placement.notes) if placement.notes else "")
+
+
+def build_server(args):
+    """(uvicorn.Server, telemetry parts): everything `run` needs, loaded and ready to serve."""
+    import torch
+    import uvicorn
+
+    from engine.async_engine import AsyncLLM
+    from engine.server.app import build_app
+    from engine.server.model_info import ServedModel
+    from telemetry.setup import build_observer
+
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
+    config = engine_config_from_args(args.model, args)
+    model_name = config.served_model_name or Path(config.model).resolve().name
+    observer, parts = build_observer(config.replica_id, model_name, store_target=args.store,
+                                     tracing=args.tracing, otlp_endpoint=args.otlp_endpoint)
+    engine = AsyncLLM(config, observer)
+    served = ServedModel.from_engine(engine, created=int(time.time()))
+    app = build_app(served, api_key=args.api_key, metrics_registry=parts.registry)
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                               timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+    return uvicorn.Server(uv_config), parts
+
+
+def run(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        _pin(args)
+        server, parts = build_server(args)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"infersight serve: {e}", file=sys.stderr)
+        return 2
+    try:
+        server.run()
+    finally:
+        parts.close()  # the recorder's last flush happens after the engine stopped
+    return 0 if server.started else 1

@@ -1,0 +1,48 @@
+"""What the server needs to know about the engine it fronts, in one place.
+
+The HTTP layer talks to the engine only through `ServedModel`: the async
+engine, the tokenizer, the served name and the limits requests are checked
+against, plus a live view of the engine's queues and KV blocks for /health.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ServedModel:
+    engine: Any  # engine.async_engine.AsyncLLM
+    name: str
+    replica_id: str
+    max_model_len: int
+    vocab_size: int
+    tokenizer: Any  # engine.tokenization.Tokenizer
+    created: int = 0
+    root: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_engine(cls, engine, created: int) -> ServedModel:
+        core = engine.engine  # the LLMEngine inside the AsyncLLM
+        record = core.replica_record
+        config = core.config
+        return cls(
+            engine=engine, name=record.model_name, replica_id=record.replica_id,
+            max_model_len=int(core.max_model_len), vocab_size=int(core.vocab_size),
+            tokenizer=core.tokenizer, created=created, root=str(config.model),
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
+
+    def engine_state(self) -> dict:
+        """Queues and KV blocks right now (read without locking: a monitoring snapshot)."""
+        return self.engine.engine.stats()
