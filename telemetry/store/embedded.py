@@ -1,0 +1,183 @@
+"""The embedded store: chdb (ClickHouse in-process) at a data directory.
+
+One process per data directory (a lock file guards it). Within the process, a small pool of
+chdb sessions on that directory lets readers and writers run in parallel; a session is used
+by one caller at a time, so per-request settings (SET ... then back to DEFAULT) cannot leak
+between callers. Read-only sessions run with `readonly = 2` (reads and settings, no writes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+
+import pyarrow as pa
+from chdb import session as chdb_session
+from clickhouse_connect.driver.binding import format_bind_value
+
+from telemetry.store import dir_lock
+from telemetry.store.base import Store, check_dedup_token, check_identifier
+from telemetry.store.errors import StoreError
+
+DEFAULT_POOL_SIZE = 4
+# transport-level names that are not ClickHouse settings (never SET)
+NOT_SETTINGS = frozenset({"readonly"})
+
+
+def sql_string(value: str) -> str:
+    """A ClickHouse string literal (for setting values, which SET cannot take as parameters)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def bind_values(parameters: Mapping | None) -> dict[str, str]:
+    """Python values in ClickHouse's text form for server-side `{name:Type}` binding
+    (the same encoding clickhouse-connect sends as `param_<name>` over HTTP)."""
+    return {str(k): format_bind_value(v) for k, v in (parameters or {}).items()}
+
+
+def _chdb_error(e: Exception) -> StoreError:
+    return StoreError(str(e).strip())
+
+
+class EmbeddedStore(Store):
+    def __init__(self, path: str | os.PathLike, database: str = "default", pool_size: int = DEFAULT_POOL_SIZE):
+        self.path = os.path.realpath(os.fspath(path))
+        self.target = self.path
+        self.database = check_identifier(database, "database")
+        os.makedirs(self.path, exist_ok=True)
+        dir_lock.acquire(self.path)
+        self._pools = {False: queue.LifoQueue(), True: queue.LifoQueue()}
+        self._slots = {False: threading.Semaphore(pool_size), True: threading.Semaphore(pool_size)}
+        self._all: list = []
+        self._all_lock = threading.Lock()
+        self._closed = False
+        try:
+            # open the engine now, so that a directory already taken fails here, clearly
+            with chdb_session.Session(self.path) as s:
+                s.query(f"CREATE DATABASE IF NOT EXISTS {self.database}", "CSV")
+        except Exception as e:
+            self.close()
+            if "different path" in str(e):
+                raise StoreError(f"cannot open {self.path}: this process already has another chdb data "
+                                 f"directory open (chdb allows one per process): {e}") from None
+            raise
+
+    # sessions ----------------------------------------------------------------------------------
+
+    def _new_session(self, readonly: bool):
+        s = chdb_session.Session(self.path)
+        s.query(f"USE {self.database}", "CSV")
+        if readonly:
+            s.query("SET readonly = 2", "CSV")
+        with self._all_lock:
+            self._all.append(s)
+        return s
+
+    def _discard(self, s) -> None:
+        with self._all_lock:
+            if s in self._all:
+                self._all.remove(s)
+        with contextlib.suppress(Exception):
+            s.close()
+
+    @contextlib.contextmanager
+    def session(self, settings: Mapping[str, str] | None = None, readonly: bool = False) -> Iterator:
+        """A chdb session for one caller, with `settings` applied for the duration."""
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+        pool, slot = self._pools[readonly], self._slots[readonly]
+        slot.acquire()
+        try:
+            try:
+                s = pool.get_nowait()
+            except queue.Empty:
+                s = self._new_session(readonly)
+            names = [check_identifier(k, "setting") for k in (settings or {}) if k not in NOT_SETTINGS]
+            reusable = True
+            try:
+                if names:
+                    try:
+                        s.query("SET " + ", ".join(f"{k} = {sql_string(str(settings[k]))}" for k in names), "CSV")
+                    except Exception as e:
+                        raise _chdb_error(e) from None
+                yield s
+            finally:
+                if names:
+                    try:
+                        s.query("SET " + ", ".join(f"{k} = DEFAULT" for k in names), "CSV")
+                    except Exception:
+                        reusable = False  # settings may be stuck on it: never hand it out again
+                if reusable:
+                    pool.put(s)
+                else:
+                    self._discard(s)
+        finally:
+            slot.release()
+
+    # raw access (the sidecar's HTTP endpoint uses these) ----------------------------------------
+
+    def execute(self, sql: str, fmt: str = "TabSeparated", params: Mapping[str, str] | None = None,
+                settings: Mapping[str, str] | None = None, readonly: bool = False):
+        """Run one statement; returns chdb's result (`.bytes()`, `.rows_read()` ...).
+        `params` are already in ClickHouse text form (see `bind_values`)."""
+        with self.session(settings, readonly) as s:
+            try:
+                return s.query(sql, fmt, params=dict(params or {}))
+            except Exception as e:
+                raise _chdb_error(e) from None
+
+    def insert_stream(self, insert_sql: str, fmt: str, chunks: Iterable[bytes],
+                      settings: Mapping[str, str] | None = None) -> int:
+        """`INSERT INTO t (cols)` (no FORMAT, no data) fed with `chunks` in format `fmt`."""
+        with self.session(settings) as s:
+            try:
+                inserter = s.send_insert(insert_sql, fmt)
+            except Exception as e:
+                raise _chdb_error(e) from None
+            with inserter:
+                try:
+                    for chunk in chunks:
+                        if chunk:
+                            inserter.append(chunk)
+                    return inserter.finish().rows_written
+                except StoreError:
+                    raise
+                except Exception as e:
+                    raise _chdb_error(e) from None
+
+    # Store interface -----------------------------------------------------------------------------
+
+    def insert_arrow(self, table: str, data: pa.Table, dedup_token: str | None = None) -> int:
+        check_identifier(table)
+        columns = ", ".join(f"`{check_identifier(name, 'column')}`" for name in data.column_names)
+        settings = {"insert_deduplication_token": check_dedup_token(dedup_token)} if dedup_token else None
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, data.schema) as writer:
+            writer.write_table(data)
+        self.insert_stream(f"INSERT INTO {self.database}.{table} ({columns})", "ArrowStream",
+                           [sink.getvalue().to_pybytes()], settings)
+        return data.num_rows
+
+    def query_arrow(self, sql: str, parameters: Mapping | None = None) -> pa.Table:
+        with self.session() as s:
+            try:
+                return s.query(sql, "ArrowTable", params=bind_values(parameters))
+            except Exception as e:
+                raise _chdb_error(e) from None
+
+    def command(self, sql: str, parameters: Mapping | None = None) -> str:
+        return self.execute(sql, "TabSeparated", bind_values(parameters)).bytes().decode()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._all_lock:
+            sessions, self._all = self._all, []
+        for s in sessions:
+            with contextlib.suppress(Exception):
+                s.close()
+        dir_lock.release(self.path)

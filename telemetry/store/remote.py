@@ -1,0 +1,76 @@
+"""The remote store: any ClickHouse HTTP endpoint (the sidecar, a server, a cluster) via clickhouse-connect.
+
+Target: `http(s)://user:password@host:port/database?option=value` (options go to
+clickhouse_connect.get_client, e.g. `compress=lz4`, `verify=false`, `ca_cert=/path`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+import clickhouse_connect
+import pyarrow as pa
+from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+
+from telemetry.store.base import Store, check_dedup_token, check_identifier
+from telemetry.store.errors import StoreError, StoreUnavailableError
+
+# HTTP statuses that mean "busy or restarting, try again" (ClickHouse sends 503 while starting)
+_UNAVAILABLE_STATUSES = ("HTTP status 502", "HTTP status 503", "HTTP status 504", "HTTP status 429")
+
+
+def redact(url: str) -> str:
+    """The URL without its password (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _translate(e: Exception, target: str) -> StoreError:
+    message = f"{redact(target)}: {e}"
+    if isinstance(e, OperationalError) or any(s in str(e) for s in _UNAVAILABLE_STATUSES):
+        return StoreUnavailableError(message)
+    return StoreError(message, getattr(e, "code", None))
+
+
+class RemoteStore(Store):
+    def __init__(self, url: str, connect_timeout: float = 5, send_receive_timeout: float = 120, **client_options):
+        self.target = url
+        options = dict(connect_timeout=connect_timeout, send_receive_timeout=send_receive_timeout,
+                       autogenerate_session_id=False, query_retries=1)
+        options.update(client_options)
+        try:
+            self.client = clickhouse_connect.get_client(dsn=url, **options)
+        except (OperationalError, DatabaseError) as e:
+            raise _translate(e, url) from None
+        self.database = self.client.database or "default"
+
+    def insert_arrow(self, table: str, data: pa.Table, dedup_token: str | None = None) -> int:
+        check_identifier(table)
+        settings = {"insert_deduplication_token": check_dedup_token(dedup_token)} if dedup_token else None
+        try:
+            self.client.insert_arrow(table, data, settings=settings)
+        except (OperationalError, DatabaseError) as e:
+            raise _translate(e, self.target) from None
+        return data.num_rows
+
+    def query_arrow(self, sql: str, parameters: Mapping | None = None) -> pa.Table:
+        try:
+            return self.client.query_arrow(sql, parameters=dict(parameters or {}), use_strings=True)
+        except (OperationalError, DatabaseError) as e:
+            raise _translate(e, self.target) from None
+
+    def command(self, sql: str, parameters: Mapping | None = None) -> str:
+        try:
+            result = self.client.command(sql, parameters=dict(parameters or {}))
+        except (OperationalError, DatabaseError) as e:
+            raise _translate(e, self.target) from None
+        if isinstance(result, (list, tuple)):
+            return "\t".join(map(str, result))
+        return "" if result is None or not isinstance(result, (str, int, float)) else str(result)
+
+    def close(self) -> None:
+        self.client.close()
