@@ -224,8 +224,8 @@ GROUP BY time, replica_id
 ORDER BY time""", table=False)], unit="s", ds=CLICKHOUSE),
         timeseries("Host time against forward time (from steps)", [sql(f"""
 SELECT $__timeInterval(start_time) AS time,
-       sum(forward_seconds) AS forward_seconds,
-       sum(duration_seconds - forward_seconds) AS host_seconds
+       sum(forward_seconds) AS forward,
+       sum(duration_seconds - forward_seconds) AS host
 FROM steps
 WHERE $__timeFilter(start_time) AND {replicas}
 GROUP BY time
@@ -266,12 +266,12 @@ LIMIT 50""")], hide=(), description="A tokenizer or chat-template divergence: th
         table("Findings", [sql("""
 SELECT finding_id, argMax(kind, last_seen) AS kind, argMax(severity, last_seen) AS severity,
        argMax(subject, last_seen) AS subject, argMax(summary, last_seen) AS summary,
-       min(first_seen) AS first_seen, max(last_seen) AS last_seen,
-       argMax(evidence_json, last_seen) AS evidence_json
+       argMax(evidence_json, last_seen) AS evidence_json,
+       min(first_seen) AS first_seen_at, max(last_seen) AS last_seen_at
 FROM findings
 WHERE $__timeFilter(last_seen)
 GROUP BY finding_id
-ORDER BY last_seen DESC
+ORDER BY last_seen_at DESC
 LIMIT 100""")], hide=()),
     ]
     variables = [

@@ -1,0 +1,40 @@
+"""The infersight debugging dashboard (Streamlit). Start it with `infersight dashboard --store ...`.
+
+One page per question: which replica is unwell (Fleet), what happened to this request
+(Requests), is B worse than A (Compare), is the GPU waiting on the host (Scheduler), is
+the KV cache the bottleneck (KV cache), did answers change (Evals), what did the
+diagnostics conclude (Findings), where does the time go (Profiles).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from dashboards import data, settings
+
+PAGES = Path(__file__).resolve().parent / "pages"
+
+st.set_page_config(page_title="infersight", page_icon="🔎", layout="wide")
+
+navigation = st.navigation([
+    st.Page(PAGES / "fleet.py", title="Fleet", icon="🖥️", default=True),
+    st.Page(PAGES / "requests.py", title="Requests", icon="📨"),
+    st.Page(PAGES / "compare.py", title="Compare", icon="⚖️"),
+    st.Page(PAGES / "scheduler.py", title="Scheduler", icon="⏱️"),
+    st.Page(PAGES / "kv_cache.py", title="KV cache", icon="🧱"),
+    st.Page(PAGES / "evals.py", title="Evals", icon="🧪"),
+    st.Page(PAGES / "findings.py", title="Findings", icon="🚩"),
+    st.Page(PAGES / "profiles.py", title="Profiles", icon="🔥"),
+])
+
+st.sidebar.markdown("**infersight**")
+try:
+    target = getattr(data.store(), "target", "") or settings.from_env().store
+except Exception as e:  # a wrong --store: say so on every page instead of a traceback
+    st.error(f"Cannot open the store: {e}")
+    st.stop()
+st.sidebar.caption(f"store: `{target.split('@')[-1]}`")  # never show credentials
+
+navigation.run()

@@ -1,0 +1,74 @@
+"""Fleet: every replica's identity and placement, its health, and its latency over time."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from dashboards import data, queries, widgets
+
+st.title("Fleet")
+window = widgets.window()
+replicas = widgets.replicas_frame()
+
+st.subheader("Replicas: identity and placement")
+if replicas.empty:
+    widgets.no_data("replicas")
+else:
+    view = replicas.copy()
+    for col in ("cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes"):
+        view[col] = view[col].map(lambda v: ",".join(str(x) for x in v))
+    # hashes that differ between replicas of one model are config or tokenizer drift
+    for col in ("config_hash", "tokenizer_hash", "chat_template_hash", "weights_hash"):
+        view[f"{col} drift"] = view.groupby("model_name")[col].transform("nunique") > 1
+    st.dataframe(view.drop(columns=["labels_json"]), hide_index=True, key="fleet_replicas")
+    mismatched = view.loc[view["numa_mismatch"].astype(bool), "replica_id"].tolist()
+    if mismatched:
+        st.warning(f"NUMA mismatch (CPUs, memory or GPU on different nodes): {', '.join(mismatched)}")
+
+if window is None:
+    widgets.no_data("requests")
+    st.stop()
+
+selected = widgets.pick_replicas("fleet_replicas_filter")
+params = {**window.params, "replicas": selected}
+
+st.subheader(f"Health ({window.label})")
+health = data.query(queries.REPLICA_HEALTH, **params)
+if health.empty:
+    widgets.no_data("requests")
+else:
+    for col in ("ttft", "itl", "e2e"):
+        health = widgets.expand_quantiles(health, col)
+    findings = data.query(queries.OPEN_FINDINGS_BY_SUBJECT)
+    open_findings = dict(zip(findings["subject"], findings["findings"])) if not findings.empty else {}
+    health["findings"] = health["replica_id"].map(lambda r: int(open_findings.get(r, 0)))
+    health["error rate"] = (health["failed"] / health["requests"]).round(4)
+    health["idle for (s)"] = (window.end - health["last_finish"].map(widgets.epoch)).clip(lower=0).round(1)
+    cols = st.columns(4)
+    cols[0].metric("Replicas", len(replicas))
+    cols[1].metric("Requests", f"{int(health['requests'].sum()):,}")
+    worst = health.sort_values("ttft_p99", ascending=False).iloc[0]
+    cols[2].metric("Worst TTFT p99", f"{worst['ttft_p99']:.3f} s", help=f"replica {worst['replica_id']}")
+    cols[3].metric("Failed requests", f"{int(health['failed'].sum()):,}")
+    st.dataframe(health.round(4), hide_index=True, key="fleet_health")
+
+st.subheader("Latency percentiles per replica over time")
+series = data.query(queries.LATENCY_OVER_TIME, **params, bucket_ms=window.bucket_ms)
+if series.empty:
+    widgets.no_data("requests")
+else:
+    for col in ("ttft", "itl", "e2e"):
+        series = widgets.expand_quantiles(series, col)
+    metric = st.radio("Latency", ["TTFT", "ITL (mean per request)", "end-to-end"], horizontal=True,
+                      key="fleet_metric")
+    column = {"TTFT": "ttft", "ITL (mean per request)": "itl", "end-to-end": "e2e"}[metric]
+    quantile = st.radio("Percentile", ["p50", "p90", "p99"], index=2, horizontal=True, key="fleet_quantile")
+    fig = px.line(series, x="t", y=f"{column}_{quantile}", color="replica_id", markers=len(series) < 60,
+                  labels={"t": "time (UTC)", f"{column}_{quantile}": f"{metric} {quantile} (s)"})
+    st.plotly_chart(fig, key="fleet_latency_chart")
+    st.plotly_chart(px.bar(series, x="t", y="requests", color="replica_id",
+                           labels={"t": "time (UTC)"}), key="fleet_requests_chart")
+
+widgets.query_timings()

@@ -1,0 +1,35 @@
+"""Profiles: py-spy samples of a replica as a flame graph (folded stacks), and where time goes by group."""
+
+from __future__ import annotations
+
+import plotly.express as px
+import streamlit as st
+
+from dashboards import data, flamegraph, queries, widgets
+
+st.title("Profiles")
+selected = widgets.pick_replicas("pf_replicas")
+profiles = data.query(queries.PROFILES, replicas=selected)
+if profiles.empty:
+    widgets.no_data("profiles")
+    st.info("Record one with `infersight profile --replica URL --seconds 10`.")
+    st.stop()
+st.dataframe(profiles.round(3), hide_index=True, key="pf_list")
+profile_id = st.selectbox(
+    "Profile", profiles["profile_id"].tolist(), key="pf_selected",
+    format_func=lambda p: f"{p} ({profiles.set_index('profile_id').loc[p, 'replica_id']}, "
+                          f"{int(profiles.set_index('profile_id').loc[p, 'samples'])} samples)")
+
+groups = data.query(queries.PROFILE_GROUPS, profile_id=profile_id)
+if not groups.empty:
+    groups["share"] = (groups["samples"] / groups["samples"].sum()).round(4)
+    st.plotly_chart(px.bar(groups, x="share", y="group", orientation="h", text="share", height=260,
+                           title="Samples by group (scheduler, forward, sampling, telemetry ...)"),
+                    key="pf_groups")
+stacks = data.query(queries.PROFILE_STACKS, profile_id=profile_id)
+st.subheader("Flame graph")
+st.caption(f"{len(stacks)} distinct stacks, {int(stacks['samples'].sum()):,} samples; click a frame to zoom.")
+st.plotly_chart(flamegraph.figure(zip(stacks["stack"], stacks["samples"])), key="pf_flame")
+with st.expander("Hottest stacks"):
+    st.dataframe(stacks.head(50), hide_index=True, key="pf_stacks")
+widgets.query_timings()

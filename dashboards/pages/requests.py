@@ -1,0 +1,102 @@
+"""Requests: search and filter; one request's tokens beside their strings, timing, and steps."""
+
+from __future__ import annotations
+
+import json
+
+import plotly.express as px
+import streamlit as st
+
+from dashboards import data, queries, widgets
+from dashboards.tokens import token_frame, visible
+
+st.title("Requests")
+window = widgets.window()
+if window is None:
+    widgets.no_data("requests")
+    st.stop()
+
+options = data.query(queries.WORKLOADS_AND_REASONS, **window.params)
+workloads = sorted(options.loc[0, "workloads"]) if not options.empty else []
+reasons = sorted(options.loc[0, "reasons"]) if not options.empty else []
+
+with st.form("request_filters"):
+    c1, c2, c3 = st.columns(3)
+    replicas = c1.multiselect("Replicas (none = all)", widgets.replica_ids(), key="rq_replicas")
+    chosen_workloads = c2.multiselect("Workloads", workloads, key="rq_workloads")
+    chosen_reasons = c3.multiselect("Finish reasons", reasons, key="rq_reasons")
+    c4, c5, c6, c7 = st.columns(4)
+    min_ttft = c4.number_input("Min TTFT (s)", min_value=0.0, value=0.0, step=0.1, key="rq_min_ttft")
+    min_e2e = c5.number_input("Min end-to-end (s)", min_value=0.0, value=0.0, step=0.1, key="rq_min_e2e")
+    order = c6.selectbox("Sort", list(queries.SEARCH_REQUESTS), key="rq_order")
+    limit = c7.number_input("Rows", min_value=10, max_value=5000, value=200, step=50, key="rq_limit")
+    search = st.text_input("Request ID prefix or trace ID", key="rq_search").strip()
+    st.form_submit_button("Search")
+
+found = data.query(queries.SEARCH_REQUESTS[order], **window.params, replicas=replicas,
+                   workloads=chosen_workloads, reasons=chosen_reasons, min_ttft=float(min_ttft),
+                   min_e2e=float(min_e2e), search=search, limit=int(limit))
+st.caption(f"{len(found)} requests ({order})")
+st.dataframe(found.round(4), hide_index=True, key="rq_results")
+if found.empty:
+    widgets.query_timings()
+    st.stop()
+
+st.divider()
+request_id = st.selectbox("Request", found["request_id"].tolist(), key="rq_selected")
+detail = data.query(queries.REQUEST_DETAIL, request_id=request_id)
+if detail.empty:
+    st.warning(f"request {request_id!r} not found")
+    st.stop()
+r = detail.iloc[0]
+st.subheader(f"Request `{r['request_id']}` on {r['replica_id']}")
+cols = st.columns(6)
+cols[0].metric("TTFT", f"{r['ttft_seconds']:.3f} s")
+cols[1].metric("End-to-end", f"{r['e2e_seconds']:.3f} s")
+cols[2].metric("Queue", f"{r['queue_seconds']:.3f} s")
+cols[3].metric("Prompt tokens", int(r["prompt_tokens"]), help=f"{int(r['cached_tokens'])} from the prefix cache")
+cols[4].metric("Output tokens", int(r["output_tokens"]))
+cols[5].metric("Finish", r["finish_reason"], help=r["error"] or None)
+st.caption(f"workload `{r['workload'] or '-'}` · trace `{r['trace_id'] or '-'}` · preemptions "
+           f"{int(r['preemptions'])} · speculative {int(r['spec_accepted'])}/{int(r['spec_proposed'])} accepted · "
+           f"arrived {r['arrival_time']}")
+with st.expander("Sampling parameters"):
+    try:
+        st.json(json.loads(r["sampling_params_json"] or "{}"))
+    except json.JSONDecodeError:
+        st.code(r["sampling_params_json"])
+
+model = r["model_name"]
+decoder = widgets.decoder_for(model)
+if decoder is None:
+    st.info(f"No tokenizer configured for model `{model}`: showing token IDs only "
+            "(start the dashboard with --model DIR or --tokenizer MODEL=DIR).")
+left, right = st.columns(2)
+with left:
+    st.markdown("**Prompt**")
+    if decoder is not None:
+        st.code(visible(decoder.text(r["prompt_token_ids"])), language=None)
+    elif r["prompt_text"]:
+        st.code(visible(r["prompt_text"]), language=None)
+    st.dataframe(token_frame(r["prompt_token_ids"], decoder), hide_index=True, key="rq_prompt_tokens")
+with right:
+    st.markdown("**Output**")
+    if decoder is not None:
+        st.code(visible(decoder.text(r["output_token_ids"])), language=None)
+    elif r["output_text"]:
+        st.code(visible(r["output_text"]), language=None)
+    tokens = token_frame(r["output_token_ids"], decoder, r["token_times"])
+    st.dataframe(tokens, hide_index=True, key="rq_output_tokens")
+
+if "gap (ms)" in tokens and len(tokens) > 1:
+    st.markdown("**Per-token timing**")
+    st.plotly_chart(px.bar(tokens, x="position", y="gap (ms)", hover_data=[c for c in ("id", "token") if c in tokens],
+                           labels={"position": "output token"}), key="rq_token_timing")
+
+st.markdown("**Steps it took part in** (its replica's steps that started during its lifetime)")
+steps = data.query(queries.REQUEST_STEPS, request_id=request_id)
+if steps.empty:
+    widgets.no_data("steps")
+else:
+    st.dataframe(steps.round(6), hide_index=True, key="rq_steps")
+widgets.query_timings()

@@ -1,0 +1,107 @@
+"""Controls and helpers the pages share: the time window, replica pickers, decoders, timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+
+from dashboards import data, queries, settings
+from dashboards.tokens import TokenDecoder, load_decoder
+
+WINDOWS = {"last 15 min": 900, "last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400,
+           "last 7 days": 7 * 86400, "everything": None}
+TARGET_POINTS = 120  # time buckets per chart
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float
+    end: float
+    label: str
+
+    @property
+    def params(self) -> dict:
+        return {"start": self.start, "end": self.end}
+
+    @property
+    def bucket_ms(self) -> int:
+        """Bucket width that gives about TARGET_POINTS points, rounded to a readable step."""
+        raw = (self.end - self.start) * 1000 / TARGET_POINTS
+        for step in (10, 50, 100, 250, 500, 1000, 5000, 10_000, 15_000, 30_000, 60_000, 300_000,
+                     600_000, 900_000, 1_800_000, 3_600_000, 10_800_000, 21_600_000, 86_400_000):
+            if step >= raw:
+                return step
+        return 86_400_000
+
+
+def epoch(ts) -> float:
+    return pd.Timestamp(ts).timestamp()
+
+
+def window() -> Window | None:
+    """The sidebar's time window, anchored at the newest request in the store (so old data,
+    e.g. last week's incident, opens at its own time, not at an empty 'now')."""
+    rng = data.query(queries.DATA_RANGE)
+    if rng.empty or int(rng.loc[0, "requests"]) == 0:
+        return None
+    first, last = epoch(rng.loc[0, "first"]), epoch(rng.loc[0, "last"]) + 1e-6
+    label = st.sidebar.selectbox("Time window (ending at the newest request)", list(WINDOWS),
+                                 index=2, key="window")
+    span = WINDOWS[label]
+    start = first if span is None else max(first, last - span)
+    st.sidebar.caption(f"{pd.Timestamp(start, unit='s', tz='UTC'):%Y-%m-%d %H:%M:%S} → "
+                       f"{pd.Timestamp(last, unit='s', tz='UTC'):%Y-%m-%d %H:%M:%S} UTC")
+    return Window(start, last, label)
+
+
+def replicas_frame() -> pd.DataFrame:
+    return data.query(queries.REPLICAS_LATEST)
+
+
+def replica_ids() -> list[str]:
+    return sorted(replicas_frame()["replica_id"].tolist())
+
+
+def pick_replicas(key: str, label: str = "Replicas (none = all)") -> list[str]:
+    return st.multiselect(label, replica_ids(), key=key)
+
+
+def pick_replica(key: str, options: list[str] | None = None) -> str | None:
+    options = options if options is not None else replica_ids()
+    if not options:
+        return None
+    return st.selectbox("Replica", options, key=key)
+
+
+def decoder_for(model_name: str) -> TokenDecoder | None:
+    """The tokenizer configured for this model (or for every model), None when none is."""
+    directory = settings.from_env().tokenizer_dir(model_name)
+    if not directory:
+        return None
+    try:
+        return load_decoder(directory)
+    except Exception as e:  # a wrong path must not take the page down: show IDs only
+        st.warning(f"cannot load the tokenizer at {directory}: {e}. Showing token IDs only.")
+        return None
+
+
+def no_data(what: str) -> None:
+    st.info(f"No {what} in the store for this selection yet.")
+
+
+def expand_quantiles(frame: pd.DataFrame, column: str, names=("p50", "p90", "p99")) -> pd.DataFrame:
+    """An Array column of quantiles (as ClickHouse returns them) -> one column per quantile."""
+    values = frame[column].map(lambda v: list(v) if v is not None and len(v) else [float("nan")] * len(names))
+    for i, name in enumerate(names):
+        frame[f"{column}_{name}"] = values.map(lambda v, i=i: v[i])
+    return frame.drop(columns=[column])
+
+
+def query_timings() -> None:
+    """What this page asked the store, and how long each query took (for the curious and for
+    anyone chasing a slow page)."""
+    timings = data.take_timings()
+    with st.expander(f"Queries ({len(timings)})", expanded=False):
+        st.dataframe(pd.DataFrame(timings, columns=["query", "seconds", "rows"]), hide_index=True)
