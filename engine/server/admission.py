@@ -21,7 +21,7 @@ MAX_STOP_STRINGS = 16
 @dataclass
 class Admitted:
     prompt: str | list[int]  # text (the engine tokenizes and hashes it) or token IDs
-    prompt_token_ids: list[int]  # what the length checks used
+    prompt_len: int  # in tokens
     sampling_params: SamplingParams
 
 
@@ -112,12 +112,12 @@ def admit_completion(req: CompletionRequest, served: ServedModel) -> Admitted:
                                          "send one prompt per request")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        prompt_ids = served.encode(prompt)
+        prompt_len = served.count_prompt_tokens(prompt)
     else:
         _check_token_ids(prompt, served, "prompt")
-        prompt_ids = list(prompt)
-    max_tokens = _max_tokens(req.max_tokens, len(prompt_ids), served, "max_tokens")
-    return Admitted(prompt, prompt_ids, _sampling_params(req, max_tokens, req.logprobs))
+        prompt_len = len(prompt)
+    max_tokens = _max_tokens(req.max_tokens, prompt_len, served, "max_tokens")
+    return Admitted(prompt, prompt_len, _sampling_params(req, max_tokens, req.logprobs))
 
 
 def _message_text(content) -> str:
@@ -146,4 +146,4 @@ def admit_chat(req: ChatCompletionRequest, served: ServedModel) -> Admitted:
     max_tokens = _max_tokens(req.max_completion_tokens if req.max_tokens is None else req.max_tokens,
                              len(prompt_ids), served, param)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return Admitted(prompt_ids, prompt_ids, _sampling_params(req, max_tokens, logprobs))
+    return Admitted(prompt_ids, len(prompt_ids), _sampling_params(req, max_tokens, logprobs))

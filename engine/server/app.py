@@ -210,7 +210,7 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
     @app.post("/v1/completions", dependencies=auth, response_model=CompletionResponse,
               responses={**_ERRORS, 200: {"content": _STREAM}}, tags=["openai"])
     async def completions(body: CompletionRequest, request: Request):
-        ctx = request_context(request.headers)
+        ctx = request_context(request.headers, "text_completion")
         admitted = admit_completion(body, served)
         opts = options("completion", body, ctx, body.logprobs)
         if body.stream:
@@ -220,7 +220,7 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
     @app.post("/v1/chat/completions", dependencies=auth, response_model=ChatCompletionResponse,
               responses={**_ERRORS, 200: {"content": _STREAM}}, tags=["openai"])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        ctx = request_context(request.headers)
+        ctx = request_context(request.headers, "chat")
         admitted = admit_chat(body, served)
         opts = options("chat", body, ctx, admitted.sampling_params.logprobs)
         if body.stream:

@@ -10,6 +10,8 @@ from starlette.datastructures import Headers
 
 from engine.server.errors import APIError
 
+# the API that made the request, for the request span's name (telemetry.tracing.OPERATION_KEY)
+OPERATION_KEY = "gen_ai.operation.name"
 REQUEST_ID_HEADER = "X-Request-Id"
 WORKLOAD_HEADER = "X-Workload"
 
@@ -23,11 +25,14 @@ _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-
 class RequestContext:
     request_id: str
     workload: str
-    trace_context: dict | None  # {"traceparent": ..., "tracestate": ...} or None
+    # {"traceparent", "tracestate"} from the caller, or {"trace_id"} of a new trace; plus the operation
+    trace_context: dict
 
     @property
     def trace_id(self) -> str:
-        return self.trace_context["traceparent"].split("-")[1] if self.trace_context else ""
+        if "traceparent" in self.trace_context:
+            return self.trace_context["traceparent"].split("-")[1]
+        return self.trace_context["trace_id"]
 
 
 def parse_traceparent(value: str | None) -> str | None:
@@ -43,7 +48,8 @@ def parse_traceparent(value: str | None) -> str | None:
     return value.strip()
 
 
-def request_context(headers: Headers) -> RequestContext:
+def request_context(headers: Headers, operation: str) -> RequestContext:
+    """The request's id, workload tag and trace context (a new trace when the caller sent none)."""
     request_id = headers.get(REQUEST_ID_HEADER)
     if request_id is None:
         request_id = uuid.uuid4().hex
@@ -55,9 +61,11 @@ def request_context(headers: Headers) -> RequestContext:
         raise APIError(f"{WORKLOAD_HEADER} must be at most 64 characters of [A-Za-z0-9._:-], got {workload[:40]!r}",
                        param=WORKLOAD_HEADER, code="invalid_workload")
     traceparent = parse_traceparent(headers.get("traceparent"))
-    trace_context = None
     if traceparent:
         trace_context = {"traceparent": traceparent}
         if headers.get("tracestate"):
             trace_context["tracestate"] = headers["tracestate"]
+    else:  # start a trace: the stored request and its span share this id
+        trace_context = {"trace_id": uuid.uuid4().hex}
+    trace_context[OPERATION_KEY] = operation
     return RequestContext(request_id, workload, trace_context)

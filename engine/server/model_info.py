@@ -34,8 +34,10 @@ class ServedModel:
             tokenizer=core.tokenizer, created=created, root=str(config.model),
         )
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
+    def count_prompt_tokens(self, text: str) -> int:
+        """Tokens the engine will make of `text` (the engine itself tokenizes the text it is given;
+        this bypasses its tokenization cache so the cache's hit rate is not skewed by this count)."""
+        return len(self.tokenizer.hf.encode(text, add_special_tokens=True))
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)
@@ -45,4 +47,6 @@ class ServedModel:
 
     def engine_state(self) -> dict:
         """Queues and KV blocks right now (read without locking: a monitoring snapshot)."""
-        return self.engine.engine.stats()
+        core = self.engine.engine
+        return {"running": core.scheduler.num_running, "waiting": core.scheduler.num_waiting,
+                "kv_blocks_used": core.kv_cache.num_used_blocks, "kv_blocks_total": core.kv_cache.num_blocks}

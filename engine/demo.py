@@ -1,0 +1,164 @@
+"""`infersight demo`: the whole loop on this machine in about two minutes.
+
+1. a model: the shipped reference model, or a tiny random-weight Llama until it exists;
+2. a fleet: the sidecar (embedded ClickHouse over HTTP) and 2-3 replicas, each
+   pinned to one CPU, each writing its telemetry to the sidecar;
+3. traffic: the mixed workload (chat + agent + batch) for --duration seconds;
+4. a report from the store: requests and tokens per replica, TTFT / ITL
+   percentiles, KV usage, prefix hits; findings when the diagnostics exist;
+5. the command that opens the dashboard on what was recorded.
+Every process it starts is stopped at the end, on Ctrl-C and on error too
+(unless --keep-running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
+from engine.fleet.fleet import fleet_down, fleet_up
+from engine.fleet.models import REFERENCE_MODEL, reference_model_available, resolve_model
+from engine.fleet.state import FleetState
+
+# small engines: two replicas and the sidecar share two cores with the load generator
+DEMO_ENGINE = {"max_num_seqs": 16, "kv_cache_memory_bytes": "16MiB", "max_num_batched_tokens": 1024}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic (default 60)")
+    parser.add_argument("--replicas", type=int, default=2, choices=(1, 2, 3))
+    parser.add_argument("--rate", type=float, default=3.0, help="requests/s over the whole fleet (Poisson)")
+    parser.add_argument("--model", default="reference",
+                        help="model directory, 'reference' (default) or 'tiny-random:llama'")
+    parser.add_argument("--run-dir", type=Path, default=Path(".infersight/demo"))
+    parser.add_argument("--keep-running", action="store_true", help="leave the fleet up afterwards")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def say(message: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def demo_fleet(args, model: Path) -> FleetConfig:
+    cpus = sorted(os.sched_getaffinity(0))
+    replicas = [ReplicaSpec(id=f"r{i}", model=str(model), cpus=str(cpus[i % len(cpus)]), threads=1,
+                            engine=dict(DEMO_ENGINE), drain_timeout=5.0) for i in range(args.replicas)]
+    return FleetConfig(name="demo", run_dir=args.run_dir, startup_timeout=120.0, stop_timeout=10.0,
+                       sidecar=SidecarSpec(port=0), replicas=replicas)
+
+
+def run_traffic(state: FleetState, args, run_id: str):
+    from engine.loadgen.arrivals import Arrival
+    from engine.loadgen.cli import make_progress
+    from engine.loadgen.runner import run_load
+    from engine.loadgen.stats import format_table, summarize
+    from engine.loadgen.workloads import make_workload
+
+    urls = [r.url for r in state.replicas]
+    # the demo's models are small: keep prompts and outputs modest so a minute shows many requests
+    workload = make_workload("mixed", seed=args.seed, scale=0.5)
+    update, close = make_progress(None, True, desc=f"mixed traffic, {args.duration:g} s")
+    try:
+        load = asyncio.run(run_load(urls, workload, Arrival("poisson", rate=args.rate), duration=args.duration,
+                                    seed=args.seed, run_id=run_id, progress=update, request_timeout=60.0))
+    finally:
+        close()
+    summary = summarize(load.results, load.wall_seconds)
+    print(format_table(summary, "by_workload"))
+    return load
+
+
+def report(state: FleetState, load, run_id: str, since: float) -> None:
+    from engine.demo_report import collect, format_report, wait_for_rows
+    from telemetry.store import open_store
+
+    store = open_store(state.store_url)
+    try:
+        stored = wait_for_rows(store, run_id + "-", len(load.results))
+        say(f"the store holds {stored} of the {len(load.results)} requests sent")
+        data = collect(store, run_id, [r.name for r in state.replicas], since)
+        print(format_report(data))
+        findings(store)
+    finally:
+        store.close()
+
+
+def findings(store) -> None:
+    """Run the diagnostics when they exist (another part of infersight); say so when they do not."""
+    try:
+        import diagnostics.cli as diagnose  # noqa: F401
+        from diagnostics import run_all
+    except ImportError:
+        say("findings: the diagnostics are not part of this build yet (`infersight diagnose` runs them)")
+        return
+    try:
+        results = run_all(store)
+    except Exception as e:  # the report must not fail on a diagnostic's bug
+        say(f"findings: the diagnostics failed ({type(e).__name__}: {e})")
+        return
+    if not results:
+        say("findings: none")
+    for f in results:
+        print(f"  [{f.severity}] {f.kind} {f.subject}: {f.summary}")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM ends the demo as Ctrl-C does: through the cleanup in `run`
+
+
+def run(args) -> int:
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, _interrupt)
+    if args.model == "reference" and not reference_model_available():
+        say(f"no reference model at {REFERENCE_MODEL} yet: using a tiny random-weight Llama")
+    say("preparing the model")
+    model = resolve_model(args.model)
+    say(f"model: {model}")
+    state = None
+    code = 0
+    try:
+        config = demo_fleet(args, model)
+        state = fleet_up(config, progress=say)
+        say(f"sidecar {state.store_url}; replicas " + ", ".join(f"{r.name}={r.url} (cpu {r.cpus})"
+                                                                  for r in state.replicas))
+        run_id = f"demo{int(time.time())}"
+        since = time.time()
+        load = run_traffic(state, args, run_id)
+        report(state, load, run_id, since)
+        data_dir = Path(state.run_dir) / "store"
+        print()
+        if args.keep_running:
+            say("the fleet keeps running; open the dashboard with")
+            print(f"  infersight dashboard --store {state.store_url}")
+            print(f"  infersight fleet down --run-dir {state.run_dir}")
+        else:
+            say("open the dashboard on what was recorded with")
+            print(f"  infersight dashboard --store {data_dir}")
+    except KeyboardInterrupt:
+        say("interrupted")
+        code = 130
+    except (RuntimeError, ValueError) as e:
+        say(f"failed: {e}")
+        code = 1
+    finally:
+        if state is not None and not (args.keep_running and code == 0):
+            say("stopping the fleet")
+            try:
+                fleet_down(state.run_dir)
+            except ValueError:
+                pass
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    say(f"done in {time.monotonic() - started:.0f} s")
+    return code
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

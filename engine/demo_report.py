@@ -1,0 +1,117 @@
+"""The demo's report: what the store knows about a run, in SQL over the sidecar.
+
+Every number here comes from the `requests` and `steps` tables the replicas
+wrote through their recorders, not from the load generator, so the report
+shows what an operator would see after the fact.
+"""
+
+from __future__ import annotations
+
+import time
+
+PER_REPLICA = """
+SELECT replica_id,
+       count() AS requests,
+       countIf(finish_reason IN ('abort', 'error')) AS failed,
+       sum(prompt_tokens) AS prompt_tokens,
+       sum(output_tokens) AS output_tokens,
+       sum(cached_tokens) / greatest(sum(prompt_tokens), 1) AS prefix_hit_rate,
+       quantiles(0.5, 0.95, 0.99)(ttft_seconds) AS ttft,
+       quantiles(0.5, 0.95, 0.99)(e2e_seconds) AS e2e,
+       quantiles(0.5, 0.95)(queue_seconds) AS queue
+FROM requests
+WHERE request_id LIKE {prefix:String}
+GROUP BY replica_id ORDER BY replica_id
+"""
+
+# inter-token latency: gaps between consecutive output tokens (token_times are offsets from arrival)
+ITL = """
+SELECT replica_id, quantiles(0.5, 0.95, 0.99)(gap) AS itl
+FROM requests
+ARRAY JOIN arrayPopFront(arrayDifference(token_times)) AS gap
+WHERE request_id LIKE {prefix:String}
+GROUP BY replica_id ORDER BY replica_id
+"""
+
+PER_WORKLOAD = """
+SELECT workload, count() AS requests, sum(output_tokens) AS output_tokens,
+       sum(cached_tokens) / greatest(sum(prompt_tokens), 1) AS prefix_hit_rate,
+       quantiles(0.5, 0.95, 0.99)(ttft_seconds) AS ttft
+FROM requests
+WHERE request_id LIKE {prefix:String}
+GROUP BY workload ORDER BY workload
+"""
+
+STEPS = """
+SELECT replica_id, count() AS steps,
+       max(kv_blocks_used / greatest(kv_blocks_total, 1)) AS kv_peak,
+       avg(kv_blocks_used / greatest(kv_blocks_total, 1)) AS kv_mean,
+       sum(prefix_hit_tokens) / greatest(sum(prefix_query_tokens), 1) AS prefix_hit_rate,
+       sum(num_preempted) AS preemptions,
+       avg(1 - forward_seconds / greatest(duration_seconds, 1e-9)) AS host_share
+FROM steps
+WHERE start_time >= {since:Float64} AND replica_id IN {replicas:Array(String)}
+GROUP BY replica_id ORDER BY replica_id
+"""
+
+COUNT = "SELECT count() AS n FROM requests WHERE request_id LIKE {prefix:String}"
+
+
+def wait_for_rows(store, prefix: str, expected: int, timeout: float = 30.0) -> int:
+    """Recorders flush in the background: wait until the run's requests are all stored (bounded)."""
+    deadline = time.monotonic() + timeout
+    n = 0
+    while True:
+        n = int(store.query_df(COUNT, {"prefix": prefix + "%"})["n"].iloc[0])
+        if n >= expected or time.monotonic() > deadline:
+            return n
+        time.sleep(0.5)
+
+
+def collect(store, run_id: str, replicas: list[str], since: float) -> dict:
+    prefix = {"prefix": run_id + "-%"}
+    return {
+        "replicas": store.query_df(PER_REPLICA, prefix),
+        "itl": store.query_df(ITL, prefix),
+        "workloads": store.query_df(PER_WORKLOAD, prefix),
+        "steps": store.query_df(STEPS, {"since": since, "replicas": replicas}),
+    }
+
+
+def _ms(values, i: int) -> str:
+    try:
+        return f"{float(values[i]) * 1000:.1f}"
+    except (TypeError, IndexError, ValueError):
+        return "-"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in [header] + rows]
+    return "\n".join([lines[0], "-" * len(lines[0])] + lines[1:])
+
+
+def format_report(data: dict) -> str:
+    reps, itl, steps = data["replicas"], data["itl"].set_index("replica_id"), data["steps"].set_index("replica_id")
+    rows = []
+    for _, r in reps.iterrows():
+        rid = r["replica_id"]
+        i = itl.loc[rid, "itl"] if rid in itl.index else None
+        s = steps.loc[rid] if rid in steps.index else None
+        rows.append([rid, int(r["requests"]), int(r["failed"]), int(r["prompt_tokens"]), int(r["output_tokens"]),
+                     _ms(r["ttft"], 0), _ms(r["ttft"], 1), _ms(r["ttft"], 2), _ms(i, 0), _ms(i, 1), _ms(i, 2),
+                     _ms(r["e2e"], 1), f"{r['prefix_hit_rate']:.0%}",
+                     "-" if s is None else f"{s['kv_mean']:.0%}/{s['kv_peak']:.0%}",
+                     "-" if s is None else f"{s['host_share']:.0%}"])
+    out = ["per replica (from the store; latencies in ms)",
+           _table(["replica", "req", "fail", "prompt tok", "output tok", "ttft p50", "p95", "p99", "itl p50", "p95",
+                   "p99", "e2e p95", "prefix hit", "kv mean/peak", "host share"], rows)]
+    w = data["workloads"]
+    if len(w):
+        out += ["", "per workload",
+                _table(["workload", "req", "output tok", "prefix hit", "ttft p50", "p95", "p99"],
+                       [[r["workload"] or "-", int(r["requests"]), int(r["output_tokens"]),
+                         f"{r['prefix_hit_rate']:.0%}", _ms(r["ttft"], 0), _ms(r["ttft"], 1), _ms(r["ttft"], 2)]
+                        for _, r in w.iterrows()])]
+    return "\n".join(out)

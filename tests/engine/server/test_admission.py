@@ -1,0 +1,101 @@
+"""Admission: what the engine is given for a request, and the 400s for what it must not be given."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.server.admission import admit_chat, admit_completion
+from engine.server.errors import APIError
+from engine.server.headers import parse_traceparent, request_context
+from engine.server.model_info import ServedModel
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.tokenization import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def served(tiny_llama):
+    tok = Tokenizer(tiny_llama)
+    return ServedModel(engine=None, name="tiny", replica_id="r0", max_model_len=64, vocab_size=tok.vocab_size,
+                       tokenizer=tok)
+
+
+def _completion(**kw):
+    return CompletionRequest(**{"model": "tiny", "prompt": "hello", **kw})
+
+
+def _chat(**kw):
+    return ChatCompletionRequest(**{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **kw})
+
+
+def test_text_prompt_goes_to_the_engine_as_text(served):
+    a = admit_completion(_completion(max_tokens=7, temperature=0, stop="x", seed=3), served)
+    assert a.prompt == "hello"
+    assert a.prompt_len == len(served.tokenizer.encode("hello"))
+    sp = a.sampling_params
+    assert (sp.max_tokens, sp.temperature, sp.stop, sp.seed) == (7, 0.0, ["x"], 3)
+
+
+def test_token_prompts_and_single_item_batches(served):
+    assert admit_completion(_completion(prompt=[5, 6, 7]), served).prompt == [5, 6, 7]
+    assert admit_completion(_completion(prompt=[[5, 6]]), served).prompt == [5, 6]
+    assert admit_completion(_completion(prompt=["hey"]), served).prompt == "hey"
+
+
+def test_chat_renders_the_template_once(served):
+    a = admit_chat(_chat(max_completion_tokens=5, logprobs=True, top_logprobs=3), served)
+    expected = served.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert a.prompt == expected
+    assert expected.count(served.tokenizer.bos_token_id) == 1  # no second BOS from encoding the rendered text
+    assert (a.sampling_params.max_tokens, a.sampling_params.logprobs) == (5, 3)
+    # no max_tokens: whatever room the context leaves
+    assert admit_chat(_chat(), served).sampling_params.max_tokens == 64 - len(expected)
+
+
+@pytest.mark.parametrize("make, param, words", [
+    (lambda: _completion(model="gpt-4"), "model", "does not exist"),
+    (lambda: _completion(max_tokens=0), "max_tokens", "at least 1"),
+    (lambda: _completion(max_tokens=-5), "max_tokens", "at least 1"),
+    (lambda: _completion(max_tokens=10**9), "max_tokens", "maximum context length is 64"),
+    (lambda: _completion(prompt="word " * 200), "prompt", "maximum context length is 64"),
+    (lambda: _completion(prompt=[1, 2, 10**6]), "prompt", "outside the vocabulary"),
+    (lambda: _completion(prompt=[]), "prompt", "must not be empty"),
+    (lambda: _completion(prompt=["a", "b"]), "prompt", "batched prompts"),
+    (lambda: _completion(n=3), "n", "only n=1"),
+    (lambda: _completion(best_of=2), "best_of", "best_of=1"),
+    (lambda: _completion(echo=True), "echo", "not supported"),
+    (lambda: _completion(presence_penalty=0.5), "presence_penalty", "not supported"),
+    (lambda: _completion(logit_bias={"5": 1.0}), "logit_bias", "not supported"),
+    (lambda: _completion(stop=[""]), "stop", "must not be empty"),
+    (lambda: _completion(stop=["s"] * 17), "stop", "at most 16"),
+    (lambda: _completion(stop_token_ids=[10**6]), "stop_token_ids", "outside the vocabulary"),
+    (lambda: _completion(stream_options={"include_usage": True}), "stream_options", "stream is true"),
+    (lambda: _chat(tools=[{"type": "function"}]), "tools", "not supported"),
+    (lambda: _chat(response_format={"type": "json_object"}), "response_format", "only type 'text'"),
+    (lambda: _chat(top_logprobs=2), "top_logprobs", "requires logprobs"),
+    (lambda: _chat(max_tokens=3, max_completion_tokens=3), "max_tokens", "not both"),
+])
+def test_bad_requests_are_400s_naming_the_parameter(served, make, param, words):
+    req = make()
+    admit = admit_chat if isinstance(req, ChatCompletionRequest) else admit_completion
+    with pytest.raises(APIError) as e:
+        admit(req, served)
+    assert e.value.status == 400
+    assert e.value.param == param
+    assert words in e.value.message
+
+
+def test_headers():
+    from starlette.datastructures import Headers
+
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    ctx = request_context(Headers({"x-request-id": "abc-1", "x-workload": "chat", "traceparent": tp}), "chat")
+    assert (ctx.request_id, ctx.workload, ctx.trace_id) == ("abc-1", "chat", "4bf92f3577b34da6a3ce929d0e0e4736")
+    assert ctx.trace_context["gen_ai.operation.name"] == "chat"
+    fresh = request_context(Headers({}), "text_completion")
+    assert len(fresh.request_id) == 32 and len(fresh.trace_id) == 32 and fresh.workload == ""
+    for bad in ["00-00000000000000000000000000000000-00f067aa0ba902b7-01", "ff-" + tp[3:], "garbage",
+                "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"]:
+        assert parse_traceparent(bad) is None  # ignored, as the W3C spec says: a new trace starts
+    for bad in [{"x-request-id": "a b"}, {"x-request-id": "x" * 200}, {"x-workload": "chat;drop"}]:
+        with pytest.raises(APIError):
+            request_context(Headers(bad), "chat")
