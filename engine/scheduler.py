@@ -13,7 +13,8 @@ preempted). Each step:
 2. Then, if nothing was preempted, waiting sequences in arrival order, while
    the sequence budget, the token budget and the pool allow; a new sequence
    first takes whatever prefix the cache holds. With chunked prefill a prompt
-   may take only part of the remaining budget and continue next step.
+   may take only part of the remaining budget and continue next step (without
+   it, only a preempted sequence longer than the whole budget is split).
 
 A request that could never run (prompt at least as long as the context, or
 longer than the whole pool) is rejected in `check_prompt` before it queues.
@@ -82,13 +83,10 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
-        # the longest a sequence (prompt + output) may grow. An unfinished sequence of length L
-        # needs L KV slots (and, after a preemption without chunked prefill, L tokens in one
-        # step); the token that makes it max_seq_len long ends it without needing a slot.
+        # the longest a sequence (prompt + output) may grow: an unfinished sequence of length L
+        # needs L KV slots; the token that makes it max_seq_len long ends it without one
         pool_tokens = kv_cache.num_blocks * kv_cache.block_size
         self.max_seq_len = min(max_model_len, pool_tokens + 1)
-        if not enable_chunked_prefill:
-            self.max_seq_len = min(self.max_seq_len, max_num_batched_tokens + 1)
         self.max_model_len = max_model_len
         self.pool_tokens = pool_tokens
         # speculative decoding reserves slots for draft tokens beyond the next one
@@ -162,7 +160,9 @@ class Scheduler:
                 computed = len(hit) * kv.block_size
                 num_new = len(seq.token_ids) - computed
                 if num_new > budget:
-                    if not self.enable_chunked_prefill:
+                    # without chunked prefill only a preempted sequence that outgrew the whole
+                    # budget is split (it could never run otherwise)
+                    if not self.enable_chunked_prefill and num_new <= self.max_num_batched_tokens:
                         break
                     num_new = budget
                 if not kv.allocate(seq, num_new, hit):

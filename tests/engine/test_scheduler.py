@@ -136,10 +136,11 @@ def test_a_sequence_stops_growing_at_the_pool_size():
 @settings(max_examples=60, deadline=None)
 @given(prompts=st.lists(st.integers(1, 20), min_size=1, max_size=8), outputs=st.integers(1, 12),
        num_blocks=st.integers(6, 30), max_tokens=st.integers(1, 24), caching=st.booleans(),
-       abort_at=st.integers(0, 40))
-def test_every_request_finishes_and_no_block_leaks(prompts, outputs, num_blocks, max_tokens, caching, abort_at):
+       chunked=st.booleans(), abort_at=st.integers(0, 40))
+def test_every_request_finishes_and_no_block_leaks(prompts, outputs, num_blocks, max_tokens, caching, chunked,
+                                                   abort_at):
     sched = make_scheduler(num_blocks=num_blocks, block_size=2, max_num_seqs=3, max_tokens=max_tokens,
-                           caching=caching)
+                           caching=caching, chunked=chunked)
     seqs = []
     for i, n in enumerate(prompts):
         s = seq(str(i), n, start=i % 2)  # two families of shared prefixes

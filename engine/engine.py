@@ -1,0 +1,345 @@
+"""LLMEngine: requests in, one scheduler step at a time, outputs out.
+
+    add_request(...)  tokenize, validate, queue          (ValueError on bad input)
+    step()            schedule -> prepare -> forward -> sample -> postprocess
+    abort(...)        drop a request wherever it is
+
+Each step is timed in five parts (time.perf_counter) and, when an observer
+listens, reported as one StepRecord; a finished request is reported as one
+RequestRecord. With nobody listening no record is built at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+
+from engine.attention import get_backend
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.engine_records import build_replica_record, build_request_record
+from engine.kv_cache import KVCacheManager
+from engine.model_runner import ModelRunner
+from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
+from engine.observer import NOOP_OBSERVER, EngineObserver, ObserverGuard
+from engine.outputs import RequestMetrics, RequestOutput
+from engine.sampler import Sampler, token_logprobs
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledBatch, Scheduler
+from engine.sequence import Sequence, SequenceStatus
+from engine.tokenization import Tokenizer
+from telemetry.records import StepRecord
+
+perf_counter = time.perf_counter
+
+
+def make_config(config: EngineConfig | str | Path, overrides: dict) -> EngineConfig:
+    if isinstance(config, EngineConfig):
+        return dataclasses.replace(config, **overrides) if overrides else config
+    return EngineConfig(model=str(config), **overrides)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | str | Path, observer: EngineObserver | None = None,
+                 **config_overrides):
+        config = make_config(config, config_overrides)
+        self.config = config
+        self.observer = ObserverGuard(observer or NOOP_OBSERVER)
+        self.device = torch.device(config.device)
+
+        self.loaded = load_model(config.model, config.dtype, config.device)
+        self.quantization = "none"
+        if config.quantization not in ("none", "", None):
+            from engine.quantization import quantize_model
+
+            report = quantize_model(self.loaded.model, config.quantization, config.quant_group_size,
+                                    config.quant_skip_layers)
+            self.quantization = report.label
+        self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, self.observer)
+        self.model_name = config.served_model_name or self.loaded.model_name
+        self.vocab_size = self.loaded.vocab_size
+        self.eos_token_ids = set(self.loaded.eos_token_ids) or (
+            {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set())
+
+        model_len = self.loaded.max_model_len
+        if config.max_model_len is not None and config.max_model_len > model_len:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's "
+                             f"max_position_embeddings ({model_len})")
+        self.max_model_len = config.max_model_len or model_len
+
+        block_size = config.block_size
+        num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // kv_bytes_per_block(
+            self.loaded, block_size)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} is smaller than one "
+                             f"KV block ({kv_bytes_per_block(self.loaded, block_size)} bytes)")
+        self.kv_cache = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv_cache, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   max_model_len=self.max_model_len,
+                                   enable_chunked_prefill=config.enable_chunked_prefill)
+        self.backend = get_backend(config.attention_backend, config.device)
+        self.runner = ModelRunner(self.loaded.model, allocate_kv_cache(self.loaded, num_blocks, block_size),
+                                  self.backend, block_size, self.device)
+        self.sampler = Sampler(config.seed, self.device)
+
+        self.requests: dict[str, Sequence] = {}  # unfinished requests by id
+        self.step_id = 0
+        self._telemetry_seconds = 0.0  # observer time since the last step record
+        self._last_evictions = 0
+        self.replica_record = build_replica_record(
+            config, model_name=self.model_name, weights_hash=self.loaded.weights_hash,
+            tokenizer_hash=self.tokenizer.tokenizer_hash, chat_template_hash=self.tokenizer.chat_template_hash,
+            quantization=self.quantization, attention_backend=self.backend.name)
+        if self.observer.enabled:
+            self._notify("on_replica_start", self.replica_record)
+
+    # --- requests --------------------------------------------------------------
+
+    def make_sequence(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
+                      arrival_time: float | None = None, workload: str = "", trace_context: dict | None = None,
+                      stream: bool = True) -> Sequence:
+        """Tokenize and validate a request without touching engine state (safe from another thread)."""
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()
+        if isinstance(prompt, str):
+            prompt_text, token_ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            prompt_text, token_ids = None, list(prompt)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
+                raise ValueError("a token-ID prompt must be a list of ints")
+            if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
+                bad = next(t for t in token_ids if not 0 <= t < self.vocab_size)
+                raise ValueError(f"token id {bad} is out of the vocabulary [0, {self.vocab_size})")
+        else:
+            raise ValueError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+        self.scheduler.check_prompt(len(token_ids))
+        seq = Sequence(str(request_id), token_ids, params,
+                       arrival_time if arrival_time is not None else time.time(),
+                       prompt_text=prompt_text, workload=workload, trace_context=trace_context, stream=stream)
+        if params.seed is not None:
+            seq.generator = self.sampler.make_generator(params.seed)
+        if stream or params.stop:
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer.decode, params.stop)
+        return seq
+
+    def add_sequence(self, seq: Sequence) -> None:
+        if seq.request_id in self.requests:
+            raise ValueError(f"request id {seq.request_id!r} is already in flight")
+        self.scheduler.add(seq)
+        self.requests[seq.request_id] = seq
+        if self.observer.enabled:
+            self._notify("on_request_arrival", seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
+                         seq.workload, seq.trace_context)
+
+    def add_request(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
+                    arrival_time: float | None = None, workload: str = "", trace_context: dict | None = None,
+                    stream: bool = True) -> None:
+        """Queue a request. `stream=False`: `step()` returns its output only once, when it finishes."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        self.add_sequence(self.make_sequence(request_id, prompt, sampling_params, arrival_time, workload,
+                                             trace_context, stream))
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request; returns its final output (finish_reason "abort"), None if unknown/finished."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.abort(seq)
+        seq.finish_time = time.time()
+        self.scheduler.remove_finished()
+        out = self._finished_output(seq)
+        if self.observer.enabled:
+            t = perf_counter()
+            self._report_finished(seq, out.text)
+            self._telemetry_seconds += perf_counter() - t
+        return out
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    # --- the step ----------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; outputs of streaming requests that progressed and of finished ones."""
+        start_wall, t0 = time.time(), perf_counter()
+        batch = self.scheduler.schedule()
+        t1 = perf_counter()
+        if batch.is_empty:
+            return []
+        now = time.time()
+        for seq in batch.newly_scheduled:
+            seq.scheduled_time = now
+            if self.observer.enabled:
+                self._notify("on_request_scheduled", seq.request_id, now)
+        inputs = self.runner.prepare(batch)
+        t2 = perf_counter()
+        out = self.runner.forward(inputs)
+        t3 = perf_counter()
+        sampling = [s for s, samples in zip(batch.seqs, batch.samples) if samples]
+        sampled = self.sampler(out.sample_logits, sampling) if sampling else None
+        t4 = perf_counter()
+        outputs, finished = self._postprocess(batch, out.prompt_logits, sampling, sampled)
+        t5 = perf_counter()
+        if self.observer.enabled:
+            self._report_step(batch, start_wall, t0, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4),
+                              len(sampling), finished)
+        self.step_id += 1
+        return outputs
+
+    def _postprocess(self, batch: ScheduledBatch, prompt_logits: dict, sampling: list[Sequence],
+                     sampled) -> tuple[list[RequestOutput], list[tuple[Sequence, RequestOutput]]]:
+        kv = self.kv_cache
+        bs = kv.block_size
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens // bs > seq.num_registered_blocks:
+                kv.cache_full_blocks(seq)
+        for i, logits in prompt_logits.items():
+            self._add_prompt_logprobs(batch.seqs[i], batch.num_new_tokens[i], logits)
+
+        outputs: list[RequestOutput] = []
+        finished: list[tuple[Sequence, RequestOutput]] = []
+        if sampled is None:
+            return outputs, finished
+        now = time.time()
+        eos = self.eos_token_ids
+        max_len = self.scheduler.max_seq_len
+        for seq, token, logprob in zip(sampling, sampled.token_ids, sampled.logprobs):
+            seq.token_ids.append(token)
+            seq.token_times.append(now)
+            if seq.first_token_time == 0.0:
+                seq.first_token_time = now
+                if self.observer.enabled:
+                    self._notify("on_first_token", seq.request_id, now)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            params = seq.sampling_params
+            reason = None
+            stop_token = (token in eos and not params.ignore_eos) or token in params.stop_token_ids
+            if stop_token:
+                reason = "stop"
+            elif seq.detokenizer is not None and seq.detokenizer.add_tokens([token]) is not None:
+                reason = "stop"
+            elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= max_len:
+                reason = "length"
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                seq.finish_time = now
+                del self.requests[seq.request_id]
+                out = self._finished_output(seq, stop_token)
+                outputs.append(out)
+                finished.append((seq, out))
+            elif seq.stream:
+                outputs.append(self._stream_output(seq))
+        if finished:
+            self.scheduler.remove_finished()
+        return outputs, finished
+
+    def _add_prompt_logprobs(self, seq: Sequence, num_new: int, logits: torch.Tensor) -> None:
+        # rows predict the tokens after each computed position; the chunk started at
+        # num_computed - num_new (already advanced above)
+        start = seq.num_computed_tokens - num_new
+        # after a preemption the prompt is computed again: skip positions already reported
+        skip = len(seq.prompt_logprobs) - (start + 1)
+        if skip > 0:
+            logits, start = logits[skip:], start + skip
+        if logits.shape[0] == 0:
+            return
+        targets = torch.tensor(seq.token_ids[start + 1:start + 1 + logits.shape[0]])
+        n = seq.sampling_params.prompt_logprobs
+        seq.prompt_logprobs.extend(token_logprobs(logits, targets, [n] * len(targets)))
+
+    # --- outputs -------------------------------------------------------------------
+
+    def _stream_output(self, seq: Sequence) -> RequestOutput:
+        new_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_streamed_tokens:]
+        seq.num_streamed_tokens = seq.num_output_tokens
+        detok = seq.detokenizer
+        new_text = detok.take_new_text(final=False)
+        return RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids,
+                             detok.text[:detok.num_emitted_chars], new_token_ids=new_ids, new_text=new_text,
+                             logprobs=list(seq.logprobs) if seq.logprobs is not None else None)
+
+    def _finished_output(self, seq: Sequence, stop_token: bool = False) -> RequestOutput:
+        detok = seq.detokenizer
+        if detok is not None:
+            if seq.finish_reason != "abort":
+                detok.finish()
+            new_text = detok.take_new_text(final=True)
+            text = detok.text[:detok.num_emitted_chars]
+        else:
+            ids = seq.output_token_ids
+            text = self.tokenizer.decode(ids[:-1] if stop_token else ids)
+            new_text = text
+        new_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_streamed_tokens:]
+        seq.num_streamed_tokens = seq.num_output_tokens
+        return RequestOutput(
+            seq.request_id, seq.prompt_token_ids, seq.output_token_ids, text, new_token_ids=new_ids,
+            new_text=new_text, finished=True, finish_reason=seq.finish_reason, error=seq.error,
+            logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs, metrics=self._metrics(seq))
+
+    @staticmethod
+    def _metrics(seq: Sequence) -> RequestMetrics:
+        arrival, first, finish = seq.arrival_time, seq.first_token_time, seq.finish_time
+        n = seq.num_output_tokens
+        return RequestMetrics(
+            arrival_time=arrival, scheduled_time=seq.scheduled_time, first_token_time=first,
+            finish_time=finish, queue_seconds=seq.scheduled_time - arrival if seq.scheduled_time else 0.0,
+            ttft_seconds=first - arrival if first else 0.0, e2e_seconds=finish - arrival,
+            mean_itl_seconds=(seq.token_times[-1] - first) / (n - 1) if n > 1 else 0.0,
+            cached_tokens=seq.num_cached_tokens, preemptions=seq.num_preemptions,
+            spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted)
+
+    # --- telemetry (only when an observer listens) --------------------------------------
+
+    def _notify(self, hook: str, *args) -> None:
+        t = perf_counter()
+        getattr(self.observer, hook)(*args)
+        self._telemetry_seconds += perf_counter() - t
+
+    def _report_finished(self, seq: Sequence, text: str) -> None:
+        record = build_request_record(seq, replica_id=self.config.replica_id, model_name=self.model_name,
+                                      output_text=text, store_text=self.config.store_text)
+        self.observer.on_request_finished(record)
+
+    def _report_step(self, batch: ScheduledBatch, start_wall: float, t0: float, split: tuple,
+                     num_generated: int, finished: list) -> None:
+        # this record carries the observer time measured before it; its own cost goes to the next one
+        t = perf_counter()
+        telemetry_seconds, self._telemetry_seconds = self._telemetry_seconds, 0.0
+        for seq, out in finished:
+            self._report_finished(seq, out.text)
+        kv = self.kv_cache
+        schedule_s, prepare_s, forward_s, sample_s, post_s = split
+        record = StepRecord(
+            replica_id=self.config.replica_id, step_id=self.step_id, start_time=start_wall,
+            duration_seconds=sum(split), phase=batch.phase, num_seqs=len(batch.seqs),
+            num_prefill_seqs=batch.num_prefill_seqs, num_decode_seqs=batch.num_decode_seqs,
+            num_tokens=batch.num_tokens, num_prefill_tokens=batch.num_prefill_tokens,
+            num_decode_tokens=batch.num_decode_tokens, num_generated_tokens=num_generated,
+            schedule_seconds=schedule_s, prepare_seconds=prepare_s, forward_seconds=forward_s,
+            sample_seconds=sample_s, postprocess_seconds=post_s, telemetry_seconds=telemetry_seconds,
+            kv_blocks_total=kv.num_blocks, kv_blocks_used=kv.num_used_blocks, kv_blocks_free=kv.num_free_blocks,
+            kv_blocks_cached=kv.num_cached_blocks, prefix_hit_tokens=batch.prefix_hit_tokens,
+            prefix_query_tokens=batch.prefix_query_tokens, evictions=kv.evictions - self._last_evictions,
+            num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
+            num_preempted=len(batch.preempted))
+        self._last_evictions = kv.evictions
+        self.observer.on_step(record)
+        self._telemetry_seconds += perf_counter() - t
+
+    def close(self) -> None:
+        """Flush the observers (the engine holds no other resource worth releasing)."""
+        if self.observer.enabled:
+            self.observer.close()

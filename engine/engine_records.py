@@ -1,0 +1,106 @@
+"""Builds the telemetry records the engine emits (replica identity, finished requests, steps).
+
+Kept apart from the engine loop so that the loop reads as scheduling and
+compute; these functions run only when an observer listens (except the
+replica identity, built once at start).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+
+from engine.config import EngineConfig
+from engine.sequence import Sequence
+from telemetry.records import ReplicaRecord, RequestRecord
+
+ENGINE_DISTRIBUTION = "infersight"
+
+
+def engine_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(ENGINE_DISTRIBUTION)
+    except PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def _gpu_pci_address(device: str) -> str | None:
+    if not device.startswith("cuda"):
+        return None
+    try:
+        import torch
+
+        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    except Exception:  # noqa: BLE001 - identity is best effort; never stops the engine
+        return None
+
+
+def _placement(device: str) -> dict:
+    """Where this process runs (telemetry.placement when present, else the affinity alone)."""
+    try:
+        from telemetry.placement import discover_placement
+
+        p = discover_placement(gpu_pci_address=_gpu_pci_address(device))
+        return dict(cpu_affinity=list(p.cpu_affinity), cpu_numa_nodes=list(p.cpu_numa_nodes),
+                    mem_policy_nodes=list(p.mem_policy_nodes), gpu_numa_node=int(p.gpu_numa_node),
+                    numa_mismatch=bool(p.numa_mismatch))
+    except Exception:  # noqa: BLE001 - missing module or unreadable sysfs: fall back
+        try:
+            affinity = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            affinity = []
+        return dict(cpu_affinity=affinity, cpu_numa_nodes=[], mem_policy_nodes=[], gpu_numa_node=-1,
+                    numa_mismatch=False)
+
+
+def build_replica_record(config: EngineConfig, *, model_name: str, weights_hash: str, tokenizer_hash: str,
+                         chat_template_hash: str, quantization: str, attention_backend: str) -> ReplicaRecord:
+    return ReplicaRecord(
+        replica_id=config.replica_id, host=socket.gethostname(), pid=os.getpid(), start_time=time.time(),
+        engine_version=engine_version(), model_name=model_name, weights_hash=weights_hash,
+        tokenizer_hash=tokenizer_hash, chat_template_hash=chat_template_hash,
+        config_json=config.to_json(), config_hash=config.config_hash(), dtype=config.dtype,
+        quantization=quantization, speculative_mode=config.speculative_mode,
+        attention_backend=attention_backend, device=config.device, **_placement(config.device))
+
+
+def trace_id_of(trace_context: dict | None) -> str:
+    """The 32-hex trace id of a W3C `traceparent` ("00-<trace id>-<span id>-<flags>"), or ""."""
+    if not trace_context:
+        return ""
+    if trace_context.get("trace_id"):
+        return str(trace_context["trace_id"])
+    parts = str(trace_context.get("traceparent", "")).split("-")
+    return parts[1] if len(parts) >= 4 and len(parts[1]) == 32 else ""
+
+
+def build_request_record(seq: Sequence, *, replica_id: str, model_name: str, output_text: str,
+                         store_text: bool) -> RequestRecord:
+    arrival = seq.arrival_time
+    scheduled, first, finish = seq.scheduled_time, seq.first_token_time, seq.finish_time
+    prompt_text = seq.prompt_text or ""
+    return RequestRecord(
+        replica_id=replica_id, request_id=seq.request_id, trace_id=trace_id_of(seq.trace_context),
+        model_name=model_name, workload=seq.workload,
+        arrival_time=arrival, scheduled_time=scheduled, first_token_time=first, finish_time=finish,
+        queue_seconds=scheduled - arrival if scheduled else 0.0,
+        prefill_seconds=first - scheduled if first and scheduled else 0.0,
+        ttft_seconds=first - arrival if first else 0.0,
+        e2e_seconds=finish - arrival,
+        prompt_tokens=seq.num_prompt_tokens, output_tokens=seq.num_output_tokens,
+        cached_tokens=seq.num_cached_tokens,
+        prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids,
+        token_times=[t - arrival for t in seq.token_times],
+        sampling_params_json=seq.sampling_params.to_json(),
+        finish_reason=seq.finish_reason or "abort", error=seq.error or "",
+        preemptions=seq.num_preemptions, spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted,
+        prompt_text_hash=hashlib.sha256(prompt_text.encode()).hexdigest() if seq.prompt_text is not None else "",
+        prompt_text=prompt_text if store_text else "",
+        output_text=output_text if store_text else "",
+    )
