@@ -64,6 +64,28 @@ def _port(wanted: int, host: str, what: str) -> int:
     return wanted
 
 
+def start_sidecar_process(data_dir: Path, log: Path, host: str = "127.0.0.1", port: int = 0,
+                          extra_args: list[str] = (), timeout: float = 120.0, on_spawn=None) -> ProcessState:
+    """`infersight sidecar` as its own process; returns once it answers /ping."""
+    port = _port(port, host, "sidecar")
+    cmd = sidecar_command(data_dir, host, port, list(extra_args))
+    ref = spawn(cmd, log)
+    proc = ProcessState("sidecar", ref.pid, ref.start_ticks, f"http://{host}:{port}", port, cmd, str(log))
+    if on_spawn:
+        on_spawn(proc)  # recorded before the wait, so a failed start can still be stopped
+    try:
+        wait_healthy(proc.url, ref, timeout, log, SIDECAR_HEALTH)
+    except BaseException:
+        stop([ref])
+        raise
+    return proc
+
+
+def _save(state: FleetState, sidecar: ProcessState) -> None:
+    state.sidecar = sidecar
+    state.save()
+
+
 def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
     run_dir = Path(config.run_dir).resolve()
     state_path = run_dir / "state.json"
@@ -83,16 +105,10 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
         if sc.url:
             state.store_url = sc.url
         elif sc.enabled:
-            port = _port(sc.port, host, "sidecar")
             data_dir = Path(sc.data_dir) if sc.data_dir else run_dir / "store"
-            cmd = sidecar_command(data_dir, host, port, sc.args)
-            log = logs / "sidecar.log"
-            progress(f"starting the sidecar on port {port} (store {data_dir})")
-            ref = spawn(cmd, log)
-            state.sidecar = ProcessState("sidecar", ref.pid, ref.start_ticks, f"http://{host}:{port}", port, cmd,
-                                         str(log))
-            state.save()
-            wait_healthy(state.sidecar.url, ref, config.startup_timeout, log, SIDECAR_HEALTH)
+            progress(f"starting the sidecar (store {data_dir})")
+            state.sidecar = start_sidecar_process(data_dir, logs / "sidecar.log", host, sc.port, sc.args,
+                                                  config.startup_timeout, on_spawn=lambda p: _save(state, p))
             state.store_url = state.sidecar.url
         for spec in config.replicas:
             port = _port(spec.port, host, f"replica {spec.id}")

@@ -78,6 +78,8 @@ class Server:
                 gone.cancel()
             if not collect.done():  # the client left: nobody will read the answer
                 collect.cancel()
+                with contextlib.suppress(BaseException):
+                    await collect
                 log.info("client disconnected, aborting %s", ctx.request_id)
                 return Response(status_code=499)
             out = _engine_result(collect)
@@ -101,31 +103,33 @@ class Server:
                 raise APIError(str(e)) from None
             raise
         formatter = StreamFormatter(self.served, opts)
+        state = {"finished": first.finished}
 
         async def events():
-            finished = first.finished
             try:
                 for event in formatter.events(first):
                     yield event
-                if not finished:
+                if not state["finished"]:
                     async for out in gen:
                         for event in formatter.events(out):
                             yield event
-                        finished = out.finished
-                        if finished:
+                        state["finished"] = out.finished
+                        if out.finished:
                             break
                 yield SSE_DONE
             except Exception as e:  # headers are gone: report in-band, as OpenAI does
                 log.exception("stream of %s failed", ctx.request_id)
                 yield sse_error(f"generation failed: {e}")
                 yield SSE_DONE
-            finally:
-                if not finished:
-                    await self._abort(ctx.request_id, gen)
-                self.in_flight.pop(ctx.request_id, None)
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        async def cleanup():  # runs however the response ends: done, client gone, or never started
+            if not state["finished"]:
+                log.info("stream of %s ended early, aborting", ctx.request_id)
+                await self._abort(ctx.request_id, gen)
+            self.in_flight.pop(ctx.request_id, None)
+
+        return _StreamWithCleanup(events(), cleanup, media_type="text/event-stream",
+                                  headers={"Cache-Control": "no-cache"})
 
     def health(self) -> dict:
         s = self.served
@@ -135,6 +139,21 @@ class Server:
         alive = getattr(s.engine, "is_running", True)
         return {"status": "ok" if alive else "error", "replica_id": s.replica_id, "model": s.name,
                 "in_flight": len(self.in_flight), **state}
+
+
+class _StreamWithCleanup(StreamingResponse):
+    """A StreamingResponse that runs `cleanup` whenever it ends, even if its body never started."""
+
+    def __init__(self, content, cleanup, **kwargs):
+        super().__init__(content, **kwargs)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._cleanup()
 
 
 async def _last_output(gen):
