@@ -15,6 +15,9 @@ from engine.engine import LLMEngine
 from engine.observer import EngineObserver
 from engine.sampling_params import SamplingParams
 
+# tiny models on a shared 2-core machine: more threads only add contention
+torch.set_num_threads(1)
+
 MAX_TOKENS = 12
 
 
