@@ -28,8 +28,8 @@ class TelemetryParts:
     guards: list[ObserverGuard] = field(default_factory=list)
 
     def failures(self) -> int:
-        """Exceptions swallowed so far, all parts together."""
-        return sum(guard.failures for guard in self.guards)
+        """Exceptions swallowed so far, all parts together (span building runs off the guards, on its thread)."""
+        return sum(guard.failures for guard in self.guards) + (self.tracing.failures if self.tracing else 0)
 
     def close(self) -> None:
         """Flush and close every part (the recorder's final flush included); never raises."""

@@ -28,6 +28,7 @@ class MetricsObserver(EngineObserver):
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = m = engine_metrics(self.registry)
         self._info_labels: tuple | None = None
+        self._last_state: tuple | None = None
         ids = (replica_id, model)
 
         self._ttft = m.ttft.labels(*ids)
@@ -75,12 +76,16 @@ class MetricsObserver(EngineObserver):
         self.metrics.replica_info.labels(*labels).set(1)
 
     def on_step(self, r: StepRecord) -> None:
-        self._running.set(r.num_running)
-        self._waiting.set(r.num_waiting)
-        self._kv_usage.set(r.kv_blocks_used / r.kv_blocks_total if r.kv_blocks_total else 0.0)
-        self._kv_used.set(r.kv_blocks_used)
-        self._kv_free.set(r.kv_blocks_free)
-        self._kv_cached.set(r.kv_blocks_cached)
+        state = (r.num_running, r.num_waiting, r.kv_blocks_used, r.kv_blocks_free, r.kv_blocks_cached,
+                 r.kv_blocks_total)
+        if state != self._last_state:  # in steady decode most steps change none of them: skip six locked sets
+            self._last_state = state
+            self._running.set(r.num_running)
+            self._waiting.set(r.num_waiting)
+            self._kv_usage.set(r.kv_blocks_used / r.kv_blocks_total if r.kv_blocks_total else 0.0)
+            self._kv_used.set(r.kv_blocks_used)
+            self._kv_free.set(r.kv_blocks_free)
+            self._kv_cached.set(r.kv_blocks_cached)
         if r.num_preempted:
             self._preemptions.inc(r.num_preempted)
         if r.prefix_query_tokens:
@@ -114,9 +119,8 @@ class MetricsObserver(EngineObserver):
                 self._prefill.observe(r.prefill_seconds)
             self._decode.observe(max(0.0, r.finish_time - r.first_token_time))
         times = r.token_times
-        observe_itl = self._itl.observe
-        for i in range(1, len(times)):
-            observe_itl(max(0.0, times[i] - times[i - 1]))
+        if len(times) > 1:
+            self._itl.observe_many([b - a if b > a else 0.0 for a, b in zip(times, times[1:])])
 
     def on_tokenization(self, cache_hit: bool) -> None:
         self._tok_queries.inc()

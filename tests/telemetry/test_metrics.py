@@ -230,3 +230,63 @@ def test_observer_failures_counter_reads_a_guard():
     for i in range(3):
         guard.on_step(step_record(i))
     assert value(scrape(registry), "infersight_observer_failures_total", replica="r0", model="m") == 3
+
+
+def test_gauges_follow_the_latest_step_when_a_state_comes_back():
+    registry = CollectorRegistry()
+    observer = MetricsObserver("r0", "m", registry=registry)
+    for running, used in ((2, 8), (2, 8), (5, 30), (2, 8)):
+        observer.on_step(step_record(running=running, used=used, free=64 - used))
+    s = scrape(registry)
+    assert value(s, "infersight_num_requests_running", replica="r0", model="m") == 2
+    assert value(s, "infersight_kv_cache_blocks", replica="r0", model="m", state="free") == 56
+
+
+def test_engine_histogram_exposes_exactly_what_prometheus_clients_histogram_would():
+    from prometheus_client import Histogram
+
+    from telemetry.metrics.engine_histogram import EngineHistogram
+
+    bounds = (0.001, 0.01, 0.1, 1.0)
+    values = [0.0, 0.001, 0.0010001, 0.01, 0.05, 0.1, 0.7, 1.0, 3.0, 1e-9, 0.2]
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    a = EngineHistogram("x_seconds", "doc", ("replica",), bounds, ours).labels("r0")
+    b = Histogram("x_seconds", "doc", ("replica",), buckets=bounds, registry=theirs).labels("r0")
+    a.observe_many(values[:5])
+    for v in values[5:]:
+        a.observe(v)
+    for v in values:
+        b.observe(v)
+    got, want = scrape(ours), scrape(theirs)
+    for sample in ("x_seconds_bucket", "x_seconds_count"):
+        assert sorted(got[sample], key=repr) == sorted(want[sample], key=repr)
+    assert value(got, "x_seconds_sum", replica="r0") == pytest.approx(value(want, "x_seconds_sum", replica="r0"))
+
+
+def test_scraping_while_the_engine_thread_writes_is_safe():
+    import threading
+
+    registry = CollectorRegistry()
+    observers = [MetricsObserver(f"r{i}", "m", registry=registry) for i in range(2)]
+    stop, errors, scrapes = threading.Event(), [], [0]
+
+    def scraper():
+        try:
+            while not stop.is_set():
+                scrape(registry)
+                scrapes[0] += 1
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            errors.append(e)
+
+    t = threading.Thread(target=scraper)
+    t.start()
+    try:
+        for i in range(300):
+            observers[i % 2].on_request_finished(request_record(f"q{i}", itls=(0.01,) * 20))
+            observers[i % 2].on_step(step_record(i, running=i % 7))
+    finally:
+        stop.set()
+        t.join()
+    assert errors == [] and scrapes[0] > 0
+    s = scrape(registry)
+    assert value(s, "infersight_inter_token_latency_seconds_count", replica="r0", model="m") == 150 * 20

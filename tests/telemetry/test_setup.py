@@ -43,6 +43,7 @@ def test_metrics_and_tracing_parts_both_see_every_hook(spans):
                  finished_reason="length") == 3
     assert value(s, "infersight_tokenization_cache_hits_total", replica="r0", model="tiny-llama") == 2
     assert value(s, "infersight_observer_failures_total", replica="r0", model="tiny-llama") == 0
+    parts.tracing.flush()
     assert len([sp for sp in exporter.get_finished_spans() if sp.parent is None]) == 3
     parts.close()
     observer.close()  # the engine closing too is harmless
@@ -57,6 +58,7 @@ def test_a_failing_part_is_counted_and_does_not_starve_the_others(spans):
     assert parts.failures() == 1
     s = scrape(parts.registry)
     assert value(s, "infersight_observer_failures_total", replica="r0", model="m") == 1
+    parts.tracing.flush()
     assert {sp.attributes["gen_ai.response.id"] for sp in exporter.get_finished_spans() if sp.parent is None} == {
         "bad", "good"}
 

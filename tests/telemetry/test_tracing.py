@@ -29,6 +29,11 @@ def traced():
     return observer, exporter
 
 
+def finished(observer, exporter):
+    observer.flush()  # spans are built on the observer's worker thread
+    return exporter.get_finished_spans()
+
+
 def run_request(observer, record, trace_context=None):
     observer.on_request_arrival(record.request_id, record.arrival_time, record.prompt_tokens,
                                 record.workload, trace_context)
@@ -48,7 +53,7 @@ def test_one_span_tree_per_request_with_phase_children_at_the_record_times(trace
     observer, exporter = traced
     record = request_record("req-1")
     run_request(observer, record)
-    spans = exporter.get_finished_spans()
+    spans = finished(observer, exporter)
     assert len(spans) == 4
     (root, children), = tree(spans).items()
     assert root.name == "text_completion tiny-llama"
@@ -70,7 +75,7 @@ def test_genai_and_infersight_attributes(traced):
                             finish_reason="stop",
                             sampling={"temperature": 0.5, "top_p": 0.8, "top_k": -1, "max_tokens": 32, "seed": None})
     run_request(observer, record)
-    (root, _), = tree(exporter.get_finished_spans()).items()
+    (root, _), = tree(finished(observer, exporter)).items()
     a = dict(root.attributes)
     assert a["gen_ai.operation.name"] == "text_completion"
     assert a["gen_ai.system"] == a["gen_ai.provider.name"] == "infersight"
@@ -93,7 +98,7 @@ def test_genai_and_infersight_attributes(traced):
     assert root.status.status_code == StatusCode.UNSET
 
     run_request(observer, request_record("req-3", sampling={"top_k": 40, "seed": 7, "temperature": 0}))
-    root3 = next(s for s in exporter.get_finished_spans() if s.attributes.get("gen_ai.response.id") == "req-3")
+    root3 = next(s for s in finished(observer, exporter) if s.attributes.get("gen_ai.response.id") == "req-3")
     assert (root3.attributes["gen_ai.request.top_k"], root3.attributes["gen_ai.request.seed"]) == (40, 7)
     assert root3.attributes["gen_ai.request.temperature"] == 0
 
@@ -102,7 +107,7 @@ def test_callers_traceparent_makes_the_request_span_its_child(traced):
     observer, exporter = traced
     record = request_record("req-4", trace_id=CALLER_TRACE)
     run_request(observer, record, {"traceparent": TRACEPARENT, OPERATION_KEY: "chat"})
-    (root, children), = tree(exporter.get_finished_spans()).items()
+    (root, children), = tree(finished(observer, exporter)).items()
     assert root.parent is not None and root.parent.is_remote
     assert format(root.parent.span_id, "016x") == CALLER_SPAN
     assert format(root.context.trace_id, "032x") == CALLER_TRACE == record.trace_id
@@ -117,7 +122,7 @@ def test_without_a_caller_the_root_takes_the_records_trace_id(traced):
     engine_trace = "0af7651916cd43dd8448eb211c80319c"
     run_request(observer, request_record("req-5", trace_id=engine_trace))
     run_request(observer, request_record("req-6", trace_id=""))  # untraced: a fresh random id
-    roots = {s.attributes["gen_ai.response.id"]: s for s in exporter.get_finished_spans() if s.parent is None}
+    roots = {s.attributes["gen_ai.response.id"]: s for s in finished(observer, exporter) if s.parent is None}
     assert format(roots["req-5"].context.trace_id, "032x") == engine_trace
     assert roots["req-6"].context.trace_id not in (0, int(engine_trace, 16))
 
@@ -125,21 +130,21 @@ def test_without_a_caller_the_root_takes_the_records_trace_id(traced):
 def test_a_malformed_traceparent_is_ignored_not_fatal(traced):
     observer, exporter = traced
     run_request(observer, request_record("req-7"), {"traceparent": "not-a-traceparent"})
-    (root, children), = tree(exporter.get_finished_spans()).items()
+    (root, children), = tree(finished(observer, exporter)).items()
     assert root.parent is None and len(children) == 3
 
 
 def test_queued_abort_has_only_a_queue_child_and_an_error_sets_status(traced):
     observer, exporter = traced
     run_request(observer, queued_abort_record("req-8"))
-    (root, children), = tree(exporter.get_finished_spans()).items()
+    (root, children), = tree(finished(observer, exporter)).items()
     assert [c.name for c in children] == ["queue"]
     assert children[0].end_time == root.end_time
     assert root.attributes["gen_ai.usage.output_tokens"] == 0
     exporter.clear()
 
     run_request(observer, request_record("req-9", finish_reason="error", error="RuntimeError: CUDA OOM"))
-    (root, _), = tree(exporter.get_finished_spans()).items()
+    (root, _), = tree(finished(observer, exporter)).items()
     assert root.status.status_code == StatusCode.ERROR
     assert root.attributes["error.type"] == "RuntimeError"
 
@@ -152,7 +157,7 @@ def test_interleaved_requests_get_separate_trees_and_no_context_leaks(traced):
                                     {"traceparent": TRACEPARENT} if r.request_id == "req-2" else None)
     for r in reversed(records):
         observer.on_request_finished(r)
-    trees = tree(exporter.get_finished_spans())
+    trees = tree(finished(observer, exporter))
     assert len(trees) == 5 and all(len(children) == 3 for children in trees.values())
     parented = [root for root in trees if root.parent is not None]
     assert [root.attributes["gen_ai.response.id"] for root in parented] == ["req-2"]
@@ -217,3 +222,34 @@ def test_otlp_http_export_reaches_a_real_receiver():
     assert attributes["gen_ai.response.id"].string_value == "otlp-1"
     assert attributes["gen_ai.usage.output_tokens"].int_value == 4
     assert {kv.key: kv.value.string_value for kv in resource.attributes}["service.instance.id"] == "r9"
+
+
+def test_spans_built_inline_or_in_the_background_are_the_same(traced):
+    observer, exporter = traced
+    inline = TracingObserver("tiny-llama", replica_id="r0", tracer_provider=observer.provider, background=False)
+    run_request(inline, request_record("inline", trace_id=CALLER_TRACE))
+    assert observer._worker is None and len(exporter.get_finished_spans()) == 4  # no flush needed
+    run_request(observer, request_record("queued", trace_id=CALLER_TRACE))
+    spans = finished(observer, exporter)
+    shape = {r: ([c.name for c in children], {k: v for k, v in r.attributes.items() if k != "gen_ai.response.id"})
+             for r, children in tree(spans).items()}
+    (a, b) = shape.values()
+    assert a == b
+
+
+def test_a_full_queue_drops_and_counts_and_a_bad_record_is_counted(traced):
+    observer, exporter = traced
+    full = TracingObserver("m", tracer_provider=observer.provider, max_queued=0)
+    run_request(full, request_record("dropped"))
+    assert full.dropped_spans == 1 and finished(full, exporter) == ()
+
+    bad = request_record("bad")
+    bad.arrival_time = None  # cannot become a timestamp
+    run_request(observer, bad)
+    run_request(observer, request_record("after"))  # the worker lives on
+    roots = [s for s in finished(observer, exporter) if s.parent is None]
+    assert observer.failures == 1
+    assert [r.attributes["gen_ai.response.id"] for r in roots] == ["after"]
+    observer.close()
+    run_request(observer, request_record("late"))  # after close: counted, not queued
+    assert observer.dropped_spans == 1
