@@ -80,6 +80,12 @@ class DraftModelProposer:
         if seq is not None:
             self.free_blocks.extend(reversed(seq.blocks))
 
+    def retain(self, live_seq_ids) -> None:
+        """Drop the caches of sequences no longer alive (finished or aborted since last time)."""
+        live = set(live_seq_ids)
+        for seq_id in [s for s in self.seqs if s not in live]:
+            self.free(seq_id)
+
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_blocks)
