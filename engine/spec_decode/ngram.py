@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 
 class NgramProposer:
@@ -30,22 +29,36 @@ class NgramProposer:
         n_tokens = len(token_ids)
         if k < 1 or n_tokens < self.ngram_min + 1:
             return []
-        tokens = np.asarray(token_ids, dtype=np.int64)
-        for n in range(min(self.ngram_max, n_tokens - 1), self.ngram_min - 1, -1):
-            start = _last_earlier_match(tokens, n)
-            if start is None:
-                continue
-            ext = list(token_ids)
-            src = start + n  # first token after the match; src < n_tokens
-            for j in range(k):
-                ext.append(ext[src + j])
-            return ext[n_tokens:]
-        return []
+        start = self._find_match(np.asarray(token_ids, dtype=np.int64))
+        if start is None:
+            return []
+        ext = list(token_ids)
+        for j in range(k):  # src + j < len(ext) always: the copy may read its own output
+            ext.append(ext[start + j])
+        return ext[n_tokens:]
 
+    def _find_match(self, tokens: np.ndarray) -> int | None:
+        """Index right after the chosen earlier occurrence of the sequence's suffix, or None.
 
-def _last_earlier_match(tokens: np.ndarray, n: int) -> int | None:
-    """Start of the last occurrence of the final n tokens that ends before the final token."""
-    suffix = tokens[-n:]
-    windows = sliding_window_view(tokens[:-1], n)  # windows ending before the last token
-    hits = np.flatnonzero((windows == suffix).all(axis=1))
-    return int(hits[-1]) if hits.size else None
+        Every earlier position holding the last token is a candidate; its match length
+        is how far the tokens before it agree with those before the last token (capped
+        at ngram_max). The longest match wins, the most recent among equals: the same
+        as trying n = ngram_max .. ngram_min and taking the last occurrence of each.
+        """
+        last = len(tokens) - 1
+        ends = np.flatnonzero(tokens[:last] == tokens[last])  # where an earlier match could end
+        if ends.size == 0:
+            return None
+        length = np.ones(ends.size, dtype=np.int64)
+        alive = np.ones(ends.size, dtype=bool)
+        for offset in range(1, min(self.ngram_max, last)):
+            prev = ends - offset
+            ok = (prev >= 0) & (tokens[np.maximum(prev, 0)] == tokens[last - offset])
+            alive &= ok
+            if not alive.any():
+                break
+            length += alive
+        best = int(length.max())
+        if best < self.ngram_min:
+            return None
+        return int(ends[np.flatnonzero(length == best)[-1]]) + 1

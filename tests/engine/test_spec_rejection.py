@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from engine.spec_decode import NgramProposer, SpecDecodeStats, rejection_sample, verify_greedy
@@ -147,6 +149,26 @@ def test_verify_greedy(drafts, argmaxes, expected, accepted):
 ])
 def test_ngram_proposer(tokens, k, nmin, nmax, expected):
     assert NgramProposer(k, nmin, nmax).propose(tokens) == expected
+
+
+def _ngram_brute_force(tokens, k, nmin, nmax):
+    """The definition, literally: n from nmax down, the last earlier occurrence, copy k."""
+    for n in range(min(nmax, len(tokens) - 1), nmin - 1, -1):
+        suffix = tokens[-n:]
+        starts = [i for i in range(len(tokens) - n) if tokens[i:i + n] == suffix]
+        if starts:
+            ext = list(tokens)
+            for j in range(k):
+                ext.append(ext[starts[-1] + n + j])
+            return ext[len(tokens):]
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=0, max_size=40), st.integers(1, 5), st.integers(1, 3), st.integers(0, 3))
+def test_ngram_proposer_matches_its_definition(tokens, k, nmin, extra):
+    nmax = nmin + extra
+    assert NgramProposer(k, nmin, nmax).propose(tokens) == _ngram_brute_force(tokens, k, nmin, nmax)
 
 
 def test_ngram_proposer_per_call_k_is_capped():
