@@ -13,7 +13,7 @@ and one SDPA call per group of sequences, with no Python loop over sequences:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,16 @@ class _Group:
     valid: torch.Tensor | None  # [B * Qmax] bool: real (not padding) query rows; None if all real
     out_index: torch.Tensor  # [num real rows]: where each real row goes in the flat output
     fresh_causal: bool = False  # one sequence, nothing cached before: attend fresh k/v causally
+    head_rows: dict = field(default_factory=dict)  # num_kv_heads -> gather index, built by the first layer
+
+    def kv_rows(self, num_kv_heads: int) -> torch.Tensor:
+        """Flat [B * KVH * Lmax] index of (slot, kv head) rows, so a gather lands head-major."""
+        rows = self.head_rows.get(num_kv_heads)
+        if rows is None:
+            heads = torch.arange(num_kv_heads, device=self.slots.device)
+            rows = (self.slots[:, None, :] * num_kv_heads + heads[None, :, None]).reshape(-1)
+            self.head_rows[num_kv_heads] = rows
+        return rows
 
 
 @dataclass
@@ -90,20 +100,54 @@ def _build_group(seq_ids: list[int], metadata: AttentionMetadata, starts: list[i
                   out_index.to(device))
 
 
+# a padded key position saved is worth splitting a group only past this many (one more
+# SDPA call and gather per layer costs about as much as this many key positions)
+SPLIT_MIN_SAVING = 4096
+
+
+def split_by_length(seq_ids: list[int], lengths: list[int], depth: int = 2) -> list[list[int]]:
+    """Split sequences (sorted by key length) where that saves enough padded positions."""
+    order = sorted(seq_ids, key=lambda i: lengths[i])
+    ls = [lengths[i] for i in order]
+    n = len(ls)
+    if depth == 0 or n < 2:
+        return [order]
+    whole = n * ls[-1]
+    # group [0, cut) padded to ls[cut - 1], group [cut, n) padded to ls[-1]
+    best_cost, cut = min((cut * ls[cut - 1] + (n - cut) * ls[-1], cut) for cut in range(1, n))
+    if whole - best_cost < SPLIT_MIN_SAVING:
+        return [order]
+    return split_by_length(order[:cut], lengths, depth - 1) + split_by_length(order[cut:], lengths, depth - 1)
+
+
 def plan_groups(metadata: AttentionMetadata) -> list[list[int]]:
-    """Sequence ids per SDPA call: all decodes together, prefills by power-of-two length."""
+    """Sequence ids per SDPA call: decodes together (split by context length when padding
+    would waste much), prefills by the power of two of their length."""
     decode, buckets = [], {}
     for i, q in enumerate(metadata.query_lens):
         if q == 1:
             decode.append(i)
         else:
             buckets.setdefault((q - 1).bit_length(), []).append(i)
-    groups = [decode] if decode else []
+    groups = split_by_length(decode, metadata.context_lens) if decode else []
     return groups + [buckets[k] for k in sorted(buckets)]
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+
+    def __init__(self):
+        # gathered keys/values land in buffers reused across layers and steps: a fresh
+        # multi-megabyte tensor per layer costs more in page faults than the copy itself
+        self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _gather_buffers(self, numel: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (like.device, like.dtype)
+        bufs = self._buffers.get(key)
+        if bufs is None or bufs[0].numel() < numel:
+            numel = max(numel, 2 * bufs[0].numel() if bufs else 0)
+            bufs = self._buffers[key] = (like.new_empty(numel), like.new_empty(numel))
+        return bufs
 
     def prepare(self, metadata: AttentionMetadata) -> None:
         if _SCRATCH_KEY in metadata.scratch:
@@ -115,9 +159,11 @@ class TorchAttentionBackend(AttentionBackend):
             total += q
         if total != metadata.num_tokens:
             raise ValueError(f"query_lens sum to {total} but slot_mapping has {metadata.num_tokens} tokens")
-        groups = [_build_group(ids, metadata, starts, device) for ids in plan_groups(metadata)]
-        identity = len(groups) == 1 and groups[0].valid is None and (
-            groups[0].is_decode or groups[0].fresh_causal)
+        seq_groups = plan_groups(metadata)
+        groups = [_build_group(ids, metadata, starts, device) for ids in seq_groups]
+        # one group of all sequences in order, none padded: its rows are the output as they are
+        identity = (len(groups) == 1 and groups[0].valid is None
+                    and seq_groups[0] == list(range(metadata.num_seqs)))
         metadata.scratch[_SCRATCH_KEY] = _Plan(groups, identity)
 
     def forward(self, q, k, v, k_cache, v_cache, metadata, scale):
@@ -141,8 +187,7 @@ class TorchAttentionBackend(AttentionBackend):
             out.index_copy_(0, g.out_index, rows)
         return out
 
-    @staticmethod
-    def _attend_group(g: _Group, q, k, v, k_flat, v_flat, scale, num_kv_heads, group_size):
+    def _attend_group(self, g: _Group, q, k, v, k_flat, v_flat, scale, num_kv_heads, group_size):
         """Returns [B * Qmax, num_heads, head_dim] rows in (sequence, query) order."""
         num_heads, head_dim = q.shape[1], q.shape[2]
         b, qmax = g.token_index.shape
@@ -154,8 +199,14 @@ class TorchAttentionBackend(AttentionBackend):
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
                                                enable_gqa=group_size > 1)
             return o[0].transpose(0, 1)
-        ks = k_flat[g.slots].permute(0, 2, 1, 3)  # [B, KVH, L, D]
-        vs = v_flat[g.slots].permute(0, 2, 1, 3)
+        # gather straight into SDPA's contiguous [B, KVH, L, D] layout (a permuted view would
+        # make SDPA copy it again) and into reused buffers (fresh ones cost page faults)
+        rows = g.kv_rows(num_kv_heads)
+        shape = (b, num_kv_heads, g.slots.shape[1], head_dim)
+        kbuf, vbuf = self._gather_buffers(rows.numel() * head_dim, k_flat)
+        ks = torch.index_select(k_flat.view(-1, head_dim), 0, rows, out=kbuf[:rows.numel() * head_dim].view(-1, head_dim))
+        vs = torch.index_select(v_flat.view(-1, head_dim), 0, rows, out=vbuf[:rows.numel() * head_dim].view(-1, head_dim))
+        ks, vs = ks.view(shape), vs.view(shape)
         if g.is_decode:
             # the query heads sharing a kv head act as that head's query rows: no kv repeat
             qs = q[g.token_index[:, 0]].view(b, num_kv_heads, group_size, head_dim)

@@ -124,3 +124,25 @@ def test_importing_attention_does_not_import_flashinfer():
             "print('flashinfer' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_decodes_split_by_context_length_only_when_padding_is_costly():
+    from engine.attention.torch_backend import SPLIT_MIN_SAVING, split_by_length
+
+    short, long = 10, 10 + SPLIT_MIN_SAVING
+    lengths = [long, short, short, long, short]
+    assert split_by_length(list(range(5)), lengths) == [[1, 2, 4], [0, 3]]
+    assert split_by_length(list(range(5)), [40, 30, 35, 20, 40]) == [[3, 1, 2, 0, 4]]
+
+
+def test_decodes_of_very_different_lengths():
+    from engine.attention.torch_backend import SPLIT_MIN_SAVING
+
+    # three decodes, one far longer: split into two groups, outputs scattered back in order
+    run_steps([[("a", 3), ("b", 9)], [("c", 7)]] + [[("c", 1), ("a", 1), ("b", 1)]] * 2)
+    long = SPLIT_MIN_SAVING // 2 + 16
+    batcher = SimplePagedBatcher(80, 64)
+    batcher.step([("a", [0] * 3), ("b", [0] * 5), ("c", [0] * long)])
+    _, _, md = batcher.step([("c", [0]), ("a", [0]), ("b", [0])])
+    assert plan_groups(md) == [[1, 2], [0]]
+    run_steps([[("a", 3), ("b", 5), ("c", long)], [("c", 1), ("a", 1), ("b", 1)]], block_size=64, num_blocks=80)
