@@ -142,8 +142,8 @@ def discover_placement(sysfs_root: str | os.PathLike = "/sys", pid: int | None =
 
     On the real /proc, affinity comes from sched_getaffinity and, for this process,
     the memory policy from get_mempolicy; otherwise (or as fallback) from
-    /proc/<pid>/status. gpu_pci_address None on the real /sys means: the first
-    visible CUDA device, if any.
+    /proc/<pid>/status. gpu_pci_address: the replica's GPU ("0000:3b:00.0" or NVML's
+    "00000000:3B:00.0"), None for a CPU replica, "auto" for the first visible CUDA device.
     """
     pid = os.getpid() if pid is None else pid
     real_proc = Path(proc_root) == Path("/proc")
@@ -175,8 +175,10 @@ def discover_placement(sysfs_root: str | os.PathLike = "/sys", pid: int | None =
     elif real_proc and pid == os.getpid():
         notes.append("get_mempolicy unavailable (no libnuma): memory nodes from Mems_allowed_list")
 
-    if gpu_pci_address is None and Path(sysfs_root) == Path("/sys"):
+    if gpu_pci_address == "auto":
         gpu_pci_address = visible_gpu_pci_address()
+        if not gpu_pci_address:
+            notes.append("no visible CUDA device found")
     gpu_node = gpu_numa_node(sysfs_root, gpu_pci_address) if gpu_pci_address else -1
 
     reasons = mismatch_reasons(cpu_nodes, mem_nodes, mem_policy, gpu_node)

@@ -173,3 +173,13 @@ def test_bind_rejects_what_cannot_be_done(tmp_path):
         bind_replica(numa_node=7, sysfs_root=two_socket(tmp_path, "0-7", "0")["sysfs_root"])
     with pytest.raises(ValueError, match="cannot pin"):
         bind_replica(cpus=[4095])
+
+
+def test_a_cpu_replica_has_no_gpu_node_and_auto_finds_none_without_cuda(tmp_path):
+    fixture = two_socket(tmp_path, "0-7", "0")
+    assert discover_placement(**fixture).gpu_numa_node == -1
+    import telemetry.placement as placement
+
+    if not placement.visible_gpu_pci_address():
+        p = discover_placement(**fixture, gpu_pci_address="auto")
+        assert p.gpu_numa_node == -1 and "no visible CUDA device found" in p.notes
