@@ -165,3 +165,44 @@ def test_no_weights(model_copy):
     (model_copy / "model.safetensors").unlink()
     with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
         load_model(model_copy)
+
+
+def test_older_rope_keys_load_like_rope_parameters(tiny_model_factory, tiny_llama, tmp_path):
+    """Configs written before transformers 5 keep rope_theta and rope_scaling at the top level."""
+    from engine.attention import get_backend
+    from engine.attention.simple_batch import SimplePagedBatcher
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+    new = tiny_model_factory("llama", rope_scaling=scaling, tokenizer_dir=tiny_llama)
+    old = Path(shutil.copytree(new, tmp_path / "old-style"))
+    cfg = json.loads((old / "config.json").read_text())
+    params = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = params.pop("rope_theta")
+    cfg["rope_scaling"] = {"type" if k == "rope_type" else k: v for k, v in params.items()}
+    (old / "config.json").write_text(json.dumps(cfg))
+
+    def logits(path):
+        loaded = load_model(path)
+        kv = allocate_kv_cache(loaded, 8, 16)
+        ids, pos, md = SimplePagedBatcher(8, 16).step([(0, list(range(3, 60)))])
+        with torch.inference_mode():
+            return loaded.model.compute_logits(loaded.model(ids, pos, md, kv, get_backend("torch")))
+
+    default = tiny_llama
+    assert torch.equal(logits(new), logits(old))
+    assert not torch.allclose(logits(new), logits(default), atol=1e-3)  # the scaling did change something
+
+
+def test_index_naming_a_tensor_its_shard_lacks(tiny_model_factory, tiny_llama, tmp_path):
+    sharded = Path(shutil.copytree(tiny_model_factory("llama", max_shard_size="50KB", tokenizer_dir=tiny_llama),
+                                   tmp_path / "sharded"))
+    index_path = sharded / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    name = "model.norm.weight"
+    wrong = next(s for s in shards if s != index["weight_map"][name])
+    index["weight_map"][name] = wrong
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(ModelLoadError, match=rf"{wrong}: tensor 'model\.norm\.weight' listed in"):
+        load_model(sharded)

@@ -21,6 +21,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 CASES = {
     "llama": ("llama", {}),
     "llama3_rope_tied": ("llama", {"rope_scaling": LLAMA3_ROPE, "tie_word_embeddings": True}),
+    "llama_linear_rope": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     "qwen2": ("qwen2", {}),
     "qwen3": ("qwen3", {}),
     "qwen3_mha": ("qwen3", {"num_kv_heads": 4}),
