@@ -14,9 +14,16 @@ from collections.abc import Mapping
 import pandas as pd
 import streamlit as st
 
+from dashboards import queries
 from dashboards import settings as settings_mod
 
 CACHE_SECONDS = 30
+
+# the only SQL this module runs: the statements of dashboards.queries
+ALLOWED_SQL = frozenset(
+    [v for k, v in vars(queries).items()
+     if not k.startswith("_") and isinstance(v, str) and v.lstrip().startswith(("SELECT", "WITH"))]
+    + [v for v in queries.SEARCH_REQUESTS.values()])
 
 _injected = None  # a Store given by the process that embeds the dashboard (tests, benchmarks)
 _timings: list[tuple[str, float, int]] = []  # (query, seconds, rows) of the current run
@@ -65,6 +72,8 @@ def _cached(sql: str, frozen: tuple) -> pd.DataFrame:
 
 def query(sql: str, **parameters) -> pd.DataFrame:
     """Run one of `dashboards.queries` with its parameters (cached for CACHE_SECONDS)."""
+    if sql not in ALLOWED_SQL:
+        raise ValueError("data.query runs only the statements of dashboards.queries")
     frozen = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in parameters.items()))
     t0 = time.perf_counter()
     df = _cached(sql, frozen)

@@ -99,6 +99,12 @@ def expand_quantiles(frame: pd.DataFrame, column: str, names=("p50", "p90", "p99
     return frame.drop(columns=[column])
 
 
+def rounded(frame: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
+    """Float columns rounded for display (other columns untouched)."""
+    floats = frame.select_dtypes("float").columns
+    return frame.round({c: digits for c in floats})
+
+
 def query_timings() -> None:
     """What this page asked the store, and how long each query took (for the curious and for
     anyone chasing a slow page)."""

@@ -50,7 +50,7 @@ else:
     table = summary.set_index("side").T
     if {"A", "B"} <= set(table.columns):
         table["B / A"] = (table["B"].astype(float) / table["A"].astype(float).where(table["A"] != 0)).round(3)
-    st.dataframe(table.astype(float).round(4), key="cmp_summary")
+    st.dataframe(widgets.rounded(table.astype(float), 4), key="cmp_summary")
 
 curves = data.query(queries.COMPARE_TTFT_CURVE, **window.params, a=a_ids, b=b_ids)
 if not curves.empty:

@@ -15,7 +15,7 @@ if runs.empty:
     widgets.no_data("eval runs")
     st.info("Run one with `infersight eval run ...`.")
     st.stop()
-st.dataframe(runs.round(4), hide_index=True, key="ev_runs")
+st.dataframe(widgets.rounded(runs, 4), hide_index=True, key="ev_runs")
 
 suites = sorted(runs["suite"].unique())
 suite = st.selectbox("Suite", suites, key="ev_suite")

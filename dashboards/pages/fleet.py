@@ -52,7 +52,7 @@ else:
     worst = health.sort_values("ttft_p99", ascending=False).iloc[0]
     cols[2].metric("Worst TTFT p99", f"{worst['ttft_p99']:.3f} s", help=f"replica {worst['replica_id']}")
     cols[3].metric("Failed requests", f"{int(health['failed'].sum()):,}")
-    st.dataframe(health.round(4), hide_index=True, key="fleet_health")
+    st.dataframe(widgets.rounded(health, 4), hide_index=True, key="fleet_health")
 
 st.subheader("Latency percentiles per replica over time")
 series = data.query(queries.LATENCY_OVER_TIME, **params, bucket_ms=window.bucket_ms)

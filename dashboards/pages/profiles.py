@@ -14,7 +14,7 @@ if profiles.empty:
     widgets.no_data("profiles")
     st.info("Record one with `infersight profile --replica URL --seconds 10`.")
     st.stop()
-st.dataframe(profiles.round(3), hide_index=True, key="pf_list")
+st.dataframe(widgets.rounded(profiles, 3), hide_index=True, key="pf_list")
 profile_id = st.selectbox(
     "Profile", profiles["profile_id"].tolist(), key="pf_selected",
     format_func=lambda p: f"{p} ({profiles.set_index('profile_id').loc[p, 'replica_id']}, "

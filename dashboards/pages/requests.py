@@ -37,7 +37,7 @@ found = data.query(queries.SEARCH_REQUESTS[order], **window.params, replicas=rep
                    workloads=chosen_workloads, reasons=chosen_reasons, min_ttft=float(min_ttft),
                    min_e2e=float(min_e2e), search=search, limit=int(limit))
 st.caption(f"{len(found)} requests ({order})")
-st.dataframe(found.round(4), hide_index=True, key="rq_results")
+st.dataframe(widgets.rounded(found, 4), hide_index=True, key="rq_results")
 if found.empty:
     widgets.query_timings()
     st.stop()
@@ -98,5 +98,5 @@ steps = data.query(queries.REQUEST_STEPS, request_id=request_id)
 if steps.empty:
     widgets.no_data("steps")
 else:
-    st.dataframe(steps.round(6), hide_index=True, key="rq_steps")
+    st.dataframe(widgets.rounded(steps, 6), hide_index=True, key="rq_steps")
 widgets.query_timings()

@@ -53,5 +53,5 @@ right.plotly_chart(px.line(timeline, x="t", y=["waiting", "running", "max_waitin
                            title="Queue lengths"), key="sched_queues")
 
 st.subheader("Latest steps")
-st.dataframe(data.query(queries.RECENT_STEPS, **params).round(6), hide_index=True, key="sched_recent")
+st.dataframe(widgets.rounded(data.query(queries.RECENT_STEPS, **params), 6), hide_index=True, key="sched_recent")
 widgets.query_timings()

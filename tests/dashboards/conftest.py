@@ -77,3 +77,36 @@ def prometheus_url(tmp_path_factory, engine_metrics_target):
             proc.kill()
             proc.wait()
         log.close()
+
+
+# -- the Streamlit dashboard's fixtures ----------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    """A real byte-level BPE tokenizer (Hugging Face format), trained once per session."""
+    from engine.tiny_model import build_bpe_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    build_bpe_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory, tokenizer_dir):
+    """(store, Seeded): an embedded store with the known data set of dashboard_seed.
+
+    Module scope: chdb holds one data directory per process, so each module opens and closes
+    its own rather than keeping one open across everyone's tests."""
+    from tokenizers import Tokenizer
+
+    from dashboard_seed import seed
+    from telemetry.schema import migrate
+    from telemetry.store import open_store
+
+    store = open_store(tmp_path_factory.mktemp("dashboard_store"))
+    try:
+        migrate(store)
+        info = seed(store, Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")))
+        yield store, info
+    finally:
+        store.close()

@@ -83,7 +83,8 @@ def step(replica_id: str, step_id: int, start: float, waiting: int, used: int) -
 def seed(store, tokenizer, n_requests: int = 300) -> Seeded:
     """Insert the known data set; `tokenizer` is a `tokenizers.Tokenizer`."""
     rng = random.Random(0)
-    encode = lambda text: tokenizer.encode(text).ids  # noqa: E731
+    encode = lambda text: tokenizer.encode(text).ids  # noqa: E731  (prompts: with BOS)
+    generated = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     store.insert_records("replicas", [
         replica("r0", "0.1.0", "cfgA", "none", False),
         replica("r1", "0.1.0", "cfgA", "none", True),
@@ -95,14 +96,14 @@ def seed(store, tokenizer, n_requests: int = 300) -> Seeded:
         slow = 3.0 if replica_id == "r2" else 1.0
         ttft = rng.uniform(0.05, 0.2) * slow
         prompt = PROMPTS[i % len(PROMPTS)]
-        out = encode(PROMPTS[(i + 1) % len(PROMPTS)])[:8]
+        out = generated(PROMPTS[(i + 1) % len(PROMPTS)])[:8]
         r = request(f"req-{i:04d}", replica_id, T0 + i * 10, ttft, 0.02 * slow, encode(prompt), out,
                     finish_reason="length" if i % 7 == 0 else "stop", prompt_text=prompt,
                     workload="batch" if i % 4 == 0 else "chat")
         if r.e2e_seconds > slowest[1]:
             slowest = (r.request_id, r.e2e_seconds)
         requests.append(r)
-    special = request("req-special", "r0", T0 + 5, 0.1, 0.05, encode(SPECIAL_PROMPT), encode("Hi there\nfriend"),
+    special = request("req-special", "r0", T0 + 5, 0.1, 0.05, encode(SPECIAL_PROMPT), generated("Hi there\nfriend"),
                       prompt_text=SPECIAL_PROMPT)
     requests.append(special)
     store.insert_records("requests", requests)
@@ -131,7 +132,7 @@ def seed(store, tokenizer, n_requests: int = 300) -> Seeded:
             items.append(EvalItemRecord(run_id=run_id, item_id=f"item-{j:02d}", suite="arith",
                                         task="addition" if j < 5 else "reverse", scorer="exact", score=score,
                                         reference="47", output_text=text, input_token_ids=encode("What is 12 + 35?"),
-                                        output_token_ids=encode(text)))
+                                        output_token_ids=generated(text)))
     store.insert_records("eval_items", items)
 
     summary = "r2 is 3.0x slower than its peers (TTFT p50)"

@@ -1,0 +1,93 @@
+"""The dashboard's building blocks: visible text, token diff, flame graph tree, settings, SQL rules."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dashboards import queries, settings
+from dashboards.flamegraph import tree
+from dashboards.tokendiff import diff_html, diff_ops, first_divergence
+from dashboards.tokens import TokenDecoder, token_frame, visible
+
+
+def test_visible_makes_whitespace_and_invisible_characters_visible():
+    assert visible("a b\nc\td\re") == "a·b⏎c⇥d␍e"
+    assert visible("x\u200by") == "x\\u200by"  # zero-width space
+    assert visible("\u00a0\u2028\x00\ufeff") == "\\u00a0\\u2028\\u0000\\ufeff"
+    assert visible("café 日本 🚀") == "café·日本·🚀"
+
+
+def test_decoder_round_trips_real_token_ids(tokenizer_dir):
+    from tokenizers import Tokenizer
+
+    text = "  hello\n\tworld"
+    ids = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    decoder = TokenDecoder(tokenizer_dir)
+    assert decoder.text(ids) == text
+    assert "".join(decoder.token(i) for i in ids) == text
+    frame = token_frame(ids, decoder, times=[0.1 * k for k in range(len(ids))])
+    assert list(frame["id"]) == ids
+    assert "".join(frame["token"]) == visible(text)
+    assert frame["gap (ms)"].iloc[1] == pytest.approx(100.0)
+    assert decoder.token(10**7) == "<out of vocabulary: 10000000>"
+
+
+def test_token_frame_without_a_tokenizer_shows_ids_only():
+    frame = token_frame([5, 6, 7])
+    assert list(frame.columns) == ["position", "id"]
+
+
+def test_token_diff():
+    a, b = [1, 2, 3, 4, 5], [1, 2, 9, 4, 5, 6]
+    assert first_divergence(a, b) == 2
+    assert first_divergence(a, a) is None
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    assert diff_ops(a, b) == [("equal", [1, 2], [1, 2]), ("replace", [3], [9]),
+                              ("equal", [4, 5], [4, 5]), ("insert", [], [6])]
+    html = diff_html([1, 2], [1, 3])
+    assert "line-through" in html and "#dfd" in html
+    assert "&lt;" in diff_html([60], [60], decoder=type("D", (), {"token": lambda self, i: "<"})())
+
+
+def test_flame_graph_tree_has_inclusive_counts():
+    ids, labels, parents, values = tree([("a;b;c", 3), ("a;b", 2), ("a;d", 5), ("", 7), ("x", 0)])
+    node = dict(zip(ids, values))
+    assert node["all"] == 10 and node["all;a"] == 10 and node["all;a;b"] == 5 and node["all;a;b;c"] == 3
+    assert dict(zip(ids, parents))["all;a;d"] == "all;a"
+    assert labels[ids.index("all;a;d")] == "d"
+
+
+def test_settings_from_env():
+    s = settings.from_env({settings.STORE_ENV: "http://u:p@h:1/db",
+                           settings.TOKENIZERS_ENV: '{"m1": "/t1", "*": "/t0"}'})
+    assert s.store == "http://u:p@h:1/db"
+    assert s.tokenizer_dir("m1") == "/t1" and s.tokenizer_dir("other") == "/t0"
+    assert settings.from_env({}).tokenizer_dir("m") is None
+    assert settings.from_env(settings.to_env(s)) == s
+    with pytest.raises(ValueError, match="not JSON"):
+        settings.from_env({settings.TOKENIZERS_ENV: "{nope"})
+
+
+def test_every_query_binds_parameters_and_has_a_limit():
+    statements = {k: v for k, v in vars(queries).items() if k.isupper() and not k.startswith("_") and isinstance(v, str)
+                  and v.lstrip().startswith(("SELECT", "WITH"))}
+    statements.update({f"SEARCH_REQUESTS[{k}]": v for k, v in queries.SEARCH_REQUESTS.items()})
+    assert len(statements) > 25
+    from dashboards.data import ALLOWED_SQL
+
+    assert set(statements.values()) == ALLOWED_SQL
+    for name, sql in statements.items():
+        # no Python placeholders left; every parameter is typed ClickHouse binding
+        assert not re.search(r"\{[a-z_]+\}", sql), name
+        assert "%s" not in sql and "%(" not in sql, name
+        aggregated_to_one_row = "GROUP BY" not in sql and re.search(r"\b(count|sum|argMax|groupUniqArray)\(", sql)
+        assert "LIMIT" in sql or aggregated_to_one_row, f"{name} has no LIMIT"
+
+
+def test_data_refuses_sql_that_is_not_in_queries():
+    from dashboards import data
+
+    with pytest.raises(ValueError, match="only the statements"):
+        data.query("SELECT * FROM requests")

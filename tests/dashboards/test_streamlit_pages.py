@@ -1,0 +1,213 @@
+"""Every page of the Streamlit dashboard, run by streamlit's AppTest on a seeded store, shows the
+seeded values (tables, metrics, charts, decoded tokens)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dashboards import data, settings
+from dashboards.promql import HERE as DASHBOARDS_DIR
+
+APP = str(DASHBOARDS_DIR / "app.py")
+
+
+@pytest.fixture
+def app(seeded, tokenizer_dir, monkeypatch):
+    store, _ = seeded
+    monkeypatch.setenv(settings.TOKENIZERS_ENV, json.dumps({"*": str(tokenizer_dir)}))
+    data.use_store(store)
+    yield lambda page=None: open_page(page)
+    data.use_store(None)
+
+
+def open_page(page: str | None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    if page is not None:
+        at.switch_page(f"pages/{page}.py")
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+# each page's tables, told apart by columns only they have (AppTest keeps no dataframe keys)
+TABLES = {
+    "fleet_replicas": ["replica_id", "cpu_affinity", "config_hash drift"],
+    "fleet_health": ["replica_id", "ttft_p50", "error rate"],
+    "rq_results": ["request_id", "e2e_seconds", "workload"],
+    "rq_prompt_tokens": ["position", "id"],
+    "rq_output_tokens": ["position", "id", "gap (ms)"],
+    "rq_steps": ["step_id", "host_seconds", "kv_blocks_used"],
+    "cmp_identity": ["side", "replica_id", "engine_version"],
+    "cmp_summary": ["A", "B"],
+    "sched_recent": ["step_id", "host_seconds", "num_waiting"],
+    "kv_summary": ["replica_id", "prefix_hit_rate", "peak_utilization"],
+    "ev_drift": ["item_id", "base_score", "candidate_score"],
+    "fd_table": ["finding_id", "kind", "severity", "summary"],
+    "pf_list": ["profile_id", "replica_id", "samples"],
+}
+
+
+def frame(at: AppTest, name: str) -> pd.DataFrame:
+    needed = TABLES[name]
+    matches = [df.value for df in at.dataframe if set(needed) <= set(df.value.columns)]
+    if name == "rq_prompt_tokens":  # the prompt table is the token table without timing
+        matches = [m for m in matches if "gap (ms)" not in m.columns]
+    assert matches, f"no table {name} with columns {needed}"
+    return matches[0]
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def array(value) -> list:
+    """A plotly JSON array: a list, or {"dtype", "bdata"} (base64 numpy) as plotly 6 writes them."""
+    if isinstance(value, dict) and "bdata" in value:
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
+    return list(value)
+
+
+def chart_specs(at: AppTest) -> dict[str, dict]:
+    return {c.proto.id.split("-")[-1]: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
+
+
+def test_fleet(app, seeded):
+    _, info = seeded
+    at = app()
+    assert at.title[0].value == "Fleet"
+    replicas = frame(at, "fleet_replicas")
+    assert sorted(replicas["replica_id"]) == ["r0", "r1", "r2"]
+    assert replicas.set_index("replica_id").loc["r1", "cpu_affinity"] == "8,9"
+    assert bool(replicas.set_index("replica_id").loc["r2", "config_hash drift"])  # cfgA vs cfgB
+    assert any("NUMA mismatch" in w.value and "r1" in w.value for w in at.warning)
+    health = frame(at, "fleet_health").set_index("replica_id")
+    assert health["requests"].to_dict() == {"r0": 101, "r1": 100, "r2": 100}
+    assert health.loc["r2", "ttft_p50"] > 2 * health.loc["r0", "ttft_p50"]  # r2 was seeded 3x slower
+    assert metrics(at)["Requests"] == f"{info.requests:,}"
+    specs = chart_specs(at)
+    assert {t["name"] for t in specs["fleet_latency_chart"]["data"]} == {"r0", "r1", "r2"}
+
+
+def test_requests_search_and_one_request_in_detail(app, seeded):
+    _, info = seeded
+    at = app("requests")
+    results = frame(at, "rq_results")
+    assert results.iloc[0]["request_id"] == info.slowest_request  # sorted slowest end-to-end first
+    assert len(results) == 200
+    at.text_input(key="rq_search").input(info.special_request)
+    at.button[0].click().run()
+    assert frame(at, "rq_results")["request_id"].tolist() == [info.special_request]
+    assert metrics(at)["Output tokens"] == str(len(frame(at, "rq_output_tokens")))
+    code = [c.value for c in at.code]
+    # decoded strings with whitespace and invisible characters made visible
+    assert "<|bos|>··hello⏎⇥world\\u200b!" in code
+    assert "Hi·there⏎friend" in code
+    prompt = frame(at, "rq_prompt_tokens")
+    assert prompt.iloc[0]["token"] == "<|bos|>" and "⏎" in "".join(prompt["token"])
+    output = frame(at, "rq_output_tokens")
+    assert output["gap (ms)"].iloc[1:].round(3).tolist() == [50.0] * (len(output) - 1)  # seeded ITL 50 ms
+    steps = frame(at, "rq_steps")
+    assert steps["step_id"].tolist() == [1000, 1001, 1002, 1003, 1004]
+
+
+def test_requests_without_a_tokenizer_shows_ids_only(seeded, monkeypatch):
+    store, info = seeded
+    monkeypatch.delenv(settings.TOKENIZERS_ENV, raising=False)
+    data.use_store(store)
+    try:
+        at = open_page("requests")
+        assert any("showing token IDs only" in i.value for i in at.info)
+        assert "token" not in frame(at, "rq_output_tokens").columns
+    finally:
+        data.use_store(None)
+
+
+def test_compare_versions(app):
+    at = app("compare")
+    at.radio(key="cmp_dimension").set_value("engine version").run()
+    assert not at.exception
+    summary = frame(at, "cmp_summary")
+    assert summary.loc["requests", "A"] == 201 and summary.loc["requests", "B"] == 100
+    assert summary.loc["ttft_p50", "B / A"] > 2  # 0.2.0 (r2) is the slow one
+    identity = frame(at, "cmp_identity")
+    assert identity.set_index("replica_id")["side"].to_dict() == {"r0": "A", "r1": "A", "r2": "B"}
+    assert {t["name"] for t in chart_specs(at)["cmp_ttft_curve"]["data"]} == {"A: 0.1.0", "B: 0.2.0"}
+    # the regression diagnostic's verdict, or a clear note when it is not in this build
+    notes = [i.value for i in at.info] + [s.value for s in at.success] + [e.value for e in at.error]
+    assert any("regression" in n.lower() or "0.2.0" in n for n in notes)
+
+
+def test_scheduler(app):
+    at = app("scheduler")
+    at.selectbox(key="sched_replica").set_value("r2").run()
+    m = metrics(at)
+    assert m["Steps"] == "200"
+    assert m["Host overhead"] == "40.0%"  # forward 12 ms of 20 ms steps
+    assert len(frame(at, "sched_recent")) == 200
+    specs = chart_specs(at)
+    assert {"sched_host_forward", "sched_tokens", "sched_batch", "sched_queues", "sched_split"} <= set(specs)
+    waiting = [t for t in specs["sched_queues"]["data"] if t["name"] == "waiting"][0]
+    assert set(array(waiting["y"])) == {6.0}
+
+
+def test_kv_cache(app):
+    at = app("kv_cache")
+    summary = frame(at, "kv_summary").set_index("replica_id")
+    assert sorted(summary.index) == ["r0", "r1", "r2"]
+    assert summary.loc["r1", "prefix_hit_rate"] == pytest.approx(8 / 36, abs=1e-4)
+    assert summary.loc["r1", "peak_utilization"] == pytest.approx(49 / 64, abs=1e-4)
+    assert summary.loc["r1", "preemptions"] == 4 and summary.loc["r1", "evictions"] == 8
+    assert {"kv_utilization", "kv_hit_rate", "kv_evictions", "kv_preemptions"} <= set(chart_specs(at))
+
+
+def test_evals(app, seeded):
+    _, info = seeded
+    at = app("evals")
+    m = metrics(at)
+    assert m["Baseline accuracy"] == "0.900" and m["Candidate accuracy"] == "0.700"
+    drift = frame(at, "ev_drift")
+    assert sorted(drift["item_id"]) == ["item-03", "item-07"]  # item-09 fails in both: no drift
+    assert at.selectbox(key="ev_item").value == info.drifted_item
+    markdown = " ".join(md.value for md in at.markdown)
+    assert "first diverge at output token" in markdown
+    diff = [md.value for md in at.markdown if 'data-testid="token-diff"' in md.value][0]
+    spans = re.findall(r'<span title="id \d+" style="([^"]*)">([^<]*)</span>', diff)
+    removed = [text for style, text in spans if "line-through" in style]
+    added = [text for style, text in spans if "#dfd" in style]
+    # "The answer is 47." became "The answer is 74!"
+    assert "".join(removed) == "·47." and "".join(added) == "·74!"
+
+
+def test_findings(app, seeded):
+    _, info = seeded
+    at = app("findings")
+    table = frame(at, "fd_table")
+    assert table["finding_id"].tolist() == ["f-tok", "f-lag"]  # critical first
+    lag = table.set_index("finding_id").loc["f-lag"]
+    assert lag["summary"] == info.finding_summary and lag["severity"] == "warning"  # the latest version
+    assert metrics(at)["🔴 critical"] == "1"
+    # the tokenizer finding's evidence: token IDs decoded beside their strings
+    assert at.selectbox(key="fd_selected").value == "f-tok"
+    code = [c.value for c in at.code]
+    assert "<|bos|>hello·world" in code and "<|bos|>hello··world" in code
+
+
+def test_profiles(app, seeded):
+    _, info = seeded
+    at = app("profiles")
+    assert frame(at, "pf_list")["profile_id"].tolist() == [info.profile_id]
+    flame = chart_specs(at)["pf_flame"]["data"][0]
+    values = dict(zip(flame["ids"], array(flame["values"])))
+    assert values["all"] == 1000
+    hot = [i for i in flame["ids"] if i.endswith(info.hot_frame)]
+    assert [values[i] for i in hot] == [600]
+    groups = chart_specs(at)["pf_groups"]["data"][0]
+    assert "forward" in groups["y"]
