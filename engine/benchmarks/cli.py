@@ -1,0 +1,23 @@
+"""`infersight bench <name>`: the benchmarks, each a module with `add_arguments(parser)` and `run(args)`."""
+
+from __future__ import annotations
+
+import importlib
+
+# name -> (module, one-line help); a module is imported only when its benchmark runs
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "throughput": ("engine.benchmarks.throughput",
+                   "offline throughput: the engine vs transformers' generate on the same model and prompts"),
+}
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, (module_name, help_text) in BENCHMARKS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module_name).add_arguments(p)
+
+
+def run(args) -> int:
+    module = importlib.import_module(BENCHMARKS[args.benchmark][0])
+    return int(module.run(args) or 0)

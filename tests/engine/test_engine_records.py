@@ -1,0 +1,150 @@
+"""What the engine tells its observer: replica identity, request lifecycles, one consistent record per step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import engine.engine as engine_module
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.observer import EngineObserver
+from engine.sampling_params import SamplingParams
+
+torch.set_num_threads(1)  # tiny models on a shared 2-core machine
+
+
+class Recording(EngineObserver):
+    enabled = True
+
+    def __init__(self):
+        self.events = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_") or name == "close":
+            events = object.__getattribute__(self, "events")
+            return lambda *args: events.append((name, args))
+        return object.__getattribute__(self, name)
+
+    def of(self, hook):
+        return [args for name, args in self.events if name == hook]
+
+
+def drive(engine, prompts, params):
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, params, workload="batch",
+                           trace_context={"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"})
+    while engine.has_unfinished():
+        engine.step()
+
+
+def test_replica_request_and_step_records(tiny_llama):
+    observer = Recording()
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), block_size=4, num_kv_blocks=10,
+                                    max_num_batched_tokens=16, replica_id="rep-7", store_text=True), observer)
+    (replica,), = observer.of("on_replica_start")
+    assert replica is engine.replica_record and replica.replica_id == "rep-7"
+    assert replica.config_hash == engine.config.config_hash()
+    assert json.loads(replica.config_json)["block_size"] == 4
+    assert replica.tokenizer_hash == engine.tokenizer.tokenizer_hash != ""
+    assert replica.chat_template_hash == engine.tokenizer.chat_template_hash != ""
+    assert replica.weights_hash == engine.loaded.weights_hash
+    assert replica.engine_version and replica.attention_backend == "torch" and replica.device == "cpu"
+    assert replica.cpu_affinity  # placement: at least the affinity
+
+    prompts = ["The quick brown fox jumps", "The quick brown fox sleeps", list(range(10, 30))]
+    drive(engine, prompts, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+
+    steps = [args[0] for args in observer.of("on_step")]
+    assert [s.step_id for s in steps] == list(range(len(steps)))
+    for s in steps:
+        assert s.num_seqs == s.num_prefill_seqs + s.num_decode_seqs
+        assert s.num_tokens == s.num_prefill_tokens + s.num_decode_tokens <= 16
+        assert s.num_decode_tokens == s.num_decode_seqs
+        assert s.kv_blocks_used + s.kv_blocks_free == s.kv_blocks_total == 10
+        assert s.kv_blocks_cached <= s.kv_blocks_free
+        assert s.phase == {(True, False): "prefill", (False, True): "decode", (True, True): "mixed"}[
+            (s.num_prefill_seqs > 0, s.num_decode_seqs > 0)]
+        parts = (s.schedule_seconds, s.prepare_seconds, s.forward_seconds, s.sample_seconds,
+                 s.postprocess_seconds)
+        assert all(p >= 0 for p in parts) and s.duration_seconds == pytest.approx(sum(parts))
+        assert s.telemetry_seconds >= 0
+    assert sum(s.num_generated_tokens for s in steps) == 30
+    assert sum(s.num_preempted for s in steps) == engine.scheduler.total_preemptions > 0  # 10 blocks: tight
+    assert sum(s.evictions for s in steps) == engine.kv_cache.evictions
+    assert steps[-1].kv_blocks_used == 0 and steps[-1].num_running == 0 and steps[-1].num_waiting == 0
+
+    requests = {r.request_id: r for (r,) in observer.of("on_request_finished")}
+    assert set(requests) == {"r0", "r1", "r2"}
+    for i, r in enumerate(requests[f"r{i}"] for i in range(3)):
+        assert r.replica_id == "rep-7" and r.workload == "batch" and r.trace_id == "ab" * 16
+        assert r.arrival_time <= r.scheduled_time <= r.first_token_time <= r.finish_time
+        assert r.ttft_seconds == pytest.approx(r.queue_seconds + r.prefill_seconds)
+        assert r.output_tokens == len(r.output_token_ids) == len(r.token_times) == 10
+        assert r.token_times == sorted(r.token_times) and r.token_times[0] == pytest.approx(r.ttft_seconds)
+        assert r.finish_reason == "length" and r.prompt_tokens == len(r.prompt_token_ids)
+        assert json.loads(r.sampling_params_json)["max_tokens"] == 10
+    assert requests["r0"].prompt_text == "The quick brown fox jumps" and requests["r0"].output_text
+    assert len(requests["r0"].prompt_text_hash) == 64 and requests["r2"].prompt_text_hash == ""
+    assert sum(r.preemptions for r in requests.values()) == engine.scheduler.total_preemptions
+
+    lifecycle = [name for name, args in observer.events if args and args[0] == "r1"]
+    assert lifecycle[:3] == ["on_request_arrival", "on_request_scheduled", "on_first_token"]
+    arrival = observer.of("on_request_arrival")[0]
+    assert arrival[0] == "r0" and arrival[3] == "batch" and arrival[4]["traceparent"].startswith("00-")
+
+
+def test_prefix_hits_are_counted_per_step_and_per_request(tiny_llama):
+    observer = Recording()
+    engine = LLMEngine(tiny_llama, observer, block_size=4, num_kv_blocks=64)
+    shared = list(range(10, 30))
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    drive(engine, [shared + [40]], params)
+    drive(engine, [shared + [41, 42]], params)
+    steps = [a[0] for a in observer.of("on_step")]
+    assert sum(s.prefix_hit_tokens for s in steps) == 20
+    assert sum(s.prefix_query_tokens for s in steps) == 21 + 22
+    finished = [a[0] for a in observer.of("on_request_finished")]
+    assert [r.cached_tokens for r in finished] == [0, 20]
+
+
+def test_an_abort_yields_a_record_and_frees_everything(tiny_llama):
+    observer = Recording()
+    engine = LLMEngine(tiny_llama, observer, block_size=4, num_kv_blocks=64)
+    engine.add_request("x", "abort me", SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    engine.step()
+    out = engine.abort("x")
+    assert out.finished and out.finish_reason == "abort" and len(out.token_ids) == 2
+    (record,), = observer.of("on_request_finished")
+    assert record.finish_reason == "abort" and record.output_tokens == 2
+    assert engine.abort("x") is None and not engine.has_unfinished()
+    assert engine.kv_cache.num_used_blocks == 0
+
+
+def test_a_failing_observer_never_breaks_the_engine(tiny_llama):
+    class Broken(EngineObserver):
+        enabled = True
+
+        def on_step(self, record):
+            raise RuntimeError("boom")
+
+        def on_request_finished(self, record):
+            raise RuntimeError("boom")
+
+    engine = LLMEngine(tiny_llama, Broken(), block_size=4, num_kv_blocks=64)
+    drive(engine, ["hello"], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert engine.observer.failures >= 5
+
+
+def test_no_records_are_built_when_nobody_listens(tiny_llama, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a record was built with no observer listening")
+
+    monkeypatch.setattr(engine_module, "StepRecord", forbidden)
+    monkeypatch.setattr(engine_module, "build_request_record", forbidden)
+    engine = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64)
+    drive(engine, ["hello", [5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert engine.step_id > 0
