@@ -20,10 +20,13 @@ def ladder(low: float, high: float, steps: tuple[float, ...] = (1.0, 2.5, 5.0)) 
     return tuple(bounds)
 
 
-# time to first token: 1 ms .. 60 s
-TTFT_SECONDS = ladder(0.001, 10.0) + (20.0, 30.0, 45.0, 60.0)
-# inter-token latency: 0.5 ms .. 10 s (speculative tokens of one step arrive together: 0 lands in the first)
-ITL_SECONDS = ladder(0.0005, 10.0, steps=(1.0, 2.0, 5.0))
+# time to first token: 1 ms .. 60 s, dense where SLOs sit (tens of ms on a GPU, ~1 s on a CPU)
+TTFT_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 30.0, 45.0, 60.0)
+# inter-token latency: 0.5 ms .. 10 s, dense over 5..100 ms (a decode step on a GPU .. a CPU);
+# speculative tokens accepted in one step arrive together and land in the first bucket
+ITL_SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+               0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 # whole-request phases (e2e, queue, prefill, decode): 1 ms .. 10 min
 REQUEST_SECONDS = ladder(0.001, 100.0) + (300.0, 600.0)
 # one scheduler step: 0.1 ms .. 10 s
