@@ -34,7 +34,8 @@ class RecorderStatsCollector:
     """
 
     def __init__(self, source, replica_id: str, model: str):
-        self._stats: Callable[[], Mapping[str, Mapping[str, int]]] = source.stats if hasattr(source, "stats") else source
+        stats = source.stats if hasattr(source, "stats") else source
+        self._stats: Callable[[], Mapping[str, Mapping[str, int]]] = stats
         self._ids = (replica_id, model)
 
     def _families(self) -> dict[str, CounterMetricFamily]:

@@ -1,4 +1,4 @@
-"""TracingObserver: span trees, GenAI attributes and W3C parents, via the SDK's in-memory exporter and a real OTLP/HTTP receiver."""
+"""TracingObserver: span trees, GenAI attributes, W3C parents; the SDK's in-memory exporter and a real OTLP receiver."""
 
 from __future__ import annotations
 
