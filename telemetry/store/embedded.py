@@ -84,8 +84,9 @@ class EmbeddedStore(Store):
             s.close()
 
     @contextlib.contextmanager
-    def session(self, settings: Mapping[str, str] | None = None, readonly: bool = False) -> Iterator:
-        """A chdb session for one caller, with `settings` applied for the duration."""
+    def session(self, settings: Mapping[str, str] | None = None, readonly: bool = False,
+                database: str | None = None) -> Iterator:
+        """A chdb session for one caller, with `settings` (and `database`) applied for the duration."""
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
         pool, slot = self._pools[readonly], self._slots[readonly]
@@ -96,20 +97,25 @@ class EmbeddedStore(Store):
             except queue.Empty:
                 s = self._new_session(readonly)
             names = [check_identifier(k, "setting") for k in (settings or {}) if k not in NOT_SETTINGS]
+            switch_db = database is not None and check_identifier(database, "database") != self.database
             reusable = True
             try:
-                if names:
-                    try:
+                try:
+                    if names:
                         s.query("SET " + ", ".join(f"{k} = {sql_string(str(settings[k]))}" for k in names), "CSV")
-                    except Exception as e:
-                        raise _chdb_error(e) from None
+                    if switch_db:
+                        s.query(f"USE {database}", "CSV")
+                except Exception as e:
+                    raise _chdb_error(e) from None
                 yield s
             finally:
-                if names:
-                    try:
+                try:
+                    if names:
                         s.query("SET " + ", ".join(f"{k} = DEFAULT" for k in names), "CSV")
-                    except Exception:
-                        reusable = False  # settings may be stuck on it: never hand it out again
+                    if switch_db:
+                        s.query(f"USE {self.database}", "CSV")
+                except Exception:
+                    reusable = False  # settings may be stuck on it: never hand it out again
                 if reusable:
                     pool.put(s)
                 else:
@@ -120,19 +126,19 @@ class EmbeddedStore(Store):
     # raw access (the sidecar's HTTP endpoint uses these) ----------------------------------------
 
     def execute(self, sql: str, fmt: str = "TabSeparated", params: Mapping[str, str] | None = None,
-                settings: Mapping[str, str] | None = None, readonly: bool = False):
+                settings: Mapping[str, str] | None = None, readonly: bool = False, database: str | None = None):
         """Run one statement; returns chdb's result (`.bytes()`, `.rows_read()` ...).
         `params` are already in ClickHouse text form (see `bind_values`)."""
-        with self.session(settings, readonly) as s:
+        with self.session(settings, readonly, database) as s:
             try:
                 return s.query(sql, fmt, params=dict(params or {}))
             except Exception as e:
                 raise _chdb_error(e) from None
 
     def insert_stream(self, insert_sql: str, fmt: str, chunks: Iterable[bytes],
-                      settings: Mapping[str, str] | None = None) -> int:
+                      settings: Mapping[str, str] | None = None, database: str | None = None) -> int:
         """`INSERT INTO t (cols)` (no FORMAT, no data) fed with `chunks` in format `fmt`."""
-        with self.session(settings) as s:
+        with self.session(settings, database=database) as s:
             try:
                 inserter = s.send_insert(insert_sql, fmt)
             except Exception as e:
