@@ -1,0 +1,48 @@
+"""`infersight sidecar`: the embedded ClickHouse store served over the ClickHouse HTTP protocol."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from telemetry.sidecar.handler import Users
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default=".infersight/store", help="chdb data directory (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8123, help="HTTP port; 0 picks a free one (default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--user", default=None, help="require this user (full access)")
+    parser.add_argument("--password", default=os.environ.get("INFERSIGHT_SIDECAR_PASSWORD", ""),
+                        help="its password (default: $INFERSIGHT_SIDECAR_PASSWORD)")
+    parser.add_argument("--readonly-user", default=None, help="a read-only user for dashboards")
+    parser.add_argument("--readonly-password", default=os.environ.get("INFERSIGHT_SIDECAR_READONLY_PASSWORD", ""),
+                        help="its password (default: $INFERSIGHT_SIDECAR_READONLY_PASSWORD)")
+    parser.add_argument("--name", default="sidecar", help="value of the `sidecar` label on /metrics")
+    parser.add_argument("--max-body-mb", type=int, default=256, help="largest request body accepted")
+    parser.add_argument("--finding-active-window", type=float, default=3600,
+                        help="seconds since last_seen during which a finding counts as active on /metrics")
+    parser.add_argument("--log-level", default="info")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from telemetry.sidecar.server import serve
+    from telemetry.store import StoreError
+
+    users = Users(args.user, args.password, args.readonly_user, args.readonly_password)
+    if (args.user or args.readonly_user) and args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger(__name__).warning("basic auth over plain HTTP on %s: put TLS in front of it", args.host)
+
+    def ready(url: str) -> None:
+        print(f"infersight sidecar: serving {url} (data dir {os.path.abspath(args.data_dir)})", flush=True)
+
+    try:
+        serve(args.data_dir, args.host, args.port, users, args.name, args.max_body_mb << 20,
+              args.finding_active_window, on_ready=ready)
+    except (StoreError, OSError) as e:
+        print(f"infersight sidecar: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,219 @@
+"""The sidecar's request handling, independent of the HTTP server: ClickHouse HTTP semantics
+over the embedded store. Blocking (chdb calls): the server runs it in worker threads."""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import logging
+import re
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from clickhouse_connect.driver.binding import format_bind_value
+
+from telemetry.sidecar import protocol as p
+from telemetry.sidecar.bodies import BadEncoding, BodyTooLarge, decompress
+from telemetry.sidecar.metrics import SidecarMetrics
+from telemetry.sidecar.statements import (
+    LOOKS_LIKE_INSERT,
+    NO_OP_KINDS,
+    READ_KINDS,
+    denied_function,
+    output_format,
+    parse_insert_head,
+    statement_kind,
+)
+from telemetry.store.base import IDENTIFIER
+from telemetry.store.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 64 * 1024  # where an INSERT ... FORMAT head must end
+_QUERY_ID = re.compile(r"^[\w.:\-]{1,128}$")
+_CHDB_ONLY_FORMATS = {"dataframe", "arrowtable", "datastore", "debug"}  # chdb Python wrappers, not wire formats
+
+
+class RequestError(Exception):
+    def __init__(self, message: str, code: int, status: int | None = None):
+        super().__init__(message)
+        self.code, self.status = code, status or p.http_status(code)
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Users:
+    """Who may connect. No user configured: open access (bind to localhost). Otherwise credentials
+    must match the user (full access) or the read-only user (SELECT / SHOW / DESCRIBE / EXISTS)."""
+
+    user: str | None = None
+    password: str = ""
+    readonly_user: str | None = None
+    readonly_password: str = ""
+
+    def role(self, user: str | None, password: str) -> str:
+        if self.user is None and self.readonly_user is None:
+            return "full"
+        for name, secret, role in ((self.user, self.password, "full"),
+                                   (self.readonly_user, self.readonly_password, "readonly")):
+            if name is not None and hmac.compare_digest((user or "default").encode(), name.encode()) \
+                    and hmac.compare_digest(password.encode(), secret.encode()):
+                return role
+        raise RequestError(f"{user or 'default'}: Authentication failed: password is incorrect, "
+                           "or there is no user with such name", p.AUTHENTICATION_FAILED)
+
+
+def credentials(params: dict[str, str], headers: dict[str, str]) -> tuple[str | None, str]:
+    """ClickHouse takes credentials from basic auth, X-ClickHouse-User/Key headers, or user/password params."""
+    auth = headers.get("authorization", "")
+    if auth.lower().startswith("basic "):
+        try:
+            user, _, password = base64.b64decode(auth[6:].strip()).decode().partition(":")
+            return user, password
+        except (ValueError, UnicodeDecodeError):
+            raise RequestError("malformed Authorization header", p.AUTHENTICATION_FAILED) from None
+    if "x-clickhouse-user" in headers:
+        return headers["x-clickhouse-user"], headers.get("x-clickhouse-key", "")
+    return params.get("user"), params.get("password", "")
+
+
+class Sidecar:
+    def __init__(self, store, users: Users = Users(), name: str = "sidecar",
+                 max_body_bytes: int = 256 << 20, finding_active_window_seconds: float = 3600):
+        self.store, self.users, self.max_body_bytes = store, users, max_body_bytes
+        self.metrics = SidecarMetrics(store, name, finding_active_window_seconds)
+        settings = store.query_arrow("SELECT name FROM system.settings")
+        self.known_settings = frozenset(settings.column("name").to_pylist())
+        self.timezone = store.command("SELECT timezone()").strip()
+        self.display_name = socket.gethostname()
+
+    # entry point ---------------------------------------------------------------------------------
+
+    def handle_query(self, method: str, params: dict[str, str], headers: dict[str, str], body: bytes) -> Response:
+        started = time.perf_counter()
+        query_id = params.get("query_id", "")
+        if not _QUERY_ID.match(query_id):
+            query_id = str(uuid.uuid4())
+        try:
+            response = self._serve(method, params, headers, body, started)
+        except RequestError as e:
+            response = self._error(str(e), e.code, e.status)
+        except StoreError as e:
+            response = self._error(str(e), e.code or p.UNKNOWN_EXCEPTION)
+        except Exception as e:  # a bug here must cost one request, never the server
+            log.exception("unexpected error serving a query")
+            response = self._error(f"{type(e).__name__}: {e}", p.UNKNOWN_EXCEPTION)
+        response.headers.update({"X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Timezone": self.timezone,
+                                 "X-ClickHouse-Server-Display-Name": self.display_name})
+        self.metrics.queries.labels(self.metrics.name).inc()
+        self.metrics.duration.labels(self.metrics.name).observe(time.perf_counter() - started)
+        return response
+
+    def _error(self, message: str, code: int, status: int | None = None) -> Response:
+        self.metrics.errors.labels(self.metrics.name).inc()
+        return Response(status or p.http_status(code), p.error_text(message, code).encode(),
+                        {"X-ClickHouse-Exception-Code": str(code), "Content-Type": "text/plain; charset=UTF-8"})
+
+    # request -> insert or statement ----------------------------------------------------------------
+
+    def _serve(self, method, params, headers, body, started) -> Response:
+        role = self.users.role(*credentials(params, headers))
+        readonly = role == "readonly" or method == "GET" or params.get("readonly", "0") not in ("", "0")
+        settings = {k: v for k, v in params.items() if k not in p.TRANSPORT_PARAMS and not k.startswith("param_")}
+        for name in settings:
+            if name not in self.known_settings:
+                raise RequestError(f"Setting {name} is neither a builtin setting nor started with the prefix "
+                                   "'custom_' registered for user-defined settings", p.UNKNOWN_SETTING)
+        query_params = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
+        database = params.get("database") or None
+        if database is not None and not IDENTIFIER.match(database):
+            raise RequestError(f"invalid database name {database!r}", p.BAD_ARGUMENTS)
+        try:
+            body = decompress(body, headers.get("content-encoding", ""), self.max_body_bytes)
+        except BodyTooLarge as e:
+            raise RequestError(str(e), p.BAD_ARGUMENTS, 413) from None
+        except BadEncoding as e:
+            raise RequestError(str(e), p.BAD_ARGUMENTS) from None
+
+        query = params.get("query", "")
+        if query:
+            head = parse_insert_head(query) if LOOKS_LIKE_INSERT.match(query.encode()) else None
+            if head:
+                data = query[head.data_offset:].encode() + body
+                return self._insert(head, data, settings, database, readonly, started)
+            text = query + ("\n" + _utf8(body) if body else "")
+        else:
+            if LOOKS_LIKE_INSERT.match(body):
+                head = parse_insert_head(body[:MAX_HEAD_BYTES].decode("latin-1"))
+                if head:
+                    return self._insert(head, body[head.data_offset:], settings, database, readonly, started)
+            text = _utf8(body)
+        return self._statement(method, text, query_params, settings, database, readonly, params, started)
+
+    def _insert(self, head, data: bytes, settings, database, readonly, started) -> Response:
+        if readonly:
+            raise RequestError("Cannot execute query in readonly mode", p.READONLY)
+        rows = self.store.insert_stream(head.sql, head.format, [data], settings, database)
+        self.metrics.insert_rows.labels(self.metrics.name, head.table).inc(rows)
+        return Response(200, b"", {"X-ClickHouse-Summary": _summary(started, written_rows=rows,
+                                                                    written_bytes=len(data))})
+
+    def _statement(self, method, text, query_params, settings, database, readonly, params, started) -> Response:
+        if not text.strip():
+            if method == "GET":
+                return Response(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
+            raise RequestError("Empty query", p.SYNTAX_ERROR)
+        canonical = self._canonical(text)
+        kind = statement_kind(canonical)
+        if kind in NO_OP_KINDS:
+            return Response(200, b"", {"X-ClickHouse-Summary": _summary(started)})
+        if readonly and kind not in READ_KINDS:
+            raise RequestError(f"Cannot execute query in readonly mode ({kind} is not a read)", p.READONLY)
+        denied = denied_function(canonical)
+        if denied:
+            raise RequestError(f"{denied} is not available through the sidecar: it reaches outside the store",
+                               p.ACCESS_DENIED)
+        fmt = output_format(canonical, params.get("default_format") or "TabSeparated")
+        if fmt.lower() in _CHDB_ONLY_FORMATS:
+            raise RequestError(f"Unknown format {fmt}", p.UNKNOWN_FORMAT)
+        result = self.store.execute(text, fmt, query_params, settings, readonly, database)
+        out = result.bytes()
+        summary = _summary(started, read_rows=result.rows_read(), read_bytes=result.bytes_read(),
+                           written_rows=result.rows_written(), written_bytes=result.bytes_written(),
+                           result_bytes=len(out))
+        return Response(200, out, {"Content-Type": p.content_type(fmt), "X-ClickHouse-Format": fmt,
+                                   "X-ClickHouse-Summary": summary})
+
+    def _canonical(self, text: str) -> str:
+        """ClickHouse's own parse of `text` (passed as a bound parameter): one statement, or an error."""
+        try:
+            result = self.store.execute("SELECT formatQuerySingleLine({q:String})", "TSVRaw",
+                                        {"q": format_bind_value(text)}, readonly=True)
+        except StoreError as e:  # keep ClickHouse's words, drop our wrapper query from them
+            message = re.sub(r"\s*:?\s*In scope SELECT formatQuerySingleLine\(.*\)\.", "", str(e), flags=re.S)
+            raise RequestError(message, e.code or p.SYNTAX_ERROR) from None
+        return result.bytes().decode().strip()
+
+
+def _utf8(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"the query is not valid UTF-8: {e}", p.SYNTAX_ERROR) from None
+
+
+def _summary(started: float, read_rows=0, read_bytes=0, written_rows=0, written_bytes=0, result_bytes=0) -> str:
+    return json.dumps({
+        "read_rows": str(read_rows), "read_bytes": str(read_bytes), "written_rows": str(written_rows),
+        "written_bytes": str(written_bytes), "total_rows_to_read": str(read_rows), "result_rows": "0",
+        "result_bytes": str(result_bytes), "elapsed_ns": str(int((time.perf_counter() - started) * 1e9)),
+    }, separators=(",", ":"))

@@ -1,0 +1,77 @@
+"""The sidecar's /metrics: its own request counters, and the findings table as gauges.
+
+`infersight_finding_active` is 1 per finding whose last_seen lies within the active window
+(diagnostics refresh last_seen each time they confirm a finding), so Prometheus alert rules
+can fire on findings; `infersight_finding_severity_level` carries the severity as a number.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+
+log = logging.getLogger(__name__)
+
+SEVERITY_LEVELS = {"info": 0, "warning": 1, "critical": 2}
+FINDING_LABELS = ("sidecar", "kind", "severity", "subject", "diagnostic")
+
+# the latest version of every finding (ReplacingMergeTree merges lazily: never rely on it)
+_ACTIVE_FINDINGS = """
+SELECT kind, severity, subject, diagnostic, count() AS n
+FROM (
+    SELECT finding_id, argMax(kind, last_seen) AS kind, argMax(severity, last_seen) AS severity,
+           argMax(subject, last_seen) AS subject, argMax(diagnostic, last_seen) AS diagnostic,
+           max(last_seen) AS seen
+    FROM findings GROUP BY finding_id
+)
+WHERE seen >= now64(6, 'UTC') - toIntervalSecond({window:UInt32})
+GROUP BY kind, severity, subject, diagnostic
+"""
+_FINDINGS_TOTAL = "SELECT kind, severity, uniqExact(finding_id) AS n FROM findings GROUP BY kind, severity"
+
+
+class FindingsCollector:
+    """Reads the findings table at scrape time."""
+
+    def __init__(self, store, sidecar: str, active_window_seconds: float):
+        self.store, self.sidecar, self.window = store, sidecar, int(active_window_seconds)
+
+    def collect(self):
+        active = GaugeMetricFamily("infersight_finding_active", "1 per finding seen within the active window",
+                                   labels=FINDING_LABELS)
+        level = GaugeMetricFamily("infersight_finding_severity_level",
+                                  "Severity of each active finding: 0 info, 1 warning, 2 critical",
+                                  labels=FINDING_LABELS)
+        total = CounterMetricFamily("infersight_findings", "Distinct findings recorded",
+                                    labels=("sidecar", "kind", "severity"))
+        try:
+            rows = self.store.query_arrow(_ACTIVE_FINDINGS, {"window": self.window}).to_pylist()
+            for row in rows:
+                labels = (self.sidecar, row["kind"], row["severity"], row["subject"], row["diagnostic"])
+                active.add_metric(labels, float(row["n"]))
+                level.add_metric(labels, float(SEVERITY_LEVELS.get(row["severity"], 0)))
+            for row in self.store.query_arrow(_FINDINGS_TOTAL).to_pylist():
+                total.add_metric((self.sidecar, row["kind"], row["severity"]), float(row["n"]))
+        except Exception:  # a scrape must not fail because the store is busy or not migrated yet
+            log.exception("findings unavailable for this scrape")
+        yield from (active, level, total)
+
+
+class SidecarMetrics:
+    def __init__(self, store, name: str, finding_active_window_seconds: float):
+        self.registry = CollectorRegistry()
+        self.name = name
+        self.insert_rows = Counter("infersight_sidecar_insert_rows", "Rows inserted through the sidecar",
+                                   ("sidecar", "table"), registry=self.registry)
+        self.queries = Counter("infersight_sidecar_queries", "Queries and inserts served", ("sidecar",),
+                               registry=self.registry)
+        self.errors = Counter("infersight_sidecar_errors", "Requests answered with an error", ("sidecar",),
+                              registry=self.registry)
+        self.duration = Histogram("infersight_sidecar_request_duration_seconds", "Time to serve a request",
+                                  ("sidecar",), registry=self.registry,
+                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.queries.labels(name)
+        self.errors.labels(name)
+        self.registry.register(FindingsCollector(store, name, finding_active_window_seconds))
