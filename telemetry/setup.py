@@ -1,8 +1,8 @@
 """One call that wires a replica's telemetry: recorder + Prometheus metrics + tracing.
 
-Each part sits behind its own ObserverGuard inside one MultiObserver, so a bug in
-one part neither reaches the engine nor starves the others, and the guards'
-failure counts are exported as `infersight_observer_failures_total`.
+The parts sit in one GuardedFanOut (a MultiObserver guarding each part), so a bug
+in one part neither reaches the engine nor starves the others, and the failures
+are exported as `infersight_observer_failures_total`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from engine.observer import EngineObserver, MultiObserver, ObserverGuard
+from engine.observer import EngineObserver
+from telemetry.fan_out import GuardedFanOut
 from telemetry.metrics import MetricsObserver, ObserverFailuresCollector, RecorderStatsCollector
 from telemetry.tracing import TracingObserver
 
@@ -25,16 +26,15 @@ class TelemetryParts:
     recorder: Any = None  # telemetry.recorder.Recorder when a store target was given
     metrics: MetricsObserver | None = None
     tracing: TracingObserver | None = None
-    guards: list[ObserverGuard] = field(default_factory=list)
+    observer: GuardedFanOut = field(default_factory=lambda: GuardedFanOut([]))
 
     def failures(self) -> int:
-        """Exceptions swallowed so far, all parts together (span building runs off the guards, on its thread)."""
-        return sum(guard.failures for guard in self.guards) + (self.tracing.failures if self.tracing else 0)
+        """Exceptions swallowed so far, all parts together (span building fails on its own thread)."""
+        return self.observer.failures + (self.tracing.failures if self.tracing else 0)
 
     def close(self) -> None:
         """Flush and close every part (the recorder's final flush included); never raises."""
-        for guard in self.guards:
-            guard.close()
+        self.observer.close()
 
 
 def build_observer(replica_id: str, model: str, *, store_target=None, metrics: bool = True, tracing: str = "none",
@@ -57,7 +57,6 @@ def build_observer(replica_id: str, model: str, *, store_target=None, metrics: b
     tracer = TracingObserver(model, replica_id, exporter=tracing, otlp_endpoint=otlp_endpoint,
                              tracer_provider=tracer_provider)
     parts.tracing = tracer if tracer.enabled else None
-    parts.guards = [ObserverGuard(part) for part in (parts.recorder, parts.metrics, parts.tracing)
-                    if part is not None and part.enabled]
+    parts.observer = GuardedFanOut([p for p in (parts.recorder, parts.metrics, parts.tracing) if p is not None])
     parts.registry.register(ObserverFailuresCollector(parts.failures, replica_id, model))
-    return MultiObserver(parts.guards), parts
+    return parts.observer, parts

@@ -36,7 +36,7 @@ def test_metrics_and_tracing_parts_both_see_every_hook(spans):
     provider, exporter = spans
     observer, parts = build_observer("r0", "tiny-llama", tracer_provider=provider)
     assert observer.enabled and parts.recorder is None
-    assert [type(g.inner).__name__ for g in parts.guards] == ["MetricsObserver", "TracingObserver"]
+    assert [type(p).__name__ for p in observer.observers] == ["MetricsObserver", "TracingObserver"]
     drive(observer, 3)
     s = scrape(parts.registry)
     assert value(s, "infersight_request_success_total", replica="r0", model="tiny-llama",
@@ -65,7 +65,7 @@ def test_a_failing_part_is_counted_and_does_not_starve_the_others(spans):
 
 def test_metrics_off_and_tracing_off_leaves_only_the_failure_counter():
     observer, parts = build_observer("r0", "m", metrics=False)
-    assert observer.enabled is False and parts.guards == [] and parts.tracing is None
+    assert observer.enabled is False and observer.observers == [] and parts.tracing is None
     names = set(scrape(parts.registry)["__types__"])
     assert names == {"infersight_observer_failures_total"}
 
@@ -89,3 +89,39 @@ def test_with_a_store_the_recorder_is_a_part_and_its_rows_are_exported(tmp_path)
                      table="requests") == stats["requests"]["written"] == 4
     finally:
         parts.close()
+
+
+def test_guarded_fan_out_calls_only_overriding_parts_in_order_and_isolates_failures(caplog):
+    from engine.observer import EngineObserver, MultiObserver
+    from telemetry.fan_out import GuardedFanOut
+
+    calls = []
+
+    class Steps(EngineObserver):
+        enabled = True
+
+        def on_step(self, record):
+            calls.append(("steps", record.step_id))
+
+    class Broken(EngineObserver):
+        enabled = True
+
+        def on_step(self, record):
+            raise RuntimeError("boom")
+
+        def close(self):
+            calls.append(("broken", "close"))
+
+    class Disabled(Steps):
+        enabled = False
+
+    fan = GuardedFanOut([Broken(), Steps(), Disabled()])
+    assert isinstance(fan, MultiObserver) and fan.enabled
+    assert [type(p).__name__ for p in fan.observers] == ["Broken", "Steps"]
+    for i in range(3):
+        fan.on_step(step_record(i))
+    fan.on_tokenization(True)  # nobody overrides it: nothing runs, nothing fails
+    fan.close()
+    assert calls == [("steps", 0), ("steps", 1), ("steps", 2), ("broken", "close")]
+    assert fan.failures == 3
+    assert sum("Broken.on_step failed" in r.getMessage() for r in caplog.records) == 1  # logged once
