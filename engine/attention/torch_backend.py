@@ -34,6 +34,7 @@ class _Group:
     valid: torch.Tensor | None  # [B * Qmax] bool: real (not padding) query rows; None if all real
     out_index: torch.Tensor  # [num real rows]: where each real row goes in the flat output
     fresh_causal: bool = False  # one sequence, nothing cached before: attend fresh k/v causally
+    token_start: int = 0  # first row of a fresh_causal sequence in the flat batch
     head_rows: dict = field(default_factory=dict)  # num_kv_heads -> gather index, built by the first layer
 
     def kv_rows(self, num_kv_heads: int) -> torch.Tensor:
@@ -57,13 +58,14 @@ def _seq_slots(block_tables: list[list[int]], lengths: list[int], block_size: in
     """[B, max(lengths)] cache slot of every position (positions past a length map to slot 0)."""
     lmax = max(lengths)
     nblocks = (lmax + block_size - 1) // block_size
-    table = torch.zeros(len(block_tables), nblocks, dtype=torch.long)
+    rows = []
     for i, (blocks, length) in enumerate(zip(block_tables, lengths)):
-        needed = (length + block_size - 1) // block_size
-        if len(blocks) < needed:
+        if len(blocks) * block_size < length:
             raise ValueError(f"sequence {i}: {len(blocks)} blocks cannot hold {length} tokens "
                              f"(block size {block_size})")
-        table[i, :needed] = torch.tensor(blocks[:needed], dtype=torch.long)
+        row = blocks[:nblocks]
+        rows.append(row + [0] * (nblocks - len(row)))
+    table = torch.tensor(rows, dtype=torch.long)
     pos = torch.arange(lmax)
     slots = table[:, pos // block_size] * block_size + pos % block_size
     slots[pos[None, :] >= torch.tensor(lengths)[:, None]] = 0
@@ -85,7 +87,7 @@ def _build_group(seq_ids: list[int], metadata: AttentionMetadata, starts: list[i
     is_decode = qmax == 1
     if b == 1 and qlens[0] == clens[0] and not is_decode:
         return _Group(False, token_index.to(device), None, None, valid, out_index.to(device),
-                      fresh_causal=True)
+                      fresh_causal=True, token_start=starts[seq_ids[0]])
     slots = _seq_slots([metadata.block_tables[i] for i in seq_ids], clens, metadata.block_size, device)
     kpos = torch.arange(lmax)
     clen_t = torch.tensor(clens)
@@ -192,10 +194,11 @@ class TorchAttentionBackend(AttentionBackend):
         num_heads, head_dim = q.shape[1], q.shape[2]
         b, qmax = g.token_index.shape
         if g.fresh_causal:
-            idx = g.token_index[0]
-            qs = q[idx].transpose(0, 1)[None]  # [1, H, Q, D]
-            ks = k[idx].transpose(0, 1)[None]
-            vs = v[idx].transpose(0, 1)[None]
+            # one sequence's tokens lie together in the flat batch: slice, no gather
+            rows = slice(g.token_start, g.token_start + qmax)
+            qs = q[rows].transpose(0, 1)[None]  # [1, H, Q, D]
+            ks = k[rows].transpose(0, 1)[None]
+            vs = v[rows].transpose(0, 1)[None]
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
                                                enable_gqa=group_size > 1)
             return o[0].transpose(0, 1)
