@@ -3,8 +3,9 @@
 Per step, `prepare` turns the metadata into a few index tensors that every
 layer shares (stored in `metadata.scratch`), so a layer does one cache write
 and one SDPA call per group of sequences, with no Python loop over sequences:
-- decode sequences (one new token each) form one group: their cache blocks
-  are gathered into a padded [B, Lmax] key/value batch with a length mask;
+- decode sequences (one new token each) form one group (two to four when their
+  context lengths differ so much that padding would dominate): their cached
+  keys/values are gathered into a padded [B, Lmax] batch with a length mask;
 - prefill chunks are grouped by the power of two of their length (so padding
   wastes at most half of a group), each group one masked SDPA call;
 - a lone prefill with nothing cached before it attends its own fresh keys with
@@ -205,11 +206,11 @@ class TorchAttentionBackend(AttentionBackend):
         # gather straight into SDPA's contiguous [B, KVH, L, D] layout (a permuted view would
         # make SDPA copy it again) and into reused buffers (fresh ones cost page faults)
         rows = g.kv_rows(num_kv_heads)
+        numel = rows.numel() * head_dim
+        kbuf, vbuf = self._gather_buffers(numel, k_flat)
         shape = (b, num_kv_heads, g.slots.shape[1], head_dim)
-        kbuf, vbuf = self._gather_buffers(rows.numel() * head_dim, k_flat)
-        ks = torch.index_select(k_flat.view(-1, head_dim), 0, rows, out=kbuf[:rows.numel() * head_dim].view(-1, head_dim))
-        vs = torch.index_select(v_flat.view(-1, head_dim), 0, rows, out=vbuf[:rows.numel() * head_dim].view(-1, head_dim))
-        ks, vs = ks.view(shape), vs.view(shape)
+        ks = torch.index_select(k_flat.view(-1, head_dim), 0, rows, out=kbuf[:numel].view(-1, head_dim)).view(shape)
+        vs = torch.index_select(v_flat.view(-1, head_dim), 0, rows, out=vbuf[:numel].view(-1, head_dim)).view(shape)
         if g.is_decode:
             # the query heads sharing a kv head act as that head's query rows: no kv repeat
             qs = q[g.token_index[:, 0]].view(b, num_kv_heads, group_size, head_dim)
