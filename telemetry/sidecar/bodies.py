@@ -5,7 +5,11 @@ from __future__ import annotations
 import zlib
 
 import lz4.frame
-from backports import zstd
+
+try:  # Python 3.14+: in the standard library
+    from compression import zstd
+except ImportError:
+    from backports import zstd
 
 ENCODINGS = ("gzip", "deflate", "zstd", "lz4", "identity")
 
