@@ -161,7 +161,7 @@ class Recorder(EngineObserver):
         with self._flush_lock:
             with self._lock:
                 self._closed = True
-            self._cycle()
+            self._cycle(final=True)
         self._thread.join(timeout=5)
         if self._owns_store and self._store is not None:
             try:
@@ -191,10 +191,11 @@ class Recorder(EngineObserver):
             except Exception:  # keep the thread alive whatever happens
                 log.exception("recorder: flush cycle failed")
 
-    def _cycle(self) -> None:
+    def _cycle(self, final: bool = False) -> None:
         for table, data, token, rows in self._form_batches():
             self._deliver(table, data, token, rows)
-        if self.spool.size_bytes and time.monotonic() >= self._retry_at:  # not while backing off
+        # replay when the store is not known down (and once more at close, whatever the backoff says)
+        if self.spool.size_bytes and (final or time.monotonic() >= self._retry_at):
             self._replay()
 
     def _form_batches(self):
