@@ -85,6 +85,13 @@ class LLMEngine:
         self.runner = ModelRunner(self.loaded.model, allocate_kv_cache(self.loaded, num_blocks, block_size),
                                   self.backend, block_size, self.device)
         self.sampler = Sampler(config.seed, self.device)
+        self.speculator = None
+        if config.speculative_mode not in ("none", "", None):
+            from engine.spec_decode.speculator import Speculator
+
+            self.speculator = Speculator(config, self.loaded, self.kv_cache, self.sampler,
+                                         self.scheduler.max_seq_len)
+            self.scheduler.num_lookahead_tokens = self.speculator.k
 
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
         self.step_id = 0
@@ -182,18 +189,25 @@ class LLMEngine:
             seq.scheduled_time = now
             if self.observer.enabled:
                 self._notify("on_request_scheduled", seq.request_id, now)
+        draft_s = 0.0  # a draft model's forwards count as forward time, not host overhead
+        if self.speculator is not None:  # drafts join the batch: 1 + k tokens per decode sequence
+            draft_s = self.speculator.propose(batch, self.requests.keys())
         inputs = self.runner.prepare(batch)
         t2 = perf_counter()
         out = self.runner.forward(inputs)
         t3 = perf_counter()
         sampling = [s for s, samples in zip(batch.seqs, batch.samples) if samples]
-        sampled = self.sampler(out.sample_logits, sampling) if sampling else None
+        if self.speculator is not None and sampling:
+            sampled = self.speculator.sample(batch, sampling, out, self.loaded.model)
+        else:
+            sampled = self.sampler(out.sample_logits, sampling) if sampling else None
         t4 = perf_counter()
         outputs, finished = self._postprocess(batch, out.prompt_logits, sampling, sampled)
         t5 = perf_counter()
         if self.observer.enabled:
-            self._report_step(batch, start_wall, t0, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4),
-                              len(sampling), finished)
+            num_generated = sampled.num_tokens if self.speculator is not None and sampling else len(sampling)
+            split = (t1 - t0, t2 - t1 - draft_s, t3 - t2 + draft_s, t4 - t3, t5 - t4)
+            self._report_step(batch, start_wall, t0, split, num_generated, finished)
         self.step_id += 1
         return outputs
 
@@ -215,24 +229,32 @@ class LLMEngine:
         now = time.time()
         eos = self.eos_token_ids
         max_len = self.scheduler.max_seq_len
-        for seq, token, logprob in zip(sampling, sampled.token_ids, sampled.logprobs):
-            seq.token_ids.append(token)
-            seq.token_times.append(now)
-            if seq.first_token_time == 0.0:
-                seq.first_token_time = now
-                if self.observer.enabled:
-                    self._notify("on_first_token", seq.request_id, now)
-            if logprob is not None:
-                seq.logprobs.append(logprob)
+        spec = self.speculator is not None  # then each sequence gets a list of tokens (accepted drafts + 1)
+        for seq, tokens, logprobs in zip(sampling, sampled.token_ids, sampled.logprobs):
+            if not spec:
+                tokens, logprobs = (tokens,), (logprobs,)
+            elif logprobs is None:
+                logprobs = (None,) * len(tokens)
             params = seq.sampling_params
             reason = None
-            stop_token = (token in eos and not params.ignore_eos) or token in params.stop_token_ids
-            if stop_token:
-                reason = "stop"
-            elif seq.detokenizer is not None and seq.detokenizer.add_tokens([token]) is not None:
-                reason = "stop"
-            elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= max_len:
-                reason = "length"
+            for token, logprob in zip(tokens, logprobs):
+                seq.token_ids.append(token)
+                seq.token_times.append(now)
+                if seq.first_token_time == 0.0:
+                    seq.first_token_time = now
+                    if self.observer.enabled:
+                        self._notify("on_first_token", seq.request_id, now)
+                if logprob is not None:
+                    seq.logprobs.append(logprob)
+                stop_token = (token in eos and not params.ignore_eos) or token in params.stop_token_ids
+                if stop_token:
+                    reason = "stop"
+                elif seq.detokenizer is not None and seq.detokenizer.add_tokens([token]) is not None:
+                    reason = "stop"
+                elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= max_len:
+                    reason = "length"
+                if reason is not None:
+                    break
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 seq.finish_time = now
@@ -240,7 +262,10 @@ class LLMEngine:
                 out = self._finished_output(seq, stop_token)
                 outputs.append(out)
                 finished.append((seq, out))
-            elif seq.stream:
+                continue
+            if spec:  # keep the accepted drafts' KV, drop the rejected ones' slots
+                self.speculator.commit(seq)
+            if seq.stream:
                 outputs.append(self._stream_output(seq))
         if finished:
             self.scheduler.remove_finished()
@@ -334,7 +359,8 @@ class LLMEngine:
             kv_blocks_cached=kv.num_cached_blocks, prefix_hit_tokens=batch.prefix_hit_tokens,
             prefix_query_tokens=batch.prefix_query_tokens, evictions=kv.evictions - self._last_evictions,
             num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
-            num_preempted=len(batch.preempted))
+            num_preempted=len(batch.preempted),
+            **(self.speculator.step_record_fields if self.speculator is not None else {}))
         self._last_evictions = kv.evictions
         self.observer.on_step(record)
         self._telemetry_seconds += perf_counter() - t

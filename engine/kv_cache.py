@@ -196,6 +196,16 @@ class KVCacheManager:
         seq.block_table = []
         seq.num_registered_blocks = 0
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Return the blocks of `seq` past its first `num_tokens` tokens (speculative rollback)."""
+        keep = self.blocks_for(num_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count == 0 and block.block_hash is None, f"rolled back into a shared block {block}"
+            self._free_uncached.append(block_id)
+        del seq.block_table[keep:]
+
     def _take(self, block_id: int) -> None:
         """Add a reference to a cached block (reviving it from the free list if needed)."""
         block = self.blocks[block_id]

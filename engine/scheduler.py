@@ -141,8 +141,11 @@ class Scheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             num_new = min(seq.num_uncomputed_tokens, budget)
-            lookahead = self.num_lookahead_tokens if seq.num_uncomputed_tokens == 1 else 0
+            lookahead = min(self.num_lookahead_tokens, budget - num_new) if seq.num_uncomputed_tokens == 1 else 0
             while not kv.allocate(seq, num_new + lookahead):
+                if lookahead:  # speculation is optional: never preempt anyone for it
+                    lookahead = 0
+                    continue
                 victim = running.pop()  # the newest running sequence
                 self._preempt(victim)
                 batch.preempted.append(victim)
@@ -150,7 +153,7 @@ class Scheduler:
                     break
             else:
                 batch.add(seq, num_new)
-                budget -= num_new
+                budget -= num_new + lookahead
                 i += 1
 
         if not batch.preempted:

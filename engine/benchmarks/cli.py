@@ -8,6 +8,10 @@ import importlib
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "throughput": ("engine.benchmarks.throughput",
                    "offline throughput: the engine vs transformers' generate on the same model and prompts"),
+    "spec-decode": ("engine.benchmarks.spec_decode",
+                    "speculative decoding: tokens/s without and with each proposer, acceptance, speedup"),
+    "quantization": ("engine.benchmarks.quantization",
+                     "weight-only int8 / int4: logit fidelity, weight bytes and tokens/s against float32"),
 }
 
 

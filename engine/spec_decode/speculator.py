@@ -26,6 +26,7 @@ Acceptance counters (vLLM's conventions) are kept per step and per request.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -86,8 +87,11 @@ class Speculator:
 
     # -- 1. before the forward ---------------------------------------------------------
 
-    def propose(self, batch, live_request_ids=None) -> None:
-        """Give the batch's decode sequences their drafts (see the module docstring)."""
+    def propose(self, batch, live_request_ids=None) -> float:
+        """Give the batch's decode sequences their drafts (see the module docstring).
+
+        Returns the seconds spent in the draft model's forwards (0 for n-gram lookup).
+        """
         self.step_stats = SpecDecodeStats()
         self._drafts = {}
         bs = self.kv_cache.block_size
@@ -103,13 +107,16 @@ class Speculator:
             if k >= 1:
                 wanted.append((i, seq, k))
         if not wanted:
-            return
+            return 0.0
+        draft_seconds = 0.0
         if self.ngram is not None:
             proposals = [self.ngram.propose(seq.token_ids, k) for _, seq, k in wanted]
         else:
             if live_request_ids is not None:
                 self.draft.retain(live_request_ids)
+            t = time.perf_counter()
             proposals = self.draft.propose([(seq.request_id, seq.token_ids, k) for _, seq, k in wanted])
+            draft_seconds = time.perf_counter() - t
         for (i, seq, _), drafts in zip(wanted, proposals, strict=True):
             # a draft model with a larger vocabulary may propose ids the target does not have
             drafts = drafts[:next((j for j, t in enumerate(drafts) if t >= self.vocab_size), len(drafts))]
@@ -119,6 +126,7 @@ class Speculator:
             seq.token_ids.extend(drafts)
             batch.num_new_tokens[i] += len(drafts)
             batch.num_decode_tokens += len(drafts)
+        return draft_seconds
 
     # -- 2. after the forward ----------------------------------------------------------
 

@@ -213,3 +213,28 @@ def test_bad_scheme_is_a_clear_error():
         quantize_model(nn.Linear(4, 4), "int3")
     with pytest.raises(ValueError, match="group size"):
         quantize_model(nn.Sequential(nn.Linear(4, 4)), "int4", group_size=0)
+
+
+def test_engine_quantizes_at_load_and_records_it(tiny_llama):
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    plain = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64)
+    engine = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64, quantization="int4", quant_group_size=32,
+                       quant_skip_layers=["lm_head", "down_proj"])
+    record = engine.replica_record
+    assert (record.quantization, plain.replica_record.quantization) == ("int4-g32", "none")
+    assert record.config_hash != plain.replica_record.config_hash
+    model = engine.loaded.model
+    assert isinstance(model.model.layers[0].self_attn.q_proj, Int4Linear)
+    assert isinstance(model.model.layers[0].mlp.down_proj, nn.Linear)
+    assert isinstance(model.lm_head, nn.Linear)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    engine.add_request("q", [1, 20, 30, 40], params, stream=False)
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert len(outs[-1].token_ids) == 8 and engine.kv_cache.num_used_blocks == 0
+    assert LLMEngine(tiny_llama, num_kv_blocks=8, quantization="int8").replica_record.quantization == "int8"
+    with pytest.raises(ValueError, match="unknown quantization scheme"):
+        LLMEngine(tiny_llama, num_kv_blocks=8, quantization="fp3")
