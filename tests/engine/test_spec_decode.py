@@ -242,3 +242,15 @@ def test_rollback_engine_preempts(rollback_engine):
     before = engine.scheduler.total_preemptions
     assert [o.token_ids for o in generate(engine, prompts, GREEDY, check_each_step=True)] == expected
     assert engine.scheduler.total_preemptions > before
+
+
+def test_bad_speculative_config_is_a_clear_error(target, tiny_model_factory):
+    with pytest.raises(ValueError, match="speculative_mode"):
+        LLMEngine(target, num_kv_blocks=16, speculative_mode="medusa")
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        LLMEngine(target, num_kv_blocks=16, speculative_mode="ngram", num_speculative_tokens=0)
+    with pytest.raises(ValueError, match="needs draft_model"):
+        LLMEngine(target, num_kv_blocks=16, speculative_mode="draft")
+    other = tiny_model_factory("llama", num_layers=1, vocab_size=300)  # its own, smaller tokenizer
+    with pytest.raises(ValueError, match="does not share the target's tokenizer"):
+        LLMEngine(target, num_kv_blocks=16, speculative_mode="draft", draft_model=str(other))
