@@ -19,7 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.render:
-        sys.stdout.write(render(cluster=args.cluster, database=args.database))
+        try:
+            sys.stdout.write(render(cluster=args.cluster, database=args.database))
+        except ValueError as e:
+            print(f"infersight migrate: {e}", file=sys.stderr)
+            return 2
         return 0
     from telemetry.store import StoreError, open_store
     try:

@@ -163,3 +163,15 @@ def test_dedup_token_stores_a_retried_batch_once(store):
 def test_typing_of_records_module_is_what_the_check_expects():
     # the annotation strings above depend on `from __future__ import annotations` in records.py
     assert typing.get_type_hints(RECORD_TYPES["requests"])["prompt_token_ids"] == list[int]
+
+
+def test_migrate_cli_renders_and_applies(store, capsys):
+    from engine.cli import main
+
+    assert main(["migrate", "--render", "--cluster", "prod", "--database", "telemetry"]) == 0
+    out = capsys.readouterr().out
+    assert "ON CLUSTER prod" in out and "ENGINE = Distributed(prod, telemetry, requests_local" in out
+    assert main(["migrate", "--store", store.path]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert main(["migrate", "--render", "--database", "bad name"]) == 2
+    assert "invalid database name" in capsys.readouterr().err
