@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-mb", type=int, default=256, help="largest request body accepted")
     parser.add_argument("--finding-active-window", type=float, default=3600,
                         help="seconds since last_seen during which a finding counts as active on /metrics")
+    parser.add_argument("--query-timeout", type=float, default=120,
+                        help="max_execution_time of each statement (the read-only user cannot raise it)")
+    parser.add_argument("--max-result-mb", type=int, default=512, help="largest result a statement may return")
     parser.add_argument("--log-level", default="info")
 
 
@@ -41,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         serve(args.data_dir, args.host, args.port, users, args.name, args.max_body_mb << 20,
-              args.finding_active_window, on_ready=ready)
+              args.finding_active_window, query_timeout_seconds=args.query_timeout,
+              max_result_bytes=args.max_result_mb << 20, on_ready=ready)
     except (StoreError, OSError) as e:
         print(f"infersight sidecar: {e}", file=sys.stderr)
         return 1

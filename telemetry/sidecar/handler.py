@@ -88,8 +88,13 @@ def credentials(params: dict[str, str], headers: dict[str, str]) -> tuple[str | 
 
 class Sidecar:
     def __init__(self, store, users: Users = Users(), name: str = "sidecar",
-                 max_body_bytes: int = 256 << 20, finding_active_window_seconds: float = 3600):
+                 max_body_bytes: int = 256 << 20, finding_active_window_seconds: float = 3600,
+                 query_timeout_seconds: float = 120, max_result_bytes: int = 512 << 20):
         self.store, self.users, self.max_body_bytes = store, users, max_body_bytes
+        # limits on every statement, so one runaway query cannot take the store (and ingest) down;
+        # the full user may raise them per request, the read-only user may not
+        self.query_limits = {"max_execution_time": str(query_timeout_seconds),
+                             "max_result_bytes": str(max_result_bytes)}
         self.metrics = SidecarMetrics(store, name, finding_active_window_seconds)
         settings = store.query_arrow("SELECT name FROM system.settings")
         self.known_settings = frozenset(settings.column("name").to_pylist())
@@ -182,6 +187,7 @@ class Sidecar:
         if denied:
             raise RequestError(f"{denied} is not available through the sidecar: it reaches outside the store",
                                p.ACCESS_DENIED)
+        settings = {**settings, **self.query_limits} if readonly else {**self.query_limits, **settings}
         fmt = output_format(canonical, params.get("default_format") or "TabSeparated")
         if fmt.lower() in _CHDB_ONLY_FORMATS:
             raise RequestError(f"Unknown format {fmt}", p.UNKNOWN_FORMAT)

@@ -28,19 +28,21 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8123, users: Users = Users(), name: str = "sidecar",
           max_body_bytes: int = 256 << 20, finding_active_window_seconds: float = 3600, worker_threads: int = 16,
-          on_ready=None) -> None:
+          query_timeout_seconds: float = 120, max_result_bytes: int = 512 << 20, on_ready=None) -> None:
     """Blocks until SIGINT/SIGTERM. `on_ready(url)` is called once the socket listens."""
     store = open_store(data_dir)
     try:
         applied = migrate(store)
         if applied:
             log.info("applied migrations %s", applied)
-        sidecar = Sidecar(store, users, name, max_body_bytes, finding_active_window_seconds)
+        sidecar = Sidecar(store, users, name, max_body_bytes, finding_active_window_seconds,
+                          query_timeout_seconds, max_result_bytes)
         sock = bind_socket(host, port)
         bound_port = sock.getsockname()[1]
         url_host = f"[{host}]" if ":" in host else host
         config = uvicorn.Config(SidecarApp(sidecar, worker_threads), log_level="warning", access_log=False,
-                                lifespan="on", timeout_keep_alive=30, timeout_graceful_shutdown=10)
+                                lifespan="on", timeout_keep_alive=30, timeout_graceful_shutdown=10,
+                                limit_concurrency=1024)
         server = uvicorn.Server(config)
         if on_ready:
             on_ready(f"http://{url_host}:{bound_port}")

@@ -28,7 +28,8 @@ ADMIN, READER = ("admin", "s3cret:pw"), ("grafana", "read-only")
 def sidecar(tmp_path_factory):
     handle = start_sidecar(tmp_path_factory.mktemp("sidecar"), user=ADMIN[0], password=ADMIN[1],
                            readonly_user=READER[0], readonly_password=READER[1],
-                           extra_args=("--max-body-mb", "4", "--finding-active-window", "600"))
+                           extra_args=("--max-body-mb", "4", "--finding-active-window", "600",
+                                       "--query-timeout", "5", "--max-result-mb", "1"))
     yield handle
     handle.stop()
 
@@ -229,6 +230,17 @@ def test_hostile_requests_get_errors_and_the_server_stays_up(sidecar, http):
     assert http.post("/", params={"query_id": "\u00e9\u00e8 bad id"}, content="SELECT 1").status_code == 200
     assert httpx.get(f"{sidecar.url}/ping").text == "Ok.\n"
     assert sidecar.alive()
+
+
+def test_runaway_queries_hit_the_limits_the_readonly_user_cannot_lift(sidecar, http):
+    r = http.post("/", content="SELECT number FROM numbers(10000000)")
+    assert r.status_code == 500 and r.headers["X-ClickHouse-Exception-Code"] == "396"  # result too large
+    r = http.post("/", params={"max_result_bytes": "0"}, content="SELECT count() FROM numbers(1000000)")
+    assert r.status_code == 200  # the full user may lift a limit per request
+    r = httpx.post(sidecar.url, auth=READER, params={"max_execution_time": "0"},
+                   content="SELECT count() FROM numbers(100000000000)", timeout=60)
+    assert r.headers["X-ClickHouse-Exception-Code"] == "159"  # timeout: the read-only user cannot lift it
+    assert httpx.get(f"{sidecar.url}/ping").text == "Ok.\n"
 
 
 def test_concurrent_writers_and_readers(sidecar):
