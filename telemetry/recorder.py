@@ -192,13 +192,6 @@ class Recorder(EngineObserver):
                 log.exception("recorder: flush cycle failed")
 
     def _cycle(self, final: bool = False) -> None:
-        for table, data, token, rows in self._form_batches():
-            self._deliver(table, data, token, rows)
-        # replay when the store is not known down (and once more at close, whatever the backoff says)
-        if self.spool.size_bytes and (final or time.monotonic() >= self._retry_at):
-            self._replay()
-
-    def _form_batches(self):
         with self._lock:
             taken = [(table, *buffer.take()) for table, buffer in self._buffers.items() if buffer.rows]
         for table, columns, rows in taken:
@@ -207,9 +200,17 @@ class Recorder(EngineObserver):
                     columns[name] = [""] * rows
             for start in range(0, rows, self.max_batch_rows):
                 part = {name: values[start:start + self.max_batch_rows] for name, values in columns.items()}
-                data = self._to_arrow(table, part)
-                self._batch_seq += 1
-                yield table, data, f"{self._token_prefix}.{table}.{self._batch_seq}", data.num_rows
+                part_rows = min(self.max_batch_rows, rows - start)
+                try:
+                    data = self._to_arrow(table, part)
+                    self._batch_seq += 1  # the token is fixed here, with the batch: replays reuse it
+                    self._deliver(table, data, f"{self._token_prefix}.{table}.{self._batch_seq}", data.num_rows)
+                except Exception:  # whatever went wrong, the rows are accounted for
+                    log.exception("recorder: %d %s rows lost", part_rows, table)
+                    self._count(table, "dropped", part_rows)
+        # replay when the store is not known down (and once more at close, whatever the backoff says)
+        if self.spool.size_bytes and (final or time.monotonic() >= self._retry_at):
+            self._replay()
 
     def _to_arrow(self, table: str, columns: dict[str, list]) -> pa.Table:
         """The batch as Arrow; rows that cannot be converted (e.g. a negative count) are dropped, counted."""
@@ -247,7 +248,7 @@ class Recorder(EngineObserver):
     def _to_spool(self, table: str, data: pa.Table, token: str, rows: int) -> None:
         try:
             stored = self.spool.put(table, data, token)
-        except OSError as e:
+        except Exception as e:  # disk full, permissions ...: the rows are dropped, counted
             log.error("recorder: cannot write the spool (%s)", e)
             stored = False
         self._count(table, "spooled" if stored else "dropped", rows)
