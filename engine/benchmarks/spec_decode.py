@@ -16,6 +16,11 @@ The model pair: --target / --draft, else the trained reference pair in
 evals/reference/models/{target,draft} when present (a trained pair gives a
 meaningful acceptance rate), else random-weight models (acceptance near 0 for
 the draft: a lower bound on the overhead, not a forecast).
+
+Prompts: for the reference pair, chat prompts of the held-out eval items
+(the tasks it was trained on), generation stopping at EOS as in serving; for
+other models, text prompts with the repetition real workloads have, and
+ignore-EOS so every request produces --max-tokens tokens.
 """
 
 from __future__ import annotations
@@ -95,6 +100,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed runs per mode, interleaved across modes; the median counts")
     ap.add_argument("--draft-is-target", action="store_true", help="also run the target as its own draft")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="with the reference pair: generate --max-tokens tokens past EOS too")
     ap.add_argument("--json", help="write the results here")
 
 
@@ -117,16 +124,24 @@ def _run(args, root: Path) -> int:
 
     target, draft, source = pick_models(args, root)
     tok = Tokenizer(target)
-    prompts = [tok.encode(PROMPT_TEXTS[i % len(PROMPT_TEXTS)]) for i in range(args.num_prompts)]
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    if source == "reference":
+        from evals.reference.corpus import heldout_items
+
+        items = heldout_items(per_task=-(-args.num_prompts // 6))[:args.num_prompts]
+        prompts = [tok.apply_chat_template(ex.messages()) for ex in items]
+        ignore_eos = args.ignore_eos
+    else:
+        prompts = [tok.encode(PROMPT_TEXTS[i % len(PROMPT_TEXTS)]) for i in range(args.num_prompts)]
+        ignore_eos = True
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=ignore_eos)
     runs = {"none": {}, "ngram": {"speculative_mode": "ngram"}}
     if draft:
         runs["draft"] = {"speculative_mode": "draft", "draft_model": draft}
     if args.draft_is_target:
         runs["draft=target"] = {"speculative_mode": "draft", "draft_model": target}
 
-    print(f"models ({source}): target {target}, draft {draft}; {len(prompts)} prompts x {args.max_tokens} tokens, "
-          f"greedy, k={args.k}, max_num_seqs={args.max_num_seqs}, torch threads {torch.get_num_threads()}, "
+    print(f"models ({source}): target {target}, draft {draft}; {len(prompts)} prompts, up to {args.max_tokens} "
+          f"tokens{' (ignore EOS)' if ignore_eos else ''}, greedy, k={args.k}, max_num_seqs={args.max_num_seqs}, torch threads {torch.get_num_threads()}, "
           f"median of {args.repeats} interleaved runs")
     engines = {name: build(target, prompts, params, spec, args) for name, spec in runs.items()}
     timings: dict[str, list[dict]] = {name: [] for name in runs}

@@ -56,7 +56,8 @@ def rejection_sample(target_probs: torch.Tensor, draft_token_ids: list[int],
     q_x = draft_probs[rows, drafted].tolist() if draft_probs is not None else [1.0] * k
     # one uniform per draft position, drawn up front so the stream of random numbers
     # does not depend on where the first rejection falls
-    uniforms = torch.rand(k, generator=generator, dtype=torch.float64).tolist()
+    device = generator.device if generator is not None else target_probs.device
+    uniforms = torch.rand(k, generator=generator, dtype=torch.float64, device=device).tolist()
     for i, x in enumerate(draft_token_ids):
         if q_x[i] <= 0.0 or uniforms[i] * q_x[i] < p_x[i]:  # accept with prob min(1, p/q), no division
             continue
