@@ -101,6 +101,8 @@ class Server:
                 raise APIError("the engine produced no output", status=500, type="internal_error") from None
             if isinstance(e, ValueError):
                 raise APIError(str(e)) from None
+            if isinstance(e, RuntimeError):  # shutting down, or the engine loop died
+                raise APIError(f"the engine cannot serve: {e}", status=503, type="service_unavailable") from None
             raise
         formatter = StreamFormatter(self.served, opts)
         state = {"finished": first.finished}
@@ -170,6 +172,8 @@ def _engine_result(task: asyncio.Future):
         out = task.result()
     except ValueError as e:  # admission errors the engine found (our own checks came first)
         raise APIError(str(e)) from None
+    except RuntimeError as e:  # the engine is shutting down or its loop died
+        raise APIError(f"the engine cannot serve: {e}", status=503, type="service_unavailable") from None
     if out is None:
         raise APIError("the engine produced no output", status=500, type="internal_error")
     if out.finish_reason == "error":

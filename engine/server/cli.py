@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -82,8 +83,12 @@ def run(args) -> int:
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"infersight serve: {e}", file=sys.stderr)
         return 2
+    # uvicorn drains on SIGTERM / Ctrl-C, then re-raises the signal to the handler it found: make that
+    # one a no-op, so a clean drain ends here, with the last telemetry flush and exit status 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     try:
         server.run()
     finally:
-        parts.close()  # the recorder's last flush happens after the engine stopped
+        parts.close()  # idempotent: the engine's shutdown already flushed its observers
     return 0 if server.started else 1
