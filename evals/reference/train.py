@@ -1,0 +1,173 @@
+"""Train a reference model (target or draft) on the synthetic corpus, seeded and on CPU.
+
+Llama architecture (transformers' LlamaForCausalLM), loss only on the answer
+tokens, AdamW with linear warmup and cosine decay. Given the seed, the step
+count and the thread count, the run is deterministic.
+
+    python -m evals.reference.train --size target --out evals/reference/models/target
+    python -m evals.reference.train --size draft --out evals/reference/models/draft \
+        --tokenizer evals/reference/models/target
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from evals.reference.corpus import TRAIN_SEED, heldout_items, stream
+
+# architecture presets: the target is the model under test, the draft its speculator
+SIZES = {
+    "target": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=384),
+    "draft": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                  intermediate_size=192),
+}
+TRAIN_DEFAULTS = {
+    "target": dict(steps=4000, batch_size=64, lr=3e-3),
+    "draft": dict(steps=2000, batch_size=64, lr=3e-3),
+}
+MAX_POSITIONS = 256
+
+
+def encode(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
+    """(input ids, labels): the chat prompt is masked (-100), the answer and its EOS are learned."""
+    from evals.reference.hf_generate import chat_prompt_ids
+
+    p = chat_prompt_ids(tokenizer, prompt)
+    a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return p + a, [-100] * len(p) + a
+
+
+def batches(tokenizer, seed: int, batch_size: int, pool_batches: int = 16):
+    """Endless batches; a pool is sorted by length before splitting so padding stays small."""
+    examples = stream(seed)
+    rng = random.Random(seed + 1)
+    pad = tokenizer.pad_token_id
+    while True:
+        pool = [encode(tokenizer, ex.prompt, ex.answer) for ex in (next(examples) for _ in range(batch_size * pool_batches))]
+        pool.sort(key=lambda x: len(x[0]))
+        chunks = [pool[i:i + batch_size] for i in range(0, len(pool), batch_size)]
+        rng.shuffle(chunks)
+        for chunk in chunks:
+            width = max(len(ids) for ids, _ in chunk)
+            ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in chunk])
+            labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in chunk])
+            mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in chunk])
+            yield ids, labels, mask
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))  # cosine down to 10% of peak
+
+
+def build_model(tokenizer, size: str, seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, **SIZES[size])
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def quick_accuracy(model, tokenizer, per_task: int = 20) -> dict[str, float]:
+    """Greedy exact match on a few held-out items per task (progress check, not the model card)."""
+    from evals.reference.hf_generate import chat_prompt_ids, greedy_generate
+
+    items = heldout_items(per_task)
+    outs = greedy_generate(model, tokenizer, [chat_prompt_ids(tokenizer, ex.prompt) for ex in items])
+    acc: dict[str, list[int]] = {}
+    for ex, ids in zip(items, outs):
+        acc.setdefault(ex.task, []).append(int(tokenizer.decode(ids, skip_special_tokens=True).strip() == ex.answer))
+    model.train()
+    return {t: sum(v) / len(v) for t, v in acc.items()}
+
+
+def train(out: Path, size: str, steps: int, batch_size: int, lr: float, seed: int, tokenizer_dir: str | None,
+          threads: int, log_every: int = 50, eval_every: int = 500) -> dict:
+    from transformers import AutoTokenizer
+
+    from evals.reference.train_tokenizer import train_tokenizer
+
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer_dir:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer.save_pretrained(out)
+    else:
+        tokenizer = train_tokenizer(out)
+    model = build_model(tokenizer, size, seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{size}: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}, {steps} steps x {batch_size}", flush=True)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.98), eps=1e-8)
+    warmup = max(1, steps // 20)
+    model.train()
+    data = batches(tokenizer, seed + TRAIN_SEED, batch_size)
+    t0 = time.time()
+    tokens = 0
+    running = None
+    for step in range(steps):
+        ids, labels, mask = next(data)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        tokens += int(mask.sum())
+        running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
+        if (step + 1) % log_every == 0 or step == 0:
+            dt = time.time() - t0
+            print(f"step {step + 1}/{steps} loss {running:.4f} lr {opt.param_groups[0]['lr']:.2e} "
+                  f"{tokens / dt:.0f} tok/s elapsed {dt / 60:.1f} min", flush=True)
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+            print("  held-out (20/task):", json.dumps({k: round(v, 2) for k, v in quick_accuracy(model, tokenizer).items()}),
+                  flush=True)
+    minutes = (time.time() - t0) / 60
+    model.eval()
+    model.save_pretrained(out, safe_serialization=True)
+    gen = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": [tokenizer.eos_token_id],
+           "pad_token_id": tokenizer.pad_token_id, "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    info = {"size": size, "parameters": n_params, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
+            "threads": threads, "train_minutes": round(minutes, 1), "final_loss": round(running, 4),
+            "train_tokens": tokens}
+    (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(f"done in {minutes:.1f} min; saved to {out}", flush=True)
+    return info
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", choices=sorted(SIZES), required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", help="reuse this tokenizer directory (the draft must share the target's)")
+    p.add_argument("--threads", type=int, default=1)  # 2 threads on 2 busy cores is ~10x slower
+    p.add_argument("--eval-every", type=int, default=500)
+    a = p.parse_args()
+    d = TRAIN_DEFAULTS[a.size]
+    train(Path(a.out), a.size, a.steps or d["steps"], a.batch_size or d["batch_size"], a.lr or d["lr"], a.seed,
+          a.tokenizer, a.threads, eval_every=a.eval_every)
+
+
+if __name__ == "__main__":
+    main()
