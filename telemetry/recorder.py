@@ -72,7 +72,7 @@ class Recorder(EngineObserver):
     enabled = True
 
     def __init__(self, target_or_store, replica_id: str, flush_interval: float = 1.0,
-                 max_batch_rows: int = 20_000, max_buffer_rows: int = 200_000,
+                 max_batch_rows: int = 5_000, max_buffer_rows: int = 50_000,
                  spool_dir: str | os.PathLike | None = None, spool_max_bytes: int = 256 << 20,
                  store_text: bool = False, max_backoff: float = 10.0):
         self.replica_id = replica_id

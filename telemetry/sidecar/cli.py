@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--query-timeout", type=float, default=120,
                         help="max_execution_time of each statement (the read-only user cannot raise it)")
     parser.add_argument("--max-result-mb", type=int, default=512, help="largest result a statement may return")
+    parser.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     parser.add_argument("--log-level", default="info")
 
 
@@ -36,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.store import StoreError
 
     users = Users(args.user, args.password, args.readonly_user, args.readonly_password)
-    if (args.user or args.readonly_user) and args.host not in ("127.0.0.1", "localhost", "::1"):
-        logging.getLogger(__name__).warning("basic auth over plain HTTP on %s: put TLS in front of it", args.host)
+    if (args.user or args.readonly_user) and not args.tls_cert and args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger(__name__).warning("basic auth over plain HTTP on %s: use --tls-cert/--tls-key", args.host)
 
     def ready(url: str) -> None:
         print(f"infersight sidecar: serving {url} (data dir {os.path.abspath(args.data_dir)})", flush=True)
@@ -45,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         serve(args.data_dir, args.host, args.port, users, args.name, args.max_body_mb << 20,
               args.finding_active_window, query_timeout_seconds=args.query_timeout,
-              max_result_bytes=args.max_result_mb << 20, on_ready=ready)
+              max_result_bytes=args.max_result_mb << 20, tls_cert=args.tls_cert, tls_key=args.tls_key,
+              on_ready=ready)
     except (StoreError, OSError) as e:
         print(f"infersight sidecar: {e}", file=sys.stderr)
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ from urllib.parse import quote
 
 import httpx
 
-_READY = re.compile(r"serving (http://\S+)")
+_READY = re.compile(r"serving (https?://\S+)")
 
 
 class SidecarProcess:
@@ -66,6 +67,7 @@ class SidecarProcess:
 
 def start_sidecar(data_dir: str | os.PathLike, port: int = 0, host: str = "127.0.0.1", user: str | None = None,
                   password: str = "", readonly_user: str | None = None, readonly_password: str = "",
+                  tls_cert: str | None = None, tls_key: str | None = None,
                   extra_args: tuple[str, ...] = (), timeout: float = 90) -> SidecarProcess:
     """Start `infersight sidecar` on `data_dir` (port 0: a free port) and wait until it serves."""
     args = [sys.executable, "-m", "engine.cli", "sidecar", "--data-dir", str(data_dir), "--port", str(port),
@@ -74,6 +76,8 @@ def start_sidecar(data_dir: str | os.PathLike, port: int = 0, host: str = "127.0
     if user:
         args += ["--user", user]
         env["INFERSIGHT_SIDECAR_PASSWORD"] = password  # not on the command line, where ps shows it
+    if tls_cert:
+        args += ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]
     if readonly_user:
         args += ["--readonly-user", readonly_user]
         env["INFERSIGHT_SIDECAR_READONLY_PASSWORD"] = readonly_password
@@ -97,9 +101,10 @@ def start_sidecar(data_dir: str | os.PathLike, port: int = 0, host: str = "127.0
         process.kill()
         raise RuntimeError(f"sidecar did not start (exit {process.poll()}):\n{''.join(lines)}")
     handle = SidecarProcess(process, ready[0], Path(data_dir), user, password, lines)
+    verify = ssl.create_default_context(cafile=str(tls_cert)) if tls_cert else True
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{handle.url}/ping", timeout=2).text == "Ok.\n":
+            if httpx.get(f"{handle.url}/ping", timeout=2, verify=verify).text == "Ok.\n":
                 return handle
         except httpx.HTTPError:
             pass

@@ -28,7 +28,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8123, users: Users = Users(), name: str = "sidecar",
           max_body_bytes: int = 256 << 20, finding_active_window_seconds: float = 3600, worker_threads: int = 16,
-          query_timeout_seconds: float = 120, max_result_bytes: int = 512 << 20, on_ready=None) -> None:
+          query_timeout_seconds: float = 120, max_result_bytes: int = 512 << 20,
+          tls_cert: str | None = None, tls_key: str | None = None, on_ready=None) -> None:
     """Blocks until SIGINT/SIGTERM. `on_ready(url)` is called once the socket listens."""
     store = open_store(data_dir)
     try:
@@ -42,10 +43,10 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8123, users: Users
         url_host = f"[{host}]" if ":" in host else host
         config = uvicorn.Config(SidecarApp(sidecar, worker_threads), log_level="warning", access_log=False,
                                 lifespan="on", timeout_keep_alive=30, timeout_graceful_shutdown=10,
-                                limit_concurrency=1024)
+                                limit_concurrency=1024, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
         server = uvicorn.Server(config)
         if on_ready:
-            on_ready(f"http://{url_host}:{bound_port}")
+            on_ready(f"{'https' if tls_cert else 'http'}://{url_host}:{bound_port}")
         server.run(sockets=[sock])
     finally:
         store.close()

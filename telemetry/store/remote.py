@@ -40,7 +40,8 @@ class RemoteStore(Store):
     def __init__(self, url: str, connect_timeout: float = 5, send_receive_timeout: float = 120, **client_options):
         self.target = url
         options = dict(connect_timeout=connect_timeout, send_receive_timeout=send_receive_timeout,
-                       autogenerate_session_id=False, query_retries=1)
+                       autogenerate_session_id=False, query_retries=1,
+                       interface="https" if url.startswith("https://") else "http")  # not taken from the dsn
         options.update(client_options)
         try:
             self.client = clickhouse_connect.get_client(dsn=url, **options)
