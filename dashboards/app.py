@@ -16,17 +16,17 @@ from dashboards import data, settings
 
 PAGES = Path(__file__).resolve().parent / "pages"
 
-st.set_page_config(page_title="infersight", page_icon="🔎", layout="wide")
+st.set_page_config(page_title="infersight", page_icon=":material/monitoring:", layout="wide")
 
 navigation = st.navigation([
-    st.Page(PAGES / "fleet.py", title="Fleet", icon="🖥️", default=True),
-    st.Page(PAGES / "requests.py", title="Requests", icon="📨"),
-    st.Page(PAGES / "compare.py", title="Compare", icon="⚖️"),
-    st.Page(PAGES / "scheduler.py", title="Scheduler", icon="⏱️"),
-    st.Page(PAGES / "kv_cache.py", title="KV cache", icon="🧱"),
-    st.Page(PAGES / "evals.py", title="Evals", icon="🧪"),
-    st.Page(PAGES / "findings.py", title="Findings", icon="🚩"),
-    st.Page(PAGES / "profiles.py", title="Profiles", icon="🔥"),
+    st.Page(PAGES / "fleet.py", title="Fleet", icon=":material/dns:", default=True),
+    st.Page(PAGES / "requests.py", title="Requests", icon=":material/search:"),
+    st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page(PAGES / "scheduler.py", title="Scheduler", icon=":material/timeline:"),
+    st.Page(PAGES / "kv_cache.py", title="KV cache", icon=":material/memory:"),
+    st.Page(PAGES / "evals.py", title="Evals", icon=":material/science:"),
+    st.Page(PAGES / "findings.py", title="Findings", icon=":material/flag:"),
+    st.Page(PAGES / "profiles.py", title="Profiles", icon=":material/local_fire_department:"),
 ])
 
 st.sidebar.markdown("**infersight**")

@@ -1,13 +1,17 @@
 """The Evals page's bridge to the eval gate (`evals.gate`), imported lazily.
 
-Without it the page still shows both runs' scores and the per-item drift, with a note
-instead of the gate's pass / fail.
+The gate's own checks on two stored runs: accuracy drop and the paired test per suite, and
+greedy-output agreement (`evals.gate.compare_suite`, `accuracy_checks`, `drift_checks` with the
+policy's thresholds). The KL-divergence checks need both configurations loaded in engines, so
+the dashboard leaves them to `infersight eval gate` and says so. Without the evals package the
+page still shows both runs' scores and the per-item drift, with a note instead of a verdict.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -15,23 +19,49 @@ class GateVerdict:
     available: bool
     headline: str
     passed: bool = True
-    details: dict = field(default_factory=dict)
+    checks: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _modules():
+    try:
+        return (importlib.import_module("evals.gate"), importlib.import_module("evals.results"),
+                importlib.import_module("evals.policy"))
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("evals"):
+            raise
+        return None
+
+
+def _policy(policy_module):
+    default = Path(policy_module.__file__).resolve().parent / "policies" / "default.toml"
+    policy = policy_module.load_policy(default) if default.is_file() else policy_module.Policy()
+    # teacher-forced KL needs engines: not computed from stored runs
+    policy.max_mean_kl = policy.max_p99_kl = policy.min_same_top_p = None
+    return policy
 
 
 def run(store, *, baseline_run: str, candidate_run: str) -> GateVerdict:
-    try:
-        module = importlib.import_module("evals.gate")
-    except ModuleNotFoundError as e:
-        if e.name not in ("evals.gate", "evals"):
-            raise
+    modules = _modules()
+    if modules is None:
         return GateVerdict(False, "The eval gate (evals/gate.py) is not part of this build: "
                                   "no pass / fail verdict, the drift below is descriptive only.")
-    evaluate = getattr(module, "gate_runs", None)
-    if evaluate is None:
-        return GateVerdict(False, "evals.gate has no `gate_runs`: no verdict shown.")
+    gate, results, policy_module = modules
     try:
-        result = evaluate(store, baseline_run=baseline_run, candidate_run=candidate_run)
+        policy = _policy(policy_module)
+        base = results.EvalRun.from_store(store, baseline_run)
+        cand = results.EvalRun.from_store(store, candidate_run)
+        comparison = gate.compare_suite(base, cand, policy)
+        drift = gate.compute_drift([base], None, None, [cand])
+        checks = gate.accuracy_checks(comparison, policy) + gate.drift_checks(drift, policy)
     except Exception as e:  # the page keeps working when the gate cannot decide
-        return GateVerdict(False, f"The eval gate failed: {e}")
-    return GateVerdict(True, getattr(result, "summary", str(result)), passed=bool(getattr(result, "passed", True)),
-                       details=getattr(result, "evidence", {}) or {})
+        return GateVerdict(False, f"The eval gate could not decide on these runs: {e}")
+    passed = all(c.passed for c in checks)
+    failed = [c.name for c in checks if not c.passed]
+    headline = ("pass: " if passed else "FAIL: ") + (
+        "every check within the policy" if passed else ", ".join(failed) + " outside the policy")
+    rows = [{"check": c.name, "scope": c.scope, "value": c.value, "threshold": c.threshold, "op": c.op,
+             "passed": c.passed, "detail": c.detail} for c in checks]
+    notes = ["KL divergence and same-top-token checks need both configurations loaded: run "
+             "`infersight eval gate` for the full gate."]
+    return GateVerdict(True, headline, passed, rows, notes)

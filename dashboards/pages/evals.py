@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import plotly.express as px
 import streamlit as st
 
@@ -42,10 +43,10 @@ cols[1].metric("Candidate accuracy", f"{acc[candidate]:.3f}", delta=f"{acc[candi
 verdict = gate_verdict.run(data.store(), baseline_run=base, candidate_run=candidate)
 if verdict.available:
     cols[2].metric("Gate", "pass" if verdict.passed else "FAIL")
-    (st.success if verdict.passed else st.error)(verdict.headline)
-    if verdict.details:
-        with st.expander("Gate evidence"):
-            st.json(verdict.details)
+    (st.success if verdict.passed else st.error)(f"Gate {verdict.headline}")
+    st.dataframe(pd.DataFrame(verdict.checks), hide_index=True, key="ev_gate_checks")
+    for note in verdict.notes:
+        st.caption(note)
 else:
     cols[2].metric("Gate", "n/a")
     st.info(verdict.headline)

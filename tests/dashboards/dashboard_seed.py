@@ -61,6 +61,7 @@ def request(request_id: str, replica_id: str, arrival: float, ttft: float, itl: 
         arrival_time=arrival, scheduled_time=arrival + queue, first_token_time=arrival + ttft,
         finish_time=arrival + e2e, queue_seconds=queue, prefill_seconds=ttft - queue, ttft_seconds=ttft,
         e2e_seconds=e2e, prompt_tokens=len(prompt_ids), output_tokens=len(output_ids), cached_tokens=0,
+        prompt_text_hash=hashlib.sha256(prompt_text.encode()).hexdigest() if prompt_text else "",
         prompt_token_ids=list(prompt_ids), output_token_ids=list(output_ids), token_times=offsets,
         sampling_params_json=json.dumps({"temperature": 0.0, "max_tokens": 16}), finish_reason=finish_reason,
         prompt_text=prompt_text)
@@ -106,6 +107,9 @@ def seed(store, tokenizer, n_requests: int = 300) -> Seeded:
     special = request("req-special", "r0", T0 + 5, 0.1, 0.05, encode(SPECIAL_PROMPT), generated("Hi there\nfriend"),
                       prompt_text=SPECIAL_PROMPT)
     requests.append(special)
+    # the same prompt text tokenized differently on r2 (a tokenizer divergence for the deep dives)
+    requests.append(request("req-divergent", "r2", T0 + 7, 0.3, 0.06, encode(PROMPTS[0].replace(" ", "  ")),
+                            generated("Hi"), prompt_text=PROMPTS[0]))
     store.insert_records("requests", requests)
 
     steps = []

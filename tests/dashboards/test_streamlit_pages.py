@@ -4,6 +4,7 @@ seeded values (tables, metrics, charts, decoded tokens)."""
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import re
 
@@ -89,7 +90,7 @@ def test_fleet(app, seeded):
     assert bool(replicas.set_index("replica_id").loc["r2", "config_hash drift"])  # cfgA vs cfgB
     assert any("NUMA mismatch" in w.value and "r1" in w.value for w in at.warning)
     health = frame(at, "fleet_health").set_index("replica_id")
-    assert health["requests"].to_dict() == {"r0": 101, "r1": 100, "r2": 100}
+    assert health["requests"].to_dict() == {"r0": 101, "r1": 100, "r2": 101}
     assert health.loc["r2", "ttft_p50"] > 2 * health.loc["r0", "ttft_p50"]  # r2 was seeded 3x slower
     assert metrics(at)["Requests"] == f"{info.requests:,}"
     specs = chart_specs(at)
@@ -135,7 +136,7 @@ def test_compare_versions(app):
     at.radio(key="cmp_dimension").set_value("engine version").run()
     assert not at.exception
     summary = frame(at, "cmp_summary")
-    assert summary.loc["requests", "A"] == 201 and summary.loc["requests", "B"] == 100
+    assert summary.loc["requests", "A"] == 201 and summary.loc["requests", "B"] == 101
     assert summary.loc["ttft_p50", "B / A"] > 2  # 0.2.0 (r2) is the slow one
     identity = frame(at, "cmp_identity")
     assert identity.set_index("replica_id")["side"].to_dict() == {"r0": "A", "r1": "A", "r2": "B"}
@@ -173,6 +174,16 @@ def test_evals(app, seeded):
     at = app("evals")
     m = metrics(at)
     assert m["Baseline accuracy"] == "0.900" and m["Candidate accuracy"] == "0.700"
+    if importlib.util.find_spec("evals.gate") is None:
+        assert m["Gate"] == "n/a" and any("not part of this build" in i.value for i in at.info)
+        return
+    # the eval gate's verdict on the two stored runs: a 20-point drop fails the default policy
+    assert m["Gate"] == "FAIL"
+    assert any("accuracy drop" in e.value for e in at.error)
+    checks = [df.value for df in at.dataframe if "check" in df.value.columns][0].set_index("check")
+    assert not checks.loc["accuracy drop", "passed"]
+    assert checks.loc["accuracy drop", "value"] == pytest.approx(0.2)
+    assert checks.loc["greedy output agreement", "value"] == pytest.approx(0.8)  # 8 of 10 outputs identical
     drift = frame(at, "ev_drift")
     assert sorted(drift["item_id"]) == ["item-03", "item-07"]  # item-09 fails in both: no drift
     assert at.selectbox(key="ev_item").value == info.drifted_item
