@@ -1,10 +1,12 @@
 """Sidecar ingest rate: several writer processes insert request and step batches through
 clickhouse-connect (as recorders do: Arrow batches with dedup tokens) into one sidecar.
 
-    python -m telemetry.benchmarks.ingest [--writers 4] [--seconds 10] [--engine-tokens-per-s X]
+    python -m telemetry.benchmarks.ingest [--writers 4] [--seconds 10] [--engine | --engine-tokens-per-s X]
 
-Prints rows/s and token IDs/s (prompt + output token ids stored), and, given the engine's token
-rate on this machine, how many engines' worth of telemetry one sidecar takes.
+Prints rows/s and token IDs/s (prompt + output token ids stored). With --engine it first measures,
+in the same run, the token IDs per second the engine itself produces on this machine (a tiny
+random-weight Llama, offline generate: prompt + output tokens of finished requests) and prints
+the headroom: how many engines' worth of telemetry one sidecar takes (goal >= 20x).
 """
 
 from __future__ import annotations
@@ -39,17 +41,45 @@ def _writer(w: int, url: str, args, start, results) -> None:
     store.close()
 
 
+def engine_token_ids_per_second(prompt_tokens: int, output_tokens: int, num_prompts: int = 32) -> float:
+    """Token IDs (prompt + output) per second of finished requests, engine alone, no telemetry."""
+    import random
+
+    import torch
+
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+    from engine.tiny_model import build_random_model
+
+    torch.set_num_threads(1)
+    model = build_random_model(tempfile.mkdtemp(prefix="ingest-bench-model-"), "llama")
+    llm = LLM(model, max_num_seqs=16)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 500) for _ in range(prompt_tokens)] for _ in range(num_prompts)]
+    params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
+    llm.generate(prompts[:2], params, use_tqdm=False)  # warm up
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    return sum(len(o.prompt_token_ids) + len(o.token_ids) for o in outputs) / elapsed
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=10)
-    parser.add_argument("--batch-rows", type=int, default=500, help="rows per insert (per table)")
+    parser.add_argument("--batch-rows", type=int, default=1000, help="rows per insert (per table)")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--url", default=None, help="an existing ClickHouse HTTP endpoint (default: start a sidecar)")
+    parser.add_argument("--engine", action="store_true", help="measure the engine's token IDs/s here first")
     parser.add_argument("--engine-tokens-per-s", type=float, default=None,
-                        help="the engine's generation rate here, to print the headroom ratio")
+                        help="or give the engine's token IDs/s, to print the headroom ratio")
     args = parser.parse_args(argv)
+    if args.engine:
+        args.engine_tokens_per_s = engine_token_ids_per_second(args.prompt_tokens, args.output_tokens)
+        print(f"engine alone: {args.engine_tokens_per_s:,.0f} token IDs/s (prompt + output, tiny Llama, CPU)",
+              flush=True)
 
     sidecar = None
     if args.url is None:
@@ -78,7 +108,7 @@ def main(argv=None) -> None:
     print(f"token IDs/s: {token_ids / elapsed:,.0f}")
     if args.engine_tokens_per_s:
         print(f"headroom: {token_ids / elapsed / args.engine_tokens_per_s:.1f}x the engine's "
-              f"{args.engine_tokens_per_s:,.0f} tokens/s (goal >= 20x)")
+              f"{args.engine_tokens_per_s:,.0f} token IDs/s (goal >= 20x)")
 
 
 if __name__ == "__main__":

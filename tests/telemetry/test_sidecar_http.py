@@ -29,7 +29,7 @@ def sidecar(tmp_path_factory):
     handle = start_sidecar(tmp_path_factory.mktemp("sidecar"), user=ADMIN[0], password=ADMIN[1],
                            readonly_user=READER[0], readonly_password=READER[1],
                            extra_args=("--max-body-mb", "4", "--finding-active-window", "600",
-                                       "--query-timeout", "5", "--max-result-mb", "1"))
+                                       "--query-timeout", "2", "--max-result-mb", "1"))
     yield handle
     handle.stop()
 
