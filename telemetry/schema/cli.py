@@ -10,7 +10,8 @@ from telemetry.schema import migrate, render
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=".infersight/store",
-                        help="data directory (embedded chdb) or http(s)://user:pass@host:port/db (default: %(default)s)")
+                        help="data directory (embedded chdb) or http(s)://user:pass@host:port/db "
+                             "(default: %(default)s)")
     parser.add_argument("--render", action="store_true", help="print the DDL instead of applying it")
     parser.add_argument("--cluster", default=None, help="cluster name: render/apply the ON CLUSTER variant "
                         "(Replicated* tables + Distributed tables)")

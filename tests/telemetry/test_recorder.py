@@ -90,7 +90,8 @@ def test_text_is_stored_only_when_allowed(store, spool_dir):
             rec.on_request_finished(record)
         row = store.query_df("SELECT prompt_text, output_text, prompt_text_hash FROM requests "
                          "WHERE replica_id = {r:String}", {"r": rid}).iloc[0]
-        assert (row["prompt_text"], row["output_text"]) == (("secret prompt", "secret output") if store_text else ("", ""))
+        expected = ("secret prompt", "secret output") if store_text else ("", "")
+        assert (row["prompt_text"], row["output_text"]) == expected
         assert row["prompt_text_hash"] == record.prompt_text_hash  # the hash is always kept
 
 

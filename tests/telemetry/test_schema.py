@@ -107,7 +107,8 @@ def test_cluster_variant_parses_and_has_replicated_and_distributed_tables(store)
     for table in RECORD_TYPES:
         assert f"CREATE TABLE IF NOT EXISTS telemetry.{table}_local ON CLUSTER infer_cluster" in text
         assert f"ENGINE = Distributed(infer_cluster, telemetry, {table}_local," in text
-    assert "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/telemetry/findings_local', '{replica}', last_seen)" in text
+    assert ("ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/telemetry/findings_local', '{replica}', "
+            "last_seen)") in text
     assert "non_replicated_deduplication_window" not in text
     assert text.count("ENGINE = ReplicatedMergeTree(") == len(RECORD_TYPES)  # 6 tables + schema_migrations
 

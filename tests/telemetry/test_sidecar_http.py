@@ -259,7 +259,8 @@ def test_concurrent_writers_and_readers(sidecar):
         try:
             with httpx.Client(base_url=sidecar.url, auth=READER, timeout=60) as h:
                 for _ in range(10):
-                    assert h.post("/", content="SELECT replica_id, count() FROM steps GROUP BY replica_id").status_code == 200
+                    r = h.post("/", content="SELECT replica_id, count() FROM steps GROUP BY replica_id")
+                    assert r.status_code == 200
         except Exception as e:
             errors.append(e)
 

@@ -142,6 +142,7 @@ def test_locked_error_type():
 
 def test_lock_is_released_on_close(store):  # last: it closes the module's store
     store.close()
-    code = f"from telemetry.store import open_store\nprint(open_store({store.path!r}).query_df('SELECT 7 AS x')['x'][0])"
+    code = (f"from telemetry.store import open_store\n"
+            f"print(open_store({store.path!r}).query_df('SELECT 7 AS x')['x'][0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "7", out.stderr
