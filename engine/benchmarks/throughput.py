@@ -170,9 +170,12 @@ def run_hf(model_dir: str, workload: Workload, threads: int, batch_sizes: list[i
 
 
 def _in_fresh_process(fn, *args):
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(1) as pool:
+    pool = mp.get_context("spawn").Pool(1)
+    try:
         return pool.apply(fn, args)
+    finally:
+        pool.close()  # close + join (not terminate) lets the pool release its semaphores
+        pool.join()
 
 
 # --- the command ---------------------------------------------------------------------------
