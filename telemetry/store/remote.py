@@ -41,6 +41,7 @@ class RemoteStore(Store):
         self.target = url
         options = dict(connect_timeout=connect_timeout, send_receive_timeout=send_receive_timeout,
                        autogenerate_session_id=False, query_retries=1,
+                       tz_mode="aware",  # instants stay UTC-aware, as the embedded store returns them
                        interface="https" if url.startswith("https://") else "http")  # not taken from the dsn
         options.update(client_options)
         try:

@@ -96,6 +96,8 @@ def test_remote_store_through_the_sidecar(sidecar):
         df = store.query_df("SELECT request_id, prompt_token_ids FROM requests WHERE replica_id = {r:String} "
                             "ORDER BY request_id", {"r": "remote"})
         assert len(df) == 30
+        times = store.query_df("SELECT arrival_time FROM requests WHERE replica_id = 'remote' LIMIT 1")
+        assert str(times["arrival_time"].dt.tz) == "UTC"  # as the embedded store returns them
         by_id = {r.request_id: r.prompt_token_ids for r in records}
         assert all(list(ids) == by_id[rid] for rid, ids in zip(df["request_id"], df["prompt_token_ids"]))
         with pytest.raises(StoreError) as e:
