@@ -1,0 +1,423 @@
+"""Regression: is a candidate population slower than a baseline one, and did latency creep up over time?
+
+Populations are scopes (versions, config hashes, replicas or time windows). Request latencies
+(TTFT, inter-token latency, end-to-end, queue time) are compared within strata of workload and
+prompt-length bucket, per-step host time and throughput within strata of step phase and batch
+size, so that a different traffic mix is not mistaken for a slower engine. Each stratum gets
+Mann-Whitney U and Kolmogorov-Smirnov (Holm-adjusted over all strata and metrics), Cliff's delta,
+and the ratio of medians with a bootstrap confidence interval. ClickHouse does the heavy lifting:
+counts, quantiles and a uniform sample per stratum (groupArraySample); Python only sees samples.
+
+Change points: per time bucket, the median of each request's latency relative to its stratum's
+median, segmented with ruptures (PELT); a level shift up that the raw samples confirm (MWU) is a
+regression that crept in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+
+from diagnostics import stats
+from diagnostics.findings import Finding, insufficient
+from diagnostics.scope import Scope, requests_in, steps_in
+
+DIAGNOSTIC = "regression"
+# per stratum and side, drawn in ClickHouse; aggregate-function parameters must be literals in the SQL
+# text (ClickHouse does not bind them), so these two constants are the only numbers written into SQL
+SAMPLE_SIZE = 1000
+SEED = 1
+ALPHA = 0.01
+MIN_RATIO = 1.05  # a slowdown smaller than 5% is not worth a finding, however significant
+
+PROMPT_BUCKET = ("multiIf(t.prompt_tokens < 64, 'prompt<64', t.prompt_tokens < 256, 'prompt 64-255', "
+                 "t.prompt_tokens < 1024, 'prompt 256-1023', t.prompt_tokens < 4096, 'prompt 1024-4095', "
+                 "'prompt>=4096')")
+BATCH_BUCKET = ("multiIf(t.num_tokens < 2, 'tokens 1', t.num_tokens < 8, 'tokens 2-7', t.num_tokens < 64, "
+                "'tokens 8-63', t.num_tokens < 512, 'tokens 64-511', 'tokens>=512')")
+
+# metric -> (table, SQL expression over `t.`, higher is worse)
+METRICS = {
+    "ttft": ("requests", "t.ttft_seconds", True),
+    "itl": ("requests", "if(t.output_tokens > 1, (t.e2e_seconds - t.ttft_seconds) / (t.output_tokens - 1), nan)",
+            True),
+    "e2e": ("requests", "t.e2e_seconds", True),
+    "queue": ("requests", "t.queue_seconds", True),
+    "step_host": ("steps", "greatest(t.duration_seconds - t.forward_seconds, 0)", True),
+    "step_throughput": ("steps", "t.num_tokens / greatest(t.duration_seconds, 1e-9)", False),
+}
+LABELS = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end-to-end latency",
+          "queue": "queue time", "step_host": "per-step host time (outside the forward pass)",
+          "step_throughput": "step throughput (tokens/s)"}
+
+
+def _request_sample_sql(prefix: str) -> str:
+    names = [m for m, (table, _, _) in METRICS.items() if table == "requests"]
+    cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in names)
+    source = requests_in(f"t.model_name AS model_name, t.workload AS workload, {PROMPT_BUCKET} AS bucket, "
+                         f"t.finish_reason AS finish_reason, t.first_token_time AS first_token_time, {cols}",
+                         prefix)
+    return (f"SELECT model_name, workload AS group_a, bucket AS group_b, count() AS n, "
+            f"groupArraySample({SAMPLE_SIZE}, {SEED})(({', '.join(names)})) AS sample "
+            f"FROM {source} WHERE finish_reason NOT IN ('abort', 'error') "
+            f"AND first_token_time > toDateTime64(0, 6, 'UTC') "
+            f"GROUP BY model_name, group_a, group_b")
+
+
+def _step_sample_sql(prefix: str) -> str:
+    names = [m for m, (table, _, _) in METRICS.items() if table == "steps"]
+    cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in names)
+    source = steps_in(f"t.phase AS phase, {BATCH_BUCKET} AS bucket, {cols}", prefix)
+    return (f"SELECT model_name, phase AS group_a, bucket AS group_b, count() AS n, "
+            f"groupArraySample({SAMPLE_SIZE}, {SEED})(({', '.join(names)})) AS sample "
+            f"FROM {source} WHERE phase != 'idle' GROUP BY model_name, group_a, group_b")
+
+
+def _samples(store, scope: Scope, table: str) -> dict[tuple, dict]:
+    """(model, group_a, group_b) -> {"n": count, metric: np.ndarray} for one side."""
+    sql = _request_sample_sql("s_") if table == "requests" else _step_sample_sql("s_")
+    names = [m for m, (t, _, _) in METRICS.items() if t == table]
+    out = {}
+    for row in store.query_arrow(sql, scope.parameters("s_")).to_pylist():
+        values = np.array([list(v.values()) if isinstance(v, dict) else list(v) for v in row["sample"]],
+                          dtype=np.float64).reshape(-1, len(names))
+        entry = {"n": int(row["n"])}
+        for i, m in enumerate(names):
+            entry[m] = values[:, i]
+        out[(row["model_name"], row["group_a"], row["group_b"])] = entry
+    return out
+
+
+@dataclass
+class StratumResult:
+    metric: str
+    model: str
+    stratum: str
+    n_baseline: int
+    n_candidate: int
+    comparison: stats.Comparison
+    samples: tuple = field(default=(), repr=False)  # (baseline, candidate) values tested
+    p_adjusted: float = 1.0
+    verdict: str = "no change"  # "regression" | "improvement" | "no change"
+
+    def row(self) -> dict:
+        c = self.comparison
+        return {"metric": self.metric, "model": self.model, "stratum": self.stratum,
+                "n_baseline": self.n_baseline, "n_candidate": self.n_candidate,
+                "median_baseline": c.median_baseline, "median_candidate": c.median_candidate,
+                "ratio": c.ratio, "ratio_ci": c.ratio_ci, "cliffs_delta": round(c.cliffs_delta, 4),
+                "mwu_p": c.mwu_p, "ks_p": c.ks_p, "p_adjusted": self.p_adjusted, "verdict": self.verdict}
+
+
+@dataclass
+class RegressionResult:
+    """What the dashboard's Compare page shows: a headline, a table, the evidence."""
+
+    baseline: Scope
+    candidate: Scope
+    strata: list[StratumResult] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)  # strata too small on either side
+
+    @property
+    def regressed(self) -> bool:
+        return any(f.severity != "info" for f in self.findings)
+
+    @property
+    def summary(self) -> str:
+        bad = [f for f in self.findings if f.severity != "info"]
+        if bad:
+            return "; ".join(f.summary for f in bad)
+        if not self.strata:
+            return (f"insufficient data: no stratum has {stats.MIN_SAMPLES}+ samples on both sides "
+                    f"({self.candidate.label()} vs {self.baseline.label()})")
+        better = [f for f in self.findings if f.kind == "improvement"]
+        if better:
+            return "no regression; " + "; ".join(f.summary for f in better)
+        return (f"no significant regression of {self.candidate.label()} against {self.baseline.label()} "
+                f"({len(self.strata)} stratum comparisons)")
+
+    @property
+    def table(self) -> list[dict]:
+        return [s.row() for s in self.strata]
+
+    @property
+    def evidence(self) -> dict:
+        return {"baseline": self.baseline.describe(), "candidate": self.candidate.describe(),
+                "alpha": ALPHA, "min_ratio": MIN_RATIO, "strata": self.table, "skipped": self.skipped}
+
+
+def _severity(c: stats.Comparison, higher_is_worse: bool) -> str:
+    ratio = c.ratio if c.ratio is not None else np.inf
+    worse = ratio if higher_is_worse else (1 / ratio if ratio > 0 else np.inf)
+    return "critical" if worse >= 1.5 and abs(c.cliffs_delta) >= stats.DELTA_LARGE else "warning"
+
+
+def _direction(c: stats.Comparison, higher_is_worse: bool) -> str | None:
+    """"regression" / "improvement" when the effect is clear in both size and direction."""
+    if abs(c.cliffs_delta) < stats.DELTA_SMALL:
+        return None
+    up = c.cliffs_delta > 0
+    if c.ratio is not None:  # the medians must move too, by at least MIN_RATIO
+        if up and c.ratio < MIN_RATIO or (not up) and c.ratio > 1 / MIN_RATIO:
+            return None
+    elif c.difference == 0:
+        return None
+    return "regression" if up == higher_is_worse else "improvement"
+
+
+def compare(store, baseline_scope: Scope, candidate_scope: Scope, *, metrics=tuple(METRICS),
+            seed: int = 0) -> list[Finding]:
+    """Findings for every metric on which the candidate differs from the baseline (see `analyse`)."""
+    return analyse(store, baseline_scope, candidate_scope, metrics=metrics, seed=seed).findings
+
+
+def analyse(store, baseline_scope: Scope, candidate_scope: Scope, *, metrics=tuple(METRICS),
+            seed: int = 0) -> RegressionResult:
+    result = RegressionResult(baseline_scope, candidate_scope)
+    tables = {METRICS[m][0] for m in metrics}
+    pending: list[StratumResult] = []
+    for table in sorted(tables):
+        base = _samples(store, baseline_scope, table)
+        cand = _samples(store, candidate_scope, table)
+        for key in sorted(set(base) | set(cand)):
+            model, a, b = key
+            stratum = f"{a or '-'} / {b}"
+            for metric in metrics:
+                if METRICS[metric][0] != table:
+                    continue
+                if key not in base or key not in cand:
+                    continue
+                c = stats.compare_samples(base[key][metric], cand[key][metric], bootstrap=False)
+                if c is None:
+                    result.skipped.append({"metric": metric, "model": model, "stratum": stratum,
+                                           "n_baseline": base[key]["n"], "n_candidate": cand[key]["n"]})
+                    continue
+                pending.append(StratumResult(metric, model, stratum, base[key]["n"], cand[key]["n"], c,
+                                             (base[key][metric], cand[key][metric])))
+    for s, p in zip(pending, stats.holm([s.comparison.p_value for s in pending])):
+        s.p_adjusted = p
+        direction = _direction(s.comparison, METRICS[s.metric][2]) if p < ALPHA else None
+        if direction:
+            s.verdict = direction
+            # the bootstrap only where it is reported: the CI of an effect that passed the tests
+            s.comparison = stats.compare_samples(*s.samples, bootstrap=True, seed=seed)
+    result.strata = pending
+    result.findings = _findings(result, metrics)
+    return result
+
+
+def _fmt(metric: str, value: float | None) -> str:
+    if value is None or not np.isfinite(value):
+        return "-"
+    return f"{value:.0f} tok/s" if metric == "step_throughput" else f"{value * 1000:.1f} ms"
+
+
+def _findings(result: RegressionResult, metrics) -> list[Finding]:
+    base, cand = result.baseline, result.candidate
+    versus = f"{cand.label()} vs {base.label()}"
+    findings = []
+    for metric in metrics:
+        rows = [s for s in result.strata if s.metric == metric]
+        subject = f"{metric}: {versus}"
+        if not rows:
+            findings.append(insufficient("regression", subject, DIAGNOSTIC, cand,
+                                         f"no stratum of {LABELS[metric]} has {stats.MIN_SAMPLES}+ samples on both "
+                                         f"sides", skipped=[k for k in result.skipped if k["metric"] == metric],
+                                         baseline=base.describe()))
+            continue
+        for verdict in ("regression", "improvement"):
+            hit = [s for s in rows if s.verdict == verdict]
+            if not hit:
+                continue
+            worst = max(hit, key=lambda s: abs(s.comparison.cliffs_delta))
+            c = worst.comparison
+            ratio = f"{c.ratio:.2f}x" if c.ratio is not None else f"{c.difference * 1000:+.1f} ms"
+            ci = f" (95% CI {c.ratio_ci[0]:.2f}-{c.ratio_ci[1]:.2f})" if c.ratio_ci else ""
+            summary = (f"{LABELS[metric]} {verdict}: {cand.label()} vs {base.label()} median "
+                       f"{_fmt(metric, c.median_baseline)} -> {_fmt(metric, c.median_candidate)} = {ratio}{ci} "
+                       f"in {worst.stratum}" + (f" of {worst.model}" if worst.model else "")
+                       + f" ({len(hit)}/{len(rows)} strata; MWU p={c.mwu_p:.1e}, KS p={c.ks_p:.1e}, "
+                         f"Cliff's delta {c.cliffs_delta:+.2f})")
+            severity = _severity(c, METRICS[metric][2]) if verdict == "regression" else "info"
+            kind = "regression" if verdict == "regression" else "improvement"
+            evidence = {"metric": metric, "metric_label": LABELS[metric], "verdict": verdict,
+                        "baseline": base.describe(), "candidate": cand.describe(),
+                        "worst_stratum": worst.row(), "strata": [s.row() for s in rows],
+                        "tests": "Mann-Whitney U + Kolmogorov-Smirnov per stratum, Holm-adjusted; "
+                                 "effect: Cliff's delta, ratio of medians (bootstrap 95% CI)",
+                        "alpha": ALPHA, "min_ratio": MIN_RATIO}
+            findings.append(Finding(kind, severity, subject, summary, DIAGNOSTIC, cand, evidence))
+    return findings
+
+
+def compare_groups(store, *, baseline_replicas: list[str], candidate_replicas: list[str], start: float | None,
+                   end: float | None) -> RegressionResult:
+    """The dashboard's Compare page: two sets of replicas over one window (read only)."""
+    window = Scope(start=start, end=end)
+    return analyse(store, window.narrowed(replicas=tuple(baseline_replicas), name="A"),
+                   window.narrowed(replicas=tuple(candidate_replicas), name="B"))
+
+
+# -- versions present in a scope ------------------------------------------------------------------
+
+_VERSIONS = """
+SELECT model_name, engine_version, min(arrival_time) AS first_seen, count() AS n
+FROM {source}
+GROUP BY model_name, engine_version
+ORDER BY model_name, first_seen
+"""
+
+
+def _version_order(version: str) -> tuple:
+    """PEP 440 versions in version order, then anything else in text order."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return (0, Version(version))
+    except InvalidVersion:
+        return (1, version)
+
+
+def version_pairs(store, scope: Scope) -> list[tuple[Scope, Scope]]:
+    """(previous, next) version scopes of each model, in order of first appearance (then version order)."""
+    sql = _VERSIONS.replace("{source}", requests_in("t.model_name AS model_name, t.arrival_time AS arrival_time"))
+    by_model: dict[str, list] = {}
+    for r in store.query_arrow(sql, scope.parameters()).to_pylist():
+        if r["engine_version"]:
+            by_model.setdefault(r["model_name"], []).append(r)
+    pairs = []
+    for model, rows in by_model.items():
+        rows.sort(key=lambda r: (r["first_seen"], _version_order(r["engine_version"])))
+        versions = [r["engine_version"] for r in rows]
+        for old, new in zip(versions, versions[1:]):
+            base = scope.narrowed(models=(model,), versions=(old,), name=f"version={old}")
+            cand = scope.narrowed(models=(model,), versions=(new,), name=f"version={new}")
+            pairs.append((base, cand))
+    return pairs
+
+
+# -- change points ----------------------------------------------------------------------------------
+
+_STRATUM_MEDIANS = """
+SELECT concat(model_name, '|', workload, '|', bucket) AS stratum, median({metric}) AS med, count() AS n
+FROM {source}
+WHERE finish_reason NOT IN ('abort', 'error') AND isFinite({metric})
+GROUP BY stratum
+"""
+
+_SERIES = """
+SELECT toUInt32(intDiv(toUnixTimestamp64Micro(arrival_time) - {t0:Int64}, {width:Int64})) AS bucket_index,
+       count() AS n,
+       median(rel) AS level,
+       groupArraySample(200, 1)(rel) AS sample
+FROM (
+    SELECT arrival_time,
+           {metric} / arrayElement({meds:Array(Float64)},
+                                   indexOf({keys:Array(String)}, concat(model_name, '|', workload, '|', bucket))) AS rel
+    FROM {source}
+    WHERE finish_reason NOT IN ('abort', 'error') AND isFinite({metric})
+      AND has({keys:Array(String)}, concat(model_name, '|', workload, '|', bucket))
+)
+WHERE isFinite(rel)
+GROUP BY bucket_index
+ORDER BY bucket_index
+"""
+
+CREEP_METRICS = ("ttft", "itl", "e2e")
+
+
+def _creep_source() -> str:
+    cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in CREEP_METRICS)
+    return requests_in(f"t.model_name AS model_name, t.workload AS workload, {PROMPT_BUCKET} AS bucket, "
+                       f"t.finish_reason AS finish_reason, t.arrival_time AS arrival_time, {cols}")
+
+
+def creep(store, scope: Scope, metrics=CREEP_METRICS, buckets: int = 120, min_per_bucket: int = 5,
+          min_shift: float = 1.2) -> list[Finding]:
+    """Level shifts up over time in each metric (relative to its stratum's median)."""
+    source = _creep_source()
+    span = store.query_arrow(f"SELECT min(arrival_time) AS lo, max(arrival_time) AS hi, count() AS n FROM {source}",
+                             scope.parameters()).to_pylist()[0]
+    findings = []
+    if not span["n"] or span["lo"] is None or span["n"] < 2 * buckets * min_per_bucket // 4:
+        for metric in metrics:
+            findings.append(insufficient("latency_change_point", f"{metric}: {scope.label()}", DIAGNOSTIC, scope,
+                                         f"{span['n'] or 0} requests: too few for a change-point series",
+                                         requests=span["n"] or 0))
+        return findings
+    lo, hi = span["lo"].timestamp(), span["hi"].timestamp()
+    width_us = max(1, int((hi - lo) * 1e6 / buckets) + 1)
+    for metric in metrics:
+        meds = store.query_arrow(_STRATUM_MEDIANS.replace("{source}", source).replace("{metric}", metric),
+                                 scope.parameters()).to_pylist()
+        meds = [m for m in meds if m["n"] >= min_per_bucket and m["med"] and m["med"] > 0]
+        subject = f"{metric}: {scope.label()}"
+        if not meds:
+            findings.append(insufficient("latency_change_point", subject, DIAGNOSTIC, scope,
+                                         f"no stratum with a positive median {metric}"))
+            continue
+        params = {**scope.parameters(), "t0": int(lo * 1e6), "width": width_us,
+                  "keys": [m["stratum"] for m in meds], "meds": [float(m["med"]) for m in meds]}
+        series = store.query_arrow(_SERIES.replace("{source}", source).replace("{metric}", metric),
+                                   params).to_pylist()
+        series = [s for s in series if s["n"] >= min_per_bucket and s["level"] and s["level"] > 0]
+        if len(series) < 12:
+            findings.append(insufficient("latency_change_point", subject, DIAGNOSTIC, scope,
+                                         f"{len(series)} time buckets with {min_per_bucket}+ requests (need 12)",
+                                         buckets=len(series)))
+            continue
+        finding = _shift_finding(metric, scope, series, lo, width_us, min_shift)
+        if finding:
+            findings.append(finding)
+    return findings
+
+
+def _shift_finding(metric: str, scope: Scope, series: list[dict], t0: float, width_us: int,
+                   min_shift: float) -> Finding | None:
+    levels = np.log([s["level"] for s in series])
+    cps = stats.change_points(levels)
+    bounds = [0, *cps, len(series)]
+    segments = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+    best = None
+    for (a0, a1), (b0, b1) in zip(segments, segments[1:]):
+        before = np.concatenate([s["sample"] for s in series[a0:a1]])
+        after = np.concatenate([s["sample"] for s in series[b0:b1]])
+        c = stats.compare_samples(before, after, bootstrap=False)
+        if c is None or c.ratio is None or c.ratio < min_shift or c.p_value * max(1, len(cps)) >= ALPHA:
+            continue
+        if best is None or c.ratio > best[1].ratio:
+            best = ((a0, a1, b0, b1), c)
+    if best is None:
+        return None
+    (a0, a1, b0, b1), c = best
+    at = t0 + series[b0]["bucket_index"] * width_us / 1e6
+    when = datetime.fromtimestamp(at, timezone.utc).isoformat(timespec="seconds")
+    c = stats.compare_samples(np.concatenate([s["sample"] for s in series[a0:a1]]),
+                              np.concatenate([s["sample"] for s in series[b0:b1]]), bootstrap=True)
+    ci = f" (95% CI {c.ratio_ci[0]:.2f}-{c.ratio_ci[1]:.2f})" if c.ratio_ci else ""
+    severity = "critical" if c.ratio >= 2 else "warning"
+    summary = (f"{LABELS[metric]} stepped up {c.ratio:.2f}x{ci} at {when} (relative to each workload/prompt-length "
+               f"stratum's median; MWU p={c.mwu_p:.1e}, KS p={c.ks_p:.1e})")
+    evidence = {"metric": metric, "change_at": at, "change_at_iso": when,
+                "bucket_seconds": width_us / 1e6, "change_points": len(bounds) - 2,
+                "levels": [{"t": t0 + s["bucket_index"] * width_us / 1e6, "relative_median": s["level"], "n": s["n"]}
+                           for s in series],
+                "comparison": c.to_dict(), "method": "ruptures PELT (l2 cost, KernelCPD linear) on log bucket medians of latency relative "
+                                                     "to its stratum median; confirmed by MWU + KS"}
+    return Finding("latency_change_point", severity, f"{metric}: {scope.label()}", summary, DIAGNOSTIC, scope,
+                   evidence)
+
+
+def run(store, scope: Scope, baseline: Scope | None = None, candidate: Scope | None = None) -> list[Finding]:
+    """`infersight diagnose regression`: the given comparison, else version to version; plus change points."""
+    findings = []
+    if baseline is not None and candidate is not None:
+        findings += compare(store, baseline, candidate)
+    else:
+        for base, cand in version_pairs(store, scope):
+            findings += compare(store, base, cand)
+    findings += creep(store, candidate if candidate is not None else scope)
+    return findings

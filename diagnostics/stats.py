@@ -1,0 +1,188 @@
+"""The statistics diagnostics decide with (scipy and ruptures; nothing hand-rolled that they provide).
+
+- Two samples (latencies of a baseline and a candidate): Mann-Whitney U together with
+  Kolmogorov-Smirnov (as Chromium's Pinpoint does), Cliff's delta from U, and the ratio and the
+  difference of the medians with percentile bootstrap confidence intervals (scipy.stats.bootstrap).
+- Too few samples: `None` from the comparison, which the diagnostics turn into an explicit
+  "insufficient data" finding rather than a guess.
+- Change points in a series (ruptures: PELT on a least-squares cost, penalty from the noise level).
+- Proportions: two-proportion z test, chi-square of homogeneity.
+- Robust outliers: median and MAD.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy import stats
+
+MIN_SAMPLES = 20  # below this a two-sample test is not worth reporting
+# Cliff's delta magnitudes (Romano et al. 2006): negligible < 0.147 <= small < 0.33 <= medium < 0.474 <= large
+DELTA_SMALL, DELTA_MEDIUM, DELTA_LARGE = 0.147, 0.33, 0.474
+
+
+@dataclass
+class Comparison:
+    """Candidate against baseline; positive delta / ratio > 1 mean the candidate's values are larger."""
+
+    n_baseline: int
+    n_candidate: int
+    median_baseline: float
+    median_candidate: float
+    ratio: float | None  # median_candidate / median_baseline (None when the baseline median is 0)
+    ratio_ci: tuple[float, float] | None
+    difference: float  # median_candidate - median_baseline
+    difference_ci: tuple[float, float] | None
+    cliffs_delta: float  # P(candidate > baseline) - P(candidate < baseline)
+    mwu_u: float
+    mwu_p: float
+    ks_stat: float
+    ks_p: float
+    test: str = "Mann-Whitney U + Kolmogorov-Smirnov (two-sided)"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def p_value(self) -> float:
+        """Both tests must agree: the larger of the two p-values."""
+        return max(self.mwu_p, self.ks_p)
+
+
+def _clean(x) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64).ravel()
+    return a[np.isfinite(a)]
+
+
+def _median_stats(base, cand, axis=-1):
+    mb, mc = np.median(base, axis=axis), np.median(cand, axis=axis)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(mb > 0, mc / np.where(mb > 0, mb, 1.0), np.nan)
+    return np.stack([ratio, mc - mb], axis=0)
+
+
+def compare_samples(baseline, candidate, *, bootstrap: bool = True, n_resamples: int = 999,
+                    confidence: float = 0.95, seed: int = 0, min_samples: int = MIN_SAMPLES) -> Comparison | None:
+    """Compare two samples; None when either has fewer than `min_samples` finite values."""
+    a, b = _clean(baseline), _clean(candidate)
+    if len(a) < min_samples or len(b) < min_samples:
+        return None
+    ma, mb = float(np.median(a)), float(np.median(b))
+    if np.all(a == a[0]) and np.all(b == a[0]):  # identical constants: no test can say anything
+        u, p_u, ks, p_ks = len(a) * len(b) / 2.0, 1.0, 0.0, 1.0
+    else:
+        mwu = stats.mannwhitneyu(b, a, alternative="two-sided", method="asymptotic")
+        ks_result = stats.ks_2samp(a, b)
+        u, p_u, ks, p_ks = float(mwu.statistic), float(mwu.pvalue), float(ks_result.statistic), float(ks_result.pvalue)
+    delta = 2.0 * u / (len(a) * len(b)) - 1.0
+    ratio = mb / ma if ma > 0 else None
+    ratio_ci = diff_ci = None
+    if bootstrap:
+        res = stats.bootstrap((a, b), _median_stats, vectorized=True, paired=False, n_resamples=n_resamples,
+                              confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
+        low, high = res.confidence_interval
+        if ratio is not None and np.isfinite(low[0]) and np.isfinite(high[0]):
+            ratio_ci = (float(low[0]), float(high[0]))
+        diff_ci = (float(low[1]), float(high[1]))
+    return Comparison(len(a), len(b), ma, mb, ratio, ratio_ci, mb - ma, diff_ci, delta, u, p_u, ks, p_ks)
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (family-wise error over many strata and metrics)."""
+    m = len(p_values)
+    order = np.argsort(p_values)
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def magnitude(delta: float) -> str:
+    d = abs(delta)
+    return ("negligible" if d < DELTA_SMALL else "small" if d < DELTA_MEDIUM else
+            "medium" if d < DELTA_LARGE else "large")
+
+
+# -- change points --------------------------------------------------------------------------------
+
+def noise_sigma(series: np.ndarray) -> float:
+    """Noise level of a series from its first differences (robust to the level shifts themselves)."""
+    d = np.diff(series)
+    if len(d) == 0:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2))
+
+
+def change_points(series, min_size: int = 3, penalty_scale: float = 3.0) -> list[int]:
+    """Indices where a new level starts (PELT, l2 cost, penalty = scale * sigma^2 * log n)."""
+    import ruptures as rpt
+
+    x = _clean(series)
+    n = len(x)
+    if n < 2 * min_size:
+        return []
+    sigma = noise_sigma(x)
+    if sigma <= 0:
+        sigma = float(np.std(x)) or 1e-9
+    penalty = penalty_scale * sigma**2 * math.log(n)
+    # KernelCPD with a linear kernel is PELT on the l2 cost, in C (ruptures' Pelt is pure Python)
+    breaks = rpt.KernelCPD(kernel="linear", min_size=min_size).fit(x.reshape(-1, 1)).predict(pen=penalty)
+    return [int(b) for b in breaks if b < n]
+
+
+# -- proportions ----------------------------------------------------------------------------------
+
+@dataclass
+class ProportionTest:
+    successes_a: int
+    n_a: int
+    successes_b: int
+    n_b: int
+    rate_a: float
+    rate_b: float
+    difference: float  # rate_b - rate_a
+    z: float
+    p_value: float
+    test: str = "two-proportion z test (pooled, two-sided)"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def two_proportions(successes_a: int, n_a: int, successes_b: int, n_b: int) -> ProportionTest | None:
+    if n_a <= 0 or n_b <= 0:
+        return None
+    ra, rb = successes_a / n_a, successes_b / n_b
+    pooled = (successes_a + successes_b) / (n_a + n_b)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n_a + 1 / n_b))
+    if se == 0:
+        z, p = 0.0, 1.0
+    else:
+        z = (rb - ra) / se
+        p = float(2 * stats.norm.sf(abs(z)))
+    return ProportionTest(int(successes_a), int(n_a), int(successes_b), int(n_b), ra, rb, rb - ra, z, p)
+
+
+def chi_square_homogeneity(successes: list[int], totals: list[int]) -> tuple[float, float] | None:
+    """Chi-square test that several groups share one success rate: (statistic, p)."""
+    table = np.array([[s, t - s] for s, t in zip(successes, totals) if t > 0], dtype=float)
+    if len(table) < 2 or (table.sum(axis=0) == 0).any():
+        return None
+    res = stats.chi2_contingency(table, correction=False)
+    return float(res.statistic), float(res.pvalue)
+
+
+# -- robust outliers ------------------------------------------------------------------------------
+
+def robust_z(values: dict[str, float], floor_fraction: float = 0.05) -> tuple[dict[str, float], float, float]:
+    """Robust z-scores (value - median) / (1.4826 MAD) per key, with the MAD floored at
+    `floor_fraction` of the median so that near-identical peers do not make any wobble an outlier."""
+    v = np.array(list(values.values()), dtype=float)
+    med = float(np.median(v))
+    mad = float(np.median(np.abs(v - med))) * 1.4826
+    scale = max(mad, floor_fraction * abs(med), 1e-12)
+    return {k: (x - med) / scale for k, x in values.items()}, med, mad

@@ -1,0 +1,424 @@
+"""Tokenizer: the same text must become the same tokens on every replica of a model, and back.
+
+Checks, each with the token IDs and decoded strings as evidence:
+- identity: tokenizer or chat-template hashes that disagree among replicas of one model (with
+  the tokenizer files and tokenizer.json sections that differ, where the directories are here);
+- divergence: the same prompt text (prompt_text_hash) became different prompt token IDs on
+  replicas of one model (the replica in the minority is named; first divergence decoded);
+- round trip: decode(encode(x)) != x on stored prompt texts and on a Unicode torture corpus;
+- streaming: the streamed output text != the full decode of the output token IDs;
+- double BOS at the start of a prompt;
+- special-token strings in user text (text prompts) encoded as special tokens;
+- token IDs outside the tokenizer's vocabulary in prompts or outputs.
+The SQL checks scan the scope once each; the checks that need a tokenizer load the replica's own
+(see diagnostics.tokenizers) and say so when it is not available.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+from diagnostics.findings import Finding
+from diagnostics.scope import Scope, replicas_in, requests_in
+from diagnostics.token_evidence import divergence, tokens
+from diagnostics.tokenizers import LoadedTokenizer, TokenizerSource
+from diagnostics.unicode_corpus import corpus
+
+DIAGNOSTIC = "tokenizer"
+MAX_EXAMPLES = 3
+ROUNDTRIP_SAMPLE = 200  # stored prompts re-tokenized per replica
+STREAM_SAMPLE = 300  # outputs re-decoded per replica
+
+
+# -- identity -------------------------------------------------------------------------------------
+
+def _file_hashes(directory: str) -> dict[str, str]:
+    from engine.tokenization import TOKENIZER_FILES
+
+    out = {}
+    for name in TOKENIZER_FILES:
+        p = Path(directory) / name
+        if p.is_file():
+            out[name] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+    return out
+
+
+def _json_sections(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def file_differences(dir_a: str, dir_b: str) -> list[dict]:
+    """Tokenizer files that differ between two model directories, and for tokenizer.json the
+    sections that differ (normalizer, pre_tokenizer, ...), shown when small."""
+    a, b = _file_hashes(dir_a), _file_hashes(dir_b)
+    out = []
+    for name in sorted(set(a) | set(b)):
+        if a.get(name) == b.get(name):
+            continue
+        entry = {"file": name, "replica_sha256": a.get(name), "reference_sha256": b.get(name)}
+        if name in ("tokenizer.json", "tokenizer_config.json"):
+            ja, jb = _json_sections(Path(dir_a) / name), _json_sections(Path(dir_b) / name)
+            sections = {}
+            for key in sorted(set(ja) | set(jb)):
+                if ja.get(key) != jb.get(key):
+                    va, vb = json.dumps(ja.get(key)), json.dumps(jb.get(key))
+                    sections[key] = ({"replica": ja.get(key), "reference": jb.get(key)}
+                                     if len(va) + len(vb) < 4000 else "differs (too large to show)")
+            entry["sections"] = sections
+        out.append(entry)
+    return out
+
+
+def hash_disagreements(replicas: list[dict], scope: Scope, source: TokenizerSource) -> list[Finding]:
+    findings = []
+    by_model: dict[str, list[dict]] = {}
+    for r in replicas:
+        by_model.setdefault(r["model_name"], []).append(r)
+    for model, group in by_model.items():
+        if len(group) < 2:
+            continue
+        by_id = {x["replica_id"]: x for x in group}
+        for field, kind, what in (("tokenizer_hash", "tokenizer_hash_mismatch", "tokenizer"),
+                                  ("chat_template_hash", "chat_template_mismatch", "chat template")):
+            counts = Counter(r[field] for r in group)
+            if len(counts) < 2:
+                continue
+            (top, n_top), *rest = counts.most_common()
+            tie = rest and rest[0][1] == n_top
+            reference = None if tie else top
+            for r in group:
+                if r[field] == reference:
+                    continue
+                ref_replicas = [x["replica_id"] for x in group if x[field] == reference] if reference else []
+                evidence = {"model_name": model, "field": field, "replica": r["replica_id"], "value": r[field],
+                            "fleet": {x["replica_id"]: x[field] for x in group}, "reference_value": reference,
+                            "reference_replicas": ref_replicas}
+                mine = source.directory(r)
+                ref_dir = source.directory(by_id[ref_replicas[0]]) if ref_replicas else None
+                if mine and ref_dir and Path(mine).is_dir() and Path(ref_dir).is_dir():
+                    evidence["file_differences"] = file_differences(mine, ref_dir)
+                    evidence["directories"] = {"replica": mine, "reference": ref_dir}
+                who = (f"{len(ref_replicas)} other replica(s) ({', '.join(ref_replicas)})" if reference
+                       else "no majority among " + ", ".join(sorted(x["replica_id"] for x in group)))
+                summary = (f"{r['replica_id']} runs a different {what} than {who} of {model}: "
+                           f"{field} {str(r[field])[:12]} vs {str(reference or '-')[:12]}")
+                findings.append(Finding(kind, "warning", r["replica_id"], summary, DIAGNOSTIC, scope, evidence))
+    return findings
+
+
+# -- same text, different IDs ---------------------------------------------------------------------
+
+_DIVERGENCE = """
+WITH v AS (
+    SELECT model_name, prompt_text_hash, replica_id, argMax(cityHash64(prompt_token_ids), arrival_time) AS h
+    FROM {source}
+    WHERE prompt_text_hash != ''
+    GROUP BY model_name, prompt_text_hash, replica_id
+),
+m AS (
+    SELECT model_name, prompt_text_hash, argMax(h, nrep) AS majority, argMax(rep, nrep) AS majority_replica,
+           arrayReverseSort(groupArray(nrep)) AS counts, sum(nrep) AS replicas
+    FROM (SELECT model_name, prompt_text_hash, h, count() AS nrep, any(replica_id) AS rep
+          FROM v GROUP BY model_name, prompt_text_hash, h)
+    GROUP BY model_name, prompt_text_hash
+    HAVING replicas > 1
+)
+SELECT v.model_name AS model_name, v.replica_id AS replica_id, count() AS compared,
+       countIf(v.h != m.majority AND length(m.counts) > 1 AND m.counts[1] = m.counts[2]) AS tied,
+       countIf(v.h != m.majority AND NOT (length(m.counts) > 1 AND m.counts[1] = m.counts[2])) AS divergent,
+       groupArraySampleIf(3, 1)((v.prompt_text_hash, m.majority_replica), v.h != m.majority) AS examples
+FROM v INNER JOIN m ON v.model_name = m.model_name AND v.prompt_text_hash = m.prompt_text_hash
+GROUP BY model_name, replica_id
+ORDER BY model_name, replica_id
+"""
+
+_PROMPTS = """
+SELECT replica_id, prompt_text_hash, argMax(prompt_token_ids, arrival_time) AS ids,
+       argMax(prompt_text, arrival_time) AS text
+FROM requests
+WHERE has({hashes:Array(String)}, prompt_text_hash) AND has({replicas:Array(String)}, replica_id)
+GROUP BY replica_id, prompt_text_hash
+"""
+
+
+def _pairs(row) -> tuple:
+    return tuple(row.values()) if isinstance(row, dict) else tuple(row)
+
+
+def same_text_different_ids(store, scope: Scope, replicas: list[dict], toks: dict) -> list[Finding]:
+    rows = store.query_arrow(_DIVERGENCE.replace("{source}", requests_in(
+        "t.model_name AS model_name, t.prompt_text_hash AS prompt_text_hash, t.replica_id AS replica_id, "
+        "t.prompt_token_ids AS prompt_token_ids, t.arrival_time AS arrival_time")), scope.parameters()).to_pylist()
+    identity = {r["replica_id"]: r for r in replicas}
+    findings = []
+    for r in rows:
+        if not r["divergent"] and not r["tied"]:
+            continue
+        rid = r["replica_id"]
+        examples = [_pairs(e) for e in r["examples"]][:MAX_EXAMPLES]
+        fetched = store.query_arrow(_PROMPTS, {"hashes": [h for h, _ in examples],
+                                               "replicas": sorted({rid, *(m for _, m in examples)})}).to_pylist()
+        by_key = {(f["replica_id"], f["prompt_text_hash"]): f for f in fetched}
+        shown = []
+        for text_hash, ref in examples:
+            mine, theirs = by_key.get((rid, text_hash)), by_key.get((ref, text_hash))
+            if not mine or not theirs:
+                continue
+            d = divergence(mine["ids"], theirs["ids"], toks.get(rid), toks.get(ref), "replica", "reference")
+            shown.append({"prompt_text_hash": text_hash, "reference_replica": ref,
+                          "prompt_text": mine["text"] or theirs["text"] or None, **d})
+        rate = (r["divergent"] + r["tied"]) / r["compared"]
+        tie_note = (f" ({r['tied']} of them 1-to-1 ties: the other side may be the odd one)" if r["tied"] else "")
+        where = ""
+        if shown and shown[0]["first_divergence"] is not None:
+            pos, ex = shown[0]["first_divergence"], shown[0]
+            at = [ids[pos] if pos < len(ids) else "end" for ids in (ex["replica_token_ids"], ex["reference_token_ids"])]
+            where = f"; e.g. first divergence at token {pos}: {at[0]} vs {at[1]} (reference {ex['reference_replica']})"
+        summary = (f"{rid}: {r['divergent'] + r['tied']} of {r['compared']} prompt texts also seen on other replicas "
+                   f"of {r['model_name']} became different token IDs{tie_note}{where}")
+        severity = "critical" if r["divergent"] and rate >= 0.1 else "warning"
+        evidence = {"model_name": r["model_name"], "replica": rid, "compared": r["compared"],
+                    "divergent": r["divergent"], "tied": r["tied"], "rate": rate,
+                    "tokenizer_hash": identity.get(rid, {}).get("tokenizer_hash"), "examples": shown,
+                    "method": "prompts grouped by prompt_text_hash across replicas of one model; the token IDs "
+                              "most replicas produced are the reference"}
+        findings.append(Finding("tokenizer_divergence", severity, rid, summary, DIAGNOSTIC, scope, evidence))
+    return findings
+
+
+# -- round trips ----------------------------------------------------------------------------------
+
+def roundtrip_failure(tok: LoadedTokenizer, text: str) -> dict | None:
+    ids = tok.encode(text, add_special_tokens=False)
+    back = tok.decode(ids, skip_special_tokens=False)
+    if back == text:
+        return None
+    at = next((i for i, (x, y) in enumerate(zip(text, back)) if x != y), min(len(text), len(back)))
+    return {"text": text, "decoded": back, "token_ids": ids, "first_differing_char": at,
+            "text_at": text[at:at + 12], "decoded_at": back[at:at + 12]}
+
+
+_STORED_TEXTS = """
+SELECT replica_id, groupArraySample({n}, 1)(prompt_text) AS texts, uniqExact(prompt_text) AS distinct_texts
+FROM (SELECT t.replica_id AS replica_id, t.prompt_text AS prompt_text
+      FROM requests AS t WHERE t.prompt_text != '' AND {filters})
+GROUP BY replica_id
+"""
+
+
+def _plain_filters() -> str:
+    return ("t.arrival_time >= toDateTime64({start:Float64}, 6, 'UTC') "
+            "AND t.arrival_time < toDateTime64({end:Float64}, 6, 'UTC') "
+            "AND has({ids:Array(String)}, t.replica_id)")
+
+
+def roundtrip_stored(store, scope: Scope, toks: dict) -> list[Finding]:
+    ids = sorted(r for r, t in toks.items() if t is not None)
+    if not ids:
+        return []
+    sql = _STORED_TEXTS.replace("{n}", str(ROUNDTRIP_SAMPLE)).replace("{filters}", _plain_filters())
+    rows = store.query_arrow(sql, {**scope.parameters(), "ids": ids}).to_pylist()
+    findings = []
+    for r in rows:
+        tok = toks[r["replica_id"]]
+        texts = sorted(set(r["texts"]))
+        failures = [f for f in (roundtrip_failure(tok, t) for t in texts) if f]
+        if not failures:
+            continue
+        summary = (f"{r['replica_id']}: decode(encode(x)) != x for {len(failures)} of {len(texts)} stored prompts; "
+                   f"e.g. {failures[0]['text_at']!r} came back as {failures[0]['decoded_at']!r}")
+        findings.append(Finding("tokenizer_roundtrip", "warning", r["replica_id"], summary, DIAGNOSTIC, scope,
+                                {"replica": r["replica_id"], "checked": len(texts), "failed": len(failures),
+                                 "tokenizer_dir": tok.directory, "examples": failures[:MAX_EXAMPLES]}))
+    return findings
+
+
+def roundtrip_corpus(toks: dict, scope: Scope) -> list[Finding]:
+    findings = []
+    results: dict[str, list] = {}  # per tokenizer directory, computed once
+    for rid in sorted(toks):
+        tok = toks[rid]
+        if tok is None:
+            continue
+        if tok.directory not in results:
+            results[tok.directory] = [dict(probe=name, **f) for name, text in corpus()
+                                      if (f := roundtrip_failure(tok, text))]
+        failures = results[tok.directory]
+        if not failures:
+            continue
+        probes = ", ".join(f["probe"] for f in failures[:4])
+        summary = (f"{rid}: its tokenizer changes {len(failures)} of {len(corpus())} Unicode probe strings on a round "
+                   f"trip ({probes}{', ...' if len(failures) > 4 else ''})")
+        findings.append(Finding("tokenizer_unicode_roundtrip", "warning", rid, summary, DIAGNOSTIC, scope,
+                                {"replica": rid, "tokenizer_dir": tok.directory, "tokenizer_hash": tok.tokenizer_hash,
+                                 "probes": len(corpus()), "failed": len(failures), "failures": failures}))
+    return findings
+
+
+# -- streamed text vs full decode -----------------------------------------------------------------
+
+_OUTPUTS = """
+SELECT replica_id, groupArraySample({n}, 1)((output_token_ids, output_text, sampling_params_json, finish_reason))
+       AS outputs
+FROM (SELECT t.replica_id AS replica_id, t.output_token_ids AS output_token_ids, t.output_text AS output_text,
+             t.sampling_params_json AS sampling_params_json, t.finish_reason AS finish_reason
+      FROM requests AS t
+      WHERE t.output_text != '' AND t.finish_reason IN ('stop', 'length') AND {filters})
+GROUP BY replica_id
+"""
+
+
+def expected_stream_text(tok: LoadedTokenizer, ids: list[int], params: dict, finish_reason: str,
+                         streamed: str) -> tuple[str, bool]:
+    """The full decode the stream should equal, and whether a stop string may have cut it short."""
+    stop_ids = set(params.get("stop_token_ids") or [])
+    if finish_reason == "stop" and ids and ids[-1] in stop_ids:
+        ids = ids[:-1]  # a user stop token is not part of the text
+    full = tok.decode(ids, skip_special_tokens=True)
+    return full, bool(params.get("stop")) and finish_reason == "stop"
+
+
+def streamed_vs_full(store, scope: Scope, toks: dict) -> list[Finding]:
+    ids = sorted(r for r, t in toks.items() if t is not None)
+    if not ids:
+        return []
+    sql = _OUTPUTS.replace("{n}", str(STREAM_SAMPLE)).replace("{filters}", _plain_filters())
+    findings = []
+    for r in store.query_arrow(sql, {**scope.parameters(), "ids": ids}).to_pylist():
+        tok = toks[r["replica_id"]]
+        bad = []
+        for out in r["outputs"]:
+            out_ids, streamed, params_json, reason = _pairs(out)
+            try:
+                params = json.loads(params_json or "{}")
+            except json.JSONDecodeError:
+                params = {}
+            full, may_be_cut = expected_stream_text(tok, list(out_ids), params, reason, streamed)
+            if streamed == full or (may_be_cut and full.startswith(streamed)):
+                continue
+            at = next((i for i, (x, y) in enumerate(zip(streamed, full)) if x != y), min(len(streamed), len(full)))
+            bad.append({"output_token_ids": list(out_ids), "streamed_text": streamed, "full_decode": full,
+                        "first_differing_char": at, "streamed_at": streamed[at:at + 16], "full_at": full[at:at + 16]})
+        if bad:
+            summary = (f"{r['replica_id']}: streamed text differs from the full decode of the output tokens in "
+                       f"{len(bad)} of {len(r['outputs'])} outputs; e.g. at char {bad[0]['first_differing_char']}: "
+                       f"{bad[0]['streamed_at']!r} vs {bad[0]['full_at']!r}")
+            findings.append(Finding("stream_decode_mismatch", "warning", r["replica_id"], summary, DIAGNOSTIC, scope,
+                                    {"replica": r["replica_id"], "checked": len(r["outputs"]), "mismatched": len(bad),
+                                     "examples": bad[:MAX_EXAMPLES]}))
+    return findings
+
+
+# -- token-ID checks in SQL (double BOS, specials from text, out of vocabulary) -------------------
+
+_TOKEN_CHECKS = """
+SELECT replica_id, count() AS requests,
+       countIf(length(prompt_token_ids) >= 2 AND bos >= 0
+               AND prompt_token_ids[1] = bos AND prompt_token_ids[2] = bos) AS double_bos,
+       groupArraySampleIf(3, 1)(prompt_token_ids, length(prompt_token_ids) >= 2 AND bos >= 0
+               AND prompt_token_ids[1] = bos AND prompt_token_ids[2] = bos) AS double_bos_examples,
+       countIf(prompt_text_hash != '' AND arrayExists(x -> has(specials, x), arraySlice(prompt_token_ids, 2)))
+           AS special_from_text,
+       groupArraySampleIf(3, 1)((prompt_token_ids, prompt_text), prompt_text_hash != ''
+               AND arrayExists(x -> has(specials, x), arraySlice(prompt_token_ids, 2))) AS special_examples,
+       countIf(arrayExists(x -> x >= vocab, prompt_token_ids)) AS prompt_out_of_vocab,
+       countIf(arrayExists(x -> x >= vocab, output_token_ids)) AS output_out_of_vocab,
+       groupArraySampleIf(3, 1)((prompt_token_ids, output_token_ids),
+               arrayExists(x -> x >= vocab, arrayConcat(prompt_token_ids, output_token_ids))) AS oov_examples
+FROM (
+    SELECT t.replica_id AS replica_id, t.prompt_token_ids AS prompt_token_ids, t.output_token_ids AS output_token_ids,
+           t.prompt_text_hash AS prompt_text_hash, t.prompt_text AS prompt_text,
+           indexOf({ids:Array(String)}, t.replica_id) AS i,
+           arrayElement({bos:Array(Int64)}, i) AS bos,
+           arrayElement({vocab:Array(UInt64)}, i) AS vocab,
+           arrayElement({specials:Array(Array(UInt32))}, i) AS specials
+    FROM requests AS t
+    WHERE {filters}
+)
+GROUP BY replica_id
+ORDER BY replica_id
+"""
+
+
+def token_id_checks(store, scope: Scope, toks: dict, identity: dict) -> list[Finding]:
+    ids = sorted(r for r, t in toks.items() if t is not None)
+    if not ids:
+        return []
+    params = {**scope.parameters(), "ids": ids,
+              "bos": [toks[r].bos_token_id if toks[r].bos_token_id is not None else -1 for r in ids],
+              "vocab": [toks[r].vocab_size for r in ids],
+              # specials a text can only contain if the user wrote them (not those the tokenizer adds itself)
+              "specials": [sorted(set(toks[r].special_ids) - set(toks[r].post_processor_ids)) for r in ids]}
+    sql = _TOKEN_CHECKS.replace("{filters}", _plain_filters())
+    findings = []
+    for r in store.query_arrow(sql, params).to_pylist():
+        rid, tok = r["replica_id"], toks[r["replica_id"]]
+        model = identity.get(rid, {}).get("model_name", "")
+        if r["double_bos"]:
+            examples = [{"prompt_token_ids": list(e), "tokens": tokens(list(e), tok, 0, 6)}
+                        for e in r["double_bos_examples"]]
+            findings.append(Finding(
+                "double_bos", "warning", rid,
+                f"{rid}: {r['double_bos']} of {r['requests']} prompts start with BOS twice "
+                f"(id {tok.bos_token_id} = {tok.piece(tok.bos_token_id)!r}): a template or client adds its own BOS",
+                DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "bos_token_id": tok.bos_token_id,
+                                    "count": r["double_bos"], "requests": r["requests"], "examples": examples}))
+        if r["special_from_text"]:
+            specials = set(tok.special_ids) - set(tok.post_processor_ids)
+            examples = []
+            for e in r["special_examples"]:
+                prompt_ids, text = _pairs(e)
+                found = [{"position": i, "id": int(x), "text": tok.piece(int(x))}
+                         for i, x in enumerate(prompt_ids) if i > 0 and int(x) in specials]
+                examples.append({"prompt_token_ids": list(prompt_ids), "prompt_text": text or None,
+                                 "special_tokens": found})
+            first = examples[0]["special_tokens"][0] if examples and examples[0]["special_tokens"] else {}
+            findings.append(Finding(
+                "special_tokens_from_text", "warning", rid,
+                f"{rid}: {r['special_from_text']} text prompts contain special-token strings that were encoded as "
+                f"special tokens (e.g. {first.get('text', '?')!r} = id {first.get('id', '?')} at position "
+                f"{first.get('position', '?')}): user text can inject control tokens",
+                DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "count": r["special_from_text"],
+                                    "requests": r["requests"], "special_token_ids": sorted(specials),
+                                    "examples": examples}))
+        if r["prompt_out_of_vocab"] or r["output_out_of_vocab"]:
+            examples = []
+            for e in r["oov_examples"]:
+                p_ids, o_ids = _pairs(e)
+                examples.append({"prompt_token_ids": list(p_ids), "output_token_ids": list(o_ids),
+                                 "out_of_vocab_ids": sorted({int(x) for x in [*p_ids, *o_ids]
+                                                             if int(x) >= tok.vocab_size})})
+            findings.append(Finding(
+                "token_out_of_vocab", "critical", rid,
+                f"{rid}: token IDs outside the tokenizer's vocabulary ({tok.vocab_size}) in "
+                f"{r['prompt_out_of_vocab']} prompts and {r['output_out_of_vocab']} outputs",
+                DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "vocab_size": tok.vocab_size,
+                                    "prompts": r["prompt_out_of_vocab"], "outputs": r["output_out_of_vocab"],
+                                    "examples": examples}))
+    return findings
+
+
+# -- all of it ------------------------------------------------------------------------------------
+
+def run(store, scope: Scope, model_dirs: dict[str, str] | None = None) -> list[Finding]:
+    replicas = replicas_in(store, scope)
+    source = TokenizerSource(dict(model_dirs or {}))
+    toks = {r["replica_id"]: source.for_replica(r) for r in replicas}
+    identity = {r["replica_id"]: r for r in replicas}
+    findings = hash_disagreements(replicas, scope, source)
+    findings += same_text_different_ids(store, scope, replicas, toks)
+    findings += roundtrip_stored(store, scope, toks)
+    findings += roundtrip_corpus(toks, scope)
+    findings += streamed_vs_full(store, scope, toks)
+    findings += token_id_checks(store, scope, toks, identity)
+    for rid, why in sorted(source.problems.items()):
+        findings.append(Finding("tokenizer_unavailable", "info", rid,
+                                f"{rid}: token-level checks skipped: {why}", DIAGNOSTIC, scope,
+                                {"replica": rid, "reason": why}))
+    return findings
