@@ -19,6 +19,7 @@ import logging
 import operator
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -65,7 +66,11 @@ class ColumnBuffer:
 
 
 def default_spool_dir(replica_id: str) -> Path:
-    return Path(tempfile.gettempdir()) / "infersight-spool" / re.sub(r"[^\w.-]", "_", replica_id or "replica")
+    """A fresh directory per recorder: nothing spooled by another run is replayed into this store.
+    Pass `spool_dir` explicitly (e.g. per replica under the fleet's state directory) for a spool
+    that survives a restart and is replayed by the next process."""
+    prefix = f"infersight-spool-{re.sub(r'[^A-Za-z0-9_.-]', '_', replica_id or 'replica')[:64]}-"
+    return Path(tempfile.mkdtemp(prefix=prefix))
 
 
 class Recorder(EngineObserver):
@@ -78,6 +83,7 @@ class Recorder(EngineObserver):
         self.replica_id = replica_id
         self.flush_interval, self.max_batch_rows, self.max_buffer_rows = flush_interval, max_batch_rows, max_buffer_rows
         self.store_text = store_text
+        self._own_spool_dir = spool_dir is None
         self.spool = Spool(spool_dir or default_spool_dir(replica_id), spool_max_bytes)
         self._target = target_or_store
         self._store: Store | None = None
@@ -163,6 +169,8 @@ class Recorder(EngineObserver):
                 self._closed = True
             self._cycle(final=True)
         self._thread.join(timeout=5)
+        if self._own_spool_dir and not self.spool.files():
+            shutil.rmtree(self.spool.directory, ignore_errors=True)
         if self._owns_store and self._store is not None:
             try:
                 self._store.close()

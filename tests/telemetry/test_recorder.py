@@ -171,3 +171,11 @@ def test_record_rejects_unknown_tables(store, spool_dir):
             rec.record("nope", synthetic.step(0))
     rec.on_step(synthetic.step(1, "r-unknown"))  # after close: dropped and counted, never raised
     assert rec.stats()["steps"]["dropped"] == 1
+
+
+def test_default_spool_is_private_and_cleaned_up(store):
+    a, b = Recorder(store, "r-default"), Recorder(store, "r-default")
+    assert a.spool.directory != b.spool.directory  # another run's leftovers are never replayed here
+    a.close()
+    b.close()
+    assert not a.spool.directory.exists() and not b.spool.directory.exists()
