@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import gzip
 import json
+import socket
 import threading
 import time
 
@@ -228,6 +229,12 @@ def test_hostile_requests_get_errors_and_the_server_stays_up(sidecar, http):
     assert r.status_code == 400 and "zstd" in r.text
     r = http.post("/", content=b"x", headers={"Content-Encoding": "br"})
     assert r.status_code == 400 and "unsupported Content-Encoding" in r.text
+    for garbage in (b"\x00\x01\x02 not http\r\n\r\n", b"POST / HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\nx",
+                    b"GET /?" + b"a" * 100_000 + b" HTTP/1.1\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", sidecar.port), timeout=10) as raw:
+            raw.sendall(garbage)
+            raw.shutdown(socket.SHUT_WR)
+            raw.recv(1024)  # an error response or a closed connection, not a crash
     assert http.get("/nope").status_code == 404
     assert http.post("/", params={"query_id": "\u00e9\u00e8 bad id"}, content="SELECT 1").status_code == 200
     assert httpx.get(f"{sidecar.url}/ping").text == "Ok.\n"
