@@ -12,6 +12,7 @@ RequestRecord. With nobody listening no record is built at all.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from engine.sequence import Sequence, SequenceStatus
 from engine.tokenization import Tokenizer
 from telemetry.records import StepRecord
 
+log = logging.getLogger(__name__)
 perf_counter = time.perf_counter
 
 
@@ -189,19 +191,24 @@ class LLMEngine:
             seq.scheduled_time = now
             if self.observer.enabled:
                 self._notify("on_request_scheduled", seq.request_id, now)
-        draft_s = 0.0  # a draft model's forwards count as forward time, not host overhead
-        if self.speculator is not None:  # drafts join the batch: 1 + k tokens per decode sequence
-            draft_s = self.speculator.propose(batch, self.requests.keys())
-        inputs = self.runner.prepare(batch)
-        t2 = perf_counter()
-        out = self.runner.forward(inputs)
-        t3 = perf_counter()
         sampling = [s for s, samples in zip(batch.seqs, batch.samples) if samples]
-        if self.speculator is not None and sampling:
-            sampled = self.speculator.sample(batch, sampling, out, self.loaded.model)
-        else:
-            sampled = self.sampler(out.sample_logits, sampling) if sampling else None
-        t4 = perf_counter()
+        try:
+            draft_s = 0.0  # a draft model's forwards count as forward time, not host overhead
+            if self.speculator is not None:  # drafts join the batch: 1 + k tokens per decode sequence
+                draft_s = self.speculator.propose(batch, self.requests.keys())
+            inputs = self.runner.prepare(batch)
+            t2 = perf_counter()
+            out = self.runner.forward(inputs)
+            t3 = perf_counter()
+            if self.speculator is not None and sampling:
+                sampled = self.speculator.sample(batch, sampling, out, self.loaded.model)
+            else:
+                sampled = self.sampler(out.sample_logits, sampling) if sampling else None
+            t4 = perf_counter()
+        except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep serving the others
+            log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
+            self.step_id += 1
+            return self._fail(batch.seqs, f"{type(e).__name__}: {e}")
         outputs, finished = self._postprocess(batch, out.prompt_logits, sampling, sampled)
         t5 = perf_counter()
         if self.observer.enabled:
@@ -271,6 +278,23 @@ class LLMEngine:
             self.scheduler.remove_finished()
         return outputs, finished
 
+    def _fail(self, seqs: list[Sequence], error: str) -> list[RequestOutput]:
+        """End `seqs` with finish_reason "error" (their blocks go back to the pool)."""
+        now = time.time()
+        outputs = []
+        for seq in seqs:
+            self.scheduler.finish(seq, "error")
+            seq.error, seq.finish_time = error, now
+            self.requests.pop(seq.request_id, None)
+            out = self._finished_output(seq)
+            outputs.append(out)
+            if self.observer.enabled:
+                t = perf_counter()
+                self._report_finished(seq, out.text)
+                self._telemetry_seconds += perf_counter() - t
+        self.scheduler.remove_finished()
+        return outputs
+
     def _add_prompt_logprobs(self, seq: Sequence, num_new: int, logits: torch.Tensor) -> None:
         # rows predict the tokens after each computed position; the chunk started at
         # num_computed - num_new (already advanced above)
@@ -281,7 +305,7 @@ class LLMEngine:
             logits, start = logits[skip:], start + skip
         if logits.shape[0] == 0:
             return
-        targets = torch.tensor(seq.token_ids[start + 1:start + 1 + logits.shape[0]])
+        targets = torch.tensor(seq.token_ids[start + 1:start + 1 + logits.shape[0]], device=logits.device)
         n = seq.sampling_params.prompt_logprobs
         seq.prompt_logprobs.extend(token_logprobs(logits, targets, [n] * len(targets)))
 
@@ -299,7 +323,7 @@ class LLMEngine:
     def _finished_output(self, seq: Sequence, stop_token: bool = False) -> RequestOutput:
         detok = seq.detokenizer
         if detok is not None:
-            if seq.finish_reason != "abort":
+            if seq.finish_reason not in ("abort", "error"):
                 detok.finish()
             new_text = detok.take_new_text(final=True)
             text = detok.text[:detok.num_emitted_chars]

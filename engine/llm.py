@@ -65,6 +65,8 @@ class LLM:
         out_tokens = 0
         try:
             while len(results) < len(ids):
+                if not self.engine.has_unfinished():
+                    raise RuntimeError("the engine went idle with requests unanswered")  # never expected
                 for out in self.engine.step():
                     if out.finished:
                         results[out.request_id] = out

@@ -148,3 +148,29 @@ def test_no_records_are_built_when_nobody_listens(tiny_llama, monkeypatch):
     engine = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64)
     drive(engine, ["hello", [5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     assert engine.step_id > 0
+
+
+def test_a_failing_forward_fails_only_that_batch(tiny_llama, monkeypatch):
+    observer = Recording()
+    engine = LLMEngine(tiny_llama, observer, block_size=4, num_kv_blocks=64)
+    real_forward = engine.runner.forward
+    calls = []
+
+    def flaky(inputs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("device fell over")
+        return real_forward(inputs)
+
+    monkeypatch.setattr(engine.runner, "forward", flaky)
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    engine.add_request("a", "first", params)
+    engine.step()
+    outs = engine.step()  # the failing step
+    assert [(o.request_id, o.finish_reason) for o in outs] == [("a", "error")]
+    assert "device fell over" in outs[0].error
+    assert engine.kv_cache.num_used_blocks == 0 and not engine.has_unfinished()
+    (record,), = observer.of("on_request_finished")
+    assert record.finish_reason == "error" and "device fell over" in record.error
+    drive(engine, ["second"], params)  # and the engine keeps serving
+    assert observer.of("on_request_finished")[-1][0].finish_reason == "length"
