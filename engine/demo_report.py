@@ -13,8 +13,8 @@ PER_REPLICA = """
 SELECT replica_id,
        count() AS requests,
        countIf(finish_reason IN ('abort', 'error')) AS failed,
-       sum(prompt_tokens) AS prompt_tokens,
-       sum(output_tokens) AS output_tokens,
+       sum(prompt_tokens) AS prompt_tok,
+       sum(output_tokens) AS output_tok,
        sum(cached_tokens) / greatest(sum(prompt_tokens), 1) AS prefix_hit_rate,
        quantiles(0.5, 0.95, 0.99)(ttft_seconds) AS ttft,
        quantiles(0.5, 0.95, 0.99)(e2e_seconds) AS e2e,
@@ -34,7 +34,7 @@ GROUP BY replica_id ORDER BY replica_id
 """
 
 PER_WORKLOAD = """
-SELECT workload, count() AS requests, sum(output_tokens) AS output_tokens,
+SELECT workload, count() AS requests, sum(output_tokens) AS output_tok,
        sum(cached_tokens) / greatest(sum(prompt_tokens), 1) AS prefix_hit_rate,
        quantiles(0.5, 0.95, 0.99)(ttft_seconds) AS ttft
 FROM requests
@@ -99,7 +99,7 @@ def format_report(data: dict) -> str:
         rid = r["replica_id"]
         i = itl.loc[rid, "itl"] if rid in itl.index else None
         s = steps.loc[rid] if rid in steps.index else None
-        rows.append([rid, int(r["requests"]), int(r["failed"]), int(r["prompt_tokens"]), int(r["output_tokens"]),
+        rows.append([rid, int(r["requests"]), int(r["failed"]), int(r["prompt_tok"]), int(r["output_tok"]),
                      _ms(r["ttft"], 0), _ms(r["ttft"], 1), _ms(r["ttft"], 2), _ms(i, 0), _ms(i, 1), _ms(i, 2),
                      _ms(r["e2e"], 1), f"{r['prefix_hit_rate']:.0%}",
                      "-" if s is None else f"{s['kv_mean']:.0%}/{s['kv_peak']:.0%}",
@@ -111,7 +111,7 @@ def format_report(data: dict) -> str:
     if len(w):
         out += ["", "per workload",
                 _table(["workload", "req", "output tok", "prefix hit", "ttft p50", "p95", "p99"],
-                       [[r["workload"] or "-", int(r["requests"]), int(r["output_tokens"]),
+                       [[r["workload"] or "-", int(r["requests"]), int(r["output_tok"]),
                          f"{r['prefix_hit_rate']:.0%}", _ms(r["ttft"], 0), _ms(r["ttft"], 1), _ms(r["ttft"], 2)]
                         for _, r in w.iterrows()])]
     return "\n".join(out)
