@@ -13,6 +13,8 @@ import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import streamlit as st
+
 
 @dataclass
 class GateVerdict:
@@ -39,6 +41,14 @@ def _policy(policy_module):
     # teacher-forced KL needs engines: not computed from stored runs
     policy.max_mean_kl = policy.max_p99_kl = policy.min_same_top_p = None
     return policy
+
+
+@st.cache_data(ttl=300, show_spinner="Running the eval gate's checks ...")
+def cached(baseline_run: str, candidate_run: str) -> GateVerdict:
+    """The verdict for two runs of the dashboard's store (runs are immutable: cache it)."""
+    from dashboards import data
+
+    return run(data.store(), baseline_run=baseline_run, candidate_run=candidate_run)
 
 
 def run(store, *, baseline_run: str, candidate_run: str) -> GateVerdict:

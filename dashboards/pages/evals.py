@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 
-from dashboards import data, gate_verdict, queries, widgets
+from dashboards import charts, data, gate_verdict, queries, widgets
 from dashboards.tokendiff import diff_html, first_divergence
 from dashboards.tokens import visible
 
@@ -40,7 +39,7 @@ cols = st.columns(3)
 cols[0].metric("Baseline accuracy", f"{acc[base]:.3f}")
 cols[1].metric("Candidate accuracy", f"{acc[candidate]:.3f}", delta=f"{acc[candidate] - acc[base]:+.3f}")
 
-verdict = gate_verdict.run(data.store(), baseline_run=base, candidate_run=candidate)
+verdict = gate_verdict.cached(base, candidate)
 if verdict.available:
     cols[2].metric("Gate", "pass" if verdict.passed else "FAIL")
     (st.success if verdict.passed else st.error)(f"Gate {verdict.headline}")
@@ -54,8 +53,8 @@ else:
 tasks = data.query(queries.EVAL_TASK_ACCURACY, base=base, candidate=candidate)
 if not tasks.empty:
     tasks["run"] = tasks["run_id"].map({base: "baseline", candidate: "candidate"})
-    st.plotly_chart(px.bar(tasks, x="task", y="accuracy", color="run", barmode="group", height=300,
-                           title="Accuracy by task"), key="ev_tasks")
+    st.plotly_chart(charts.bars(tasks, "task", "accuracy", color="run", x_title="task", barmode="group", height=300,
+                                title="Accuracy by task"), key="ev_tasks")
 
 st.subheader("Per-item drift")
 drift = data.query(queries.EVAL_ITEM_DRIFT, base=base, candidate=candidate)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 
-from dashboards import data, queries, widgets
+from dashboards import charts, data, queries, widgets
 
 st.title("Fleet")
 window = widgets.window()
@@ -65,10 +64,10 @@ else:
                       key="fleet_metric")
     column = {"TTFT": "ttft", "ITL (mean per request)": "itl", "end-to-end": "e2e"}[metric]
     quantile = st.radio("Percentile", ["p50", "p90", "p99"], index=2, horizontal=True, key="fleet_quantile")
-    fig = px.line(series, x="t", y=f"{column}_{quantile}", color="replica_id", markers=len(series) < 60,
-                  labels={"t": "time (UTC)", f"{column}_{quantile}": f"{metric} {quantile} (s)"})
-    st.plotly_chart(fig, key="fleet_latency_chart")
-    st.plotly_chart(px.bar(series, x="t", y="requests", color="replica_id",
-                           labels={"t": "time (UTC)"}), key="fleet_requests_chart")
+    st.plotly_chart(charts.lines(series, "t", f"{column}_{quantile}", color="replica_id",
+                                 y_title=f"{metric} {quantile} (s)", markers=len(series) < 60),
+                    key="fleet_latency_chart")
+    st.plotly_chart(charts.bars(series, "t", "requests", color="replica_id", title="Requests per bucket"),
+                    key="fleet_requests_chart")
 
 widgets.query_timings()

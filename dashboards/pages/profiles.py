@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import plotly.express as px
 import streamlit as st
 
-from dashboards import data, flamegraph, queries, widgets
+from dashboards import charts, data, flamegraph, queries, widgets
 
 st.title("Profiles")
 selected = widgets.pick_replicas("pf_replicas")
@@ -23,8 +22,8 @@ profile_id = st.selectbox(
 groups = data.query(queries.PROFILE_GROUPS, profile_id=profile_id)
 if not groups.empty:
     groups["share"] = (groups["samples"] / groups["samples"].sum()).round(4)
-    st.plotly_chart(px.bar(groups, x="share", y="group", orientation="h", text="share", height=260,
-                           title="Samples by group (scheduler, forward, sampling, telemetry ...)"),
+    st.plotly_chart(charts.shares(groups["group"], groups["share"],
+                                  title="Samples by group (scheduler, forward, sampling, telemetry ...)"),
                     key="pf_groups")
 stacks = data.query(queries.PROFILE_STACKS, profile_id=profile_id)
 st.subheader("Flame graph")

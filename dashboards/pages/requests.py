@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-import plotly.express as px
 import streamlit as st
 
-from dashboards import data, queries, widgets
+from dashboards import charts, data, queries, widgets
 from dashboards.tokens import token_frame, visible
 
 st.title("Requests")
@@ -90,8 +89,8 @@ with right:
 
 if "gap (ms)" in tokens and len(tokens) > 1:
     st.markdown("**Per-token timing**")
-    st.plotly_chart(px.bar(tokens, x="position", y="gap (ms)", hover_data=[c for c in ("id", "token") if c in tokens],
-                           labels={"position": "output token"}), key="rq_token_timing")
+    st.plotly_chart(charts.bars(tokens, "position", "gap (ms)", x_title="output token",
+                                title="Gap before each output token"), key="rq_token_timing")
 
 st.markdown("**Steps it took part in** (its replica's steps that started during its lifetime)")
 steps = data.query(queries.REQUEST_STEPS, request_id=request_id)

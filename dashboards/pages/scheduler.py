@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 
-from dashboards import data, queries, widgets
+from dashboards import charts, data, queries, widgets
 
 st.title("Scheduler")
 window = widgets.window()
@@ -32,25 +31,22 @@ cols[4].metric("Mixed steps", f"{int(split['mixed_steps']):,}")
 parts = pd.DataFrame({"part": ["schedule", "prepare", "forward", "sample", "postprocess", "telemetry"]})
 parts["seconds"] = [float(split[p]) for p in parts["part"]]
 parts["share"] = (parts["seconds"] / total).round(4)
-st.plotly_chart(px.bar(parts, x="share", y="part", orientation="h", text="share", height=260,
-                       labels={"share": "share of step time"}), key="sched_split")
+st.plotly_chart(charts.shares(parts["part"], parts["share"], title="Share of step time"), key="sched_split")
 
 timeline = data.query(queries.STEP_TIMELINE, **params, bucket_ms=window.bucket_ms)
 if timeline.empty:
     widgets.no_data("steps")
     st.stop()
 st.subheader("Step timeline")
-times = timeline.melt(id_vars="t", value_vars=["forward_time", "host_time"], var_name="time", value_name="seconds")
-st.plotly_chart(px.area(times, x="t", y="seconds", color="time", labels={"t": "time (UTC)"},
-                        title="Host time against forward time"), key="sched_host_forward")
+st.plotly_chart(charts.stacked_area(timeline, "t", ["forward_time", "host_time"], title="Host time against forward time",
+                                   y_title="seconds per bucket"), key="sched_host_forward")
 tokens = timeline.melt(id_vars="t", value_vars=["prefill_tokens", "decode_tokens"], var_name="tokens", value_name="count")
-st.plotly_chart(px.bar(tokens, x="t", y="count", color="tokens", labels={"t": "time (UTC)"},
-                       title="Tokens per bucket"), key="sched_tokens")
+st.plotly_chart(charts.bars(tokens, "t", "count", color="tokens", title="Tokens per bucket"), key="sched_tokens")
 left, right = st.columns(2)
-left.plotly_chart(px.line(timeline, x="t", y=["batch_size", "max_batch_size"], labels={"t": "time (UTC)"},
-                          title="Batch size (sequences)"), key="sched_batch")
-right.plotly_chart(px.line(timeline, x="t", y=["waiting", "running", "max_waiting"], labels={"t": "time (UTC)"},
-                           title="Queue lengths"), key="sched_queues")
+left.plotly_chart(charts.lines(timeline, "t", ["batch_size", "max_batch_size"], title="Batch size (sequences)"),
+                  key="sched_batch")
+right.plotly_chart(charts.lines(timeline, "t", ["waiting", "running", "max_waiting"], title="Queue lengths"),
+                   key="sched_queues")
 
 st.subheader("Latest steps")
 st.dataframe(widgets.rounded(data.query(queries.RECENT_STEPS, **params), 6), hide_index=True, key="sched_recent")

@@ -32,9 +32,20 @@ def engine_metrics_target():
 
 
 @pytest.fixture(scope="session")
-def prometheus_url(tmp_path_factory, engine_metrics_target):
+def sidecar_metrics_target(tmp_path_factory):
+    """host:port of a live sidecar (/metrics with an active finding of every kind we alert on)."""
+    from live_metrics import start_sidecar_with_findings
+
+    sidecar = start_sidecar_with_findings(tmp_path_factory.mktemp("sidecar_store"))
+    yield sidecar.url.split("://", 1)[1]
+    sidecar.stop()
+
+
+@pytest.fixture(scope="session")
+def prometheus_url(tmp_path_factory, engine_metrics_target, sidecar_metrics_target):
     """Debian's `prometheus` on a free loopback port, loading our alert rules and scraping the
-    live engine exporter every second as job infersight-replicas (and the sidecar job)."""
+    live engine exporter (job infersight-replicas) and a live sidecar (job infersight-sidecar)
+    every second."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("the `prometheus` binary is missing: run .ci/setup (Debian package prometheus)")
@@ -46,8 +57,7 @@ def prometheus_url(tmp_path_factory, engine_metrics_target):
         "scrape_configs": [
             {"job_name": "infersight-replicas", "honor_labels": True,
              "static_configs": [{"targets": [engine_metrics_target], "labels": {"replica": "r0"}}]},
-            # no sidecar here yet: its `up` series exists (value 0), which is what the rules need
-            {"job_name": "infersight-sidecar", "static_configs": [{"targets": [f"127.0.0.1:{free_port()}"]}]},
+            {"job_name": "infersight-sidecar", "static_configs": [{"targets": [sidecar_metrics_target]}]},
         ],
     }))
     port = free_port()

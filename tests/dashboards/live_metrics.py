@@ -1,19 +1,21 @@
-"""A live `/metrics` endpoint of the real exporters, fed with real records.
+"""Live `/metrics` endpoints of the real exporters, fed with real records.
 
 The engine side is `telemetry.metrics` (MetricsObserver + the recorder-stats and
 observer-failure collectors) on a private registry, served by prometheus_client's own
 HTTP server; the records exercise every family, speculative decoding included.
+The sidecar side is a real `infersight sidecar` process holding one active finding.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from telemetry.metrics import MetricsObserver, ObserverFailuresCollector, RecorderStatsCollector
-from telemetry.records import ReplicaRecord, RequestRecord, StepRecord
+from telemetry.records import FindingRecord, ReplicaRecord, RequestRecord, StepRecord
 
 T0 = 1_700_000_000.0
 
@@ -80,3 +82,37 @@ def serve_engine_metrics(port: int):
     """Serve a fed registry on 127.0.0.1:port; returns the server (call .shutdown())."""
     server, _thread = start_http_server(port, addr="127.0.0.1", registry=engine_registry())
     return server
+
+
+# the findings the live sidecar reports as active: alert name -> the finding's labels
+LIVE_FINDINGS = {
+    "InfersightRegression": {"kind": "regression", "severity": "critical", "subject": "0.1.0 -> 0.2.0",
+                             "diagnostic": "regression"},
+    "InfersightTokenizerDivergence": {"kind": "tokenizer_divergence", "severity": "critical",
+                                      "subject": "r0 vs r2", "diagnostic": "tokenizer"},
+    "InfersightQualityDrift": {"kind": "quality_drift", "severity": "warning", "subject": "int4 vs none",
+                               "diagnostic": "drift"},
+    "InfersightLaggingReplica": {"kind": "lagging_replica", "severity": "warning", "subject": "r3",
+                                 "diagnostic": "replicas"},
+}
+
+
+def start_sidecar_with_findings(data_dir):
+    """A real sidecar on `data_dir` with LIVE_FINDINGS active; returns the SidecarProcess."""
+    from telemetry.schema import migrate
+    from telemetry.sidecar.process import start_sidecar
+    from telemetry.store import open_store
+
+    sidecar = start_sidecar(data_dir)
+    try:
+        with open_store(sidecar.store_url) as store:
+            migrate(store)
+            now = time.time()
+            store.insert_records("findings", [FindingRecord(
+                finding_id=f"live-{labels['kind']}", summary=f"live {labels['kind']}", window_start=now - 600,
+                window_end=now, evidence_json="{}", first_seen=now - 60, last_seen=now, **labels)
+                for labels in LIVE_FINDINGS.values()])
+    except Exception:
+        sidecar.stop()
+        raise
+    return sidecar
