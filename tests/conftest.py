@@ -11,6 +11,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
+def pytest_configure(config):
+    # One torch thread in the test process: on this 2-core shared machine two threads made
+    # small linears ~35x slower under load. Benchmarks, not tests, measure threading.
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
     """`factory(arch="llama", **overrides) -> Path`: a saved random model, cached per arguments."""
