@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -80,8 +81,10 @@ def compare_samples(baseline, candidate, *, bootstrap: bool = True, n_resamples:
     ratio = mb / ma if ma > 0 else None
     ratio_ci = diff_ci = None
     if bootstrap:
-        res = stats.bootstrap((a, b), _median_stats, vectorized=True, paired=False, n_resamples=n_resamples,
-                              confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
+        with warnings.catch_warnings():  # constant samples give a degenerate (point) interval: that is fine
+            warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+            res = stats.bootstrap((a, b), _median_stats, vectorized=True, paired=False, n_resamples=n_resamples,
+                                  confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
         low, high = res.confidence_interval
         if ratio is not None and np.isfinite(low[0]) and np.isfinite(high[0]):
             ratio_ci = (float(low[0]), float(high[0]))

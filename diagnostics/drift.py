@@ -1,0 +1,264 @@
+"""Drift: did a configuration change what the model answers?
+
+From eval runs: per suite, a candidate run against a baseline run of another configuration over
+the same items: accuracy with Wilson intervals, McNemar's test on the paired items, greedy
+agreement and where the outputs first diverge (the gate's statistics, from evals.statistics).
+
+From production: greedy requests (temperature 0) with identical prompt token IDs and the same
+output limits, served by replicas of different configurations. Their outputs should be
+identical; per prompt the output most replicas produced is the reference, and a replica whose
+outputs often differ from it is named, with the first divergence decoded and its identity
+differences (quantization, config hash ...).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from diagnostics.findings import Finding, insufficient
+from diagnostics.replicas import identity_differences
+from diagnostics.scope import Scope, replicas_in, requests_in
+from diagnostics.token_evidence import divergence
+from diagnostics.tokenizers import TokenizerSource
+from evals.statistics import greedy_agreement, mcnemar, wilson_interval
+
+DIAGNOSTIC = "drift"
+MIN_ITEMS = 20  # paired eval items
+MIN_PROMPTS = 10  # greedy prompts a replica shares with replicas of another config
+ALPHA = 0.05
+MAX_EXAMPLES = 3
+
+# -- eval runs --------------------------------------------------------------------------------------
+
+_RUNS = """
+SELECT run_id, suite, start_time, config_hash, config_json, model_name, quantization, speculative_mode, git_sha,
+       num_items, accuracy
+FROM eval_runs
+WHERE start_time >= toDateTime64({start:Float64}, 6, 'UTC') AND start_time < toDateTime64({end:Float64}, 6, 'UTC')
+  AND (empty({models:Array(String)}) OR has({models:Array(String)}, model_name))
+  AND (empty({configs:Array(String)}) OR has({configs:Array(String)}, config_hash))
+ORDER BY suite, start_time
+"""
+
+_ITEMS = """
+SELECT run_id, item_id, task, score, output_token_ids, output_text, reference
+FROM eval_items WHERE has({runs:Array(String)}, run_id)
+"""
+
+
+def _runs(store, scope: Scope) -> list[dict]:
+    return store.query_arrow(_RUNS, scope.parameters()).to_pylist()
+
+
+def run_pairs(store, scope: Scope, baseline: Scope | None, candidate: Scope | None) -> list[tuple[dict, dict]]:
+    """(baseline run, candidate run) per suite: the latest run of each side, or, without sides,
+    the latest run and the latest earlier run of another configuration."""
+    pairs = []
+    if baseline is not None and candidate is not None:
+        base, cand = _runs(store, baseline), _runs(store, candidate)
+        for suite in sorted({r["suite"] for r in base} & {r["suite"] for r in cand}):
+            b = [r for r in base if r["suite"] == suite][-1]
+            c = [r for r in cand if r["suite"] == suite][-1]
+            if b["run_id"] != c["run_id"]:
+                pairs.append((b, c))
+        return pairs
+    runs = _runs(store, scope)
+    for suite in sorted({r["suite"] for r in runs}):
+        suite_runs = [r for r in runs if r["suite"] == suite]
+        latest = suite_runs[-1]
+        earlier = [r for r in suite_runs[:-1] if r["config_hash"] != latest["config_hash"]]
+        if earlier:
+            pairs.append((earlier[-1], latest))
+    return pairs
+
+
+def eval_drift(store, scope: Scope, baseline: Scope | None = None, candidate: Scope | None = None,
+               source: TokenizerSource | None = None) -> list[Finding]:
+    source = source or TokenizerSource()
+    findings = []
+    for base, cand in run_pairs(store, scope, baseline, candidate):
+        items = store.query_arrow(_ITEMS, {"runs": [base["run_id"], cand["run_id"]]}).to_pylist()
+        b = {i["item_id"]: i for i in items if i["run_id"] == base["run_id"]}
+        c = {i["item_id"]: i for i in items if i["run_id"] == cand["run_id"]}
+        common = sorted(set(b) & set(c))
+        subject = f"{base['suite']}: {cand['config_hash'][:12]} vs {base['config_hash'][:12]}"
+        runs = {"baseline": _run_info(base), "candidate": _run_info(cand)}
+        if len(common) < MIN_ITEMS:
+            findings.append(insufficient("quality_drift", subject, DIAGNOSTIC, scope,
+                                         f"{len(common)} items in both runs of {base['suite']} (need {MIN_ITEMS})",
+                                         items=len(common), runs=runs))
+            continue
+        findings.append(_eval_finding(subject, scope, base, cand, [b[i] for i in common], [c[i] for i in common],
+                                      common, runs, source))
+    return findings
+
+
+def _run_info(run: dict) -> dict:
+    keys = ("run_id", "suite", "config_hash", "model_name", "quantization", "speculative_mode", "git_sha", "accuracy")
+    return {k: run[k] for k in keys}
+
+
+def _eval_finding(subject, scope, base, cand, b_items, c_items, ids, runs, source) -> Finding:
+    bs = [i["score"] >= 0.5 for i in b_items]
+    cs = [i["score"] >= 0.5 for i in c_items]
+    n = len(ids)
+    test = mcnemar(bs, cs)
+    agreement = greedy_agreement([i["output_token_ids"] for i in b_items], [i["output_token_ids"] for i in c_items])
+    tok = source.for_replica({"replica_id": cand["run_id"], "model_name": cand["model_name"],
+                              "config_json": cand["config_json"]})
+    examples = []
+    for item_id, bi, ci in zip(ids, b_items, c_items):
+        if len(examples) >= MAX_EXAMPLES:
+            break
+        if list(bi["output_token_ids"]) != list(ci["output_token_ids"]):
+            examples.append({"item_id": item_id, "baseline_score": bi["score"], "candidate_score": ci["score"],
+                             "reference": bi["reference"],
+                             **divergence(bi["output_token_ids"], ci["output_token_ids"], tok, tok,
+                                          "baseline", "candidate")})
+    b_acc, c_acc = sum(bs) / n, sum(cs) / n
+    worse = c_acc < b_acc
+    if worse and test.p_mid < ALPHA / 5:
+        severity = "critical"
+    elif worse and test.p_mid < ALPHA:
+        severity = "warning"
+    else:
+        severity = "info"
+    verdict = ("accuracy dropped" if severity != "info" else
+               "accuracy holds" if not worse or test.p_mid >= ALPHA else "accuracy change not significant")
+    summary = (f"{base['suite']}: {verdict}: {b_acc:.1%} -> {c_acc:.1%} over {n} paired items "
+               f"(McNemar mid-p={test.p_mid:.3g}, {test.baseline_only} lost / {test.candidate_only} gained); "
+               f"greedy outputs identical on {agreement.agreement:.0%}")
+    evidence = {"suite": base["suite"], "model_name": cand["model_name"], "runs": runs, "items": n,
+                "baseline_accuracy": b_acc, "baseline_ci": wilson_interval(sum(bs), n),
+                "candidate_accuracy": c_acc, "candidate_ci": wilson_interval(sum(cs), n),
+                "mcnemar": {"baseline_only": test.baseline_only, "candidate_only": test.candidate_only,
+                            "p_exact": test.p_exact, "p_mid": test.p_mid},
+                "greedy": {"identical": agreement.identical, "agreement": agreement.agreement,
+                           "agreement_ci": agreement.agreement_ci,
+                           "median_first_divergence": agreement.median_first_divergence,
+                           "min_first_divergence": agreement.min_first_divergence},
+                "examples": examples, "tests": "Wilson intervals, McNemar (exact and mid-p) on paired items, "
+                                               "greedy agreement (evals.statistics)"}
+    return Finding("quality_drift", severity, subject, summary, DIAGNOSTIC, scope, evidence)
+
+
+# -- production greedy outputs ----------------------------------------------------------------------
+
+# one output per (replica, prompt and limits): the latest
+_GREEDY = """
+SELECT model_name, key, groupArray((replica_id, config_hash, out)) AS outputs
+FROM (
+    SELECT model_name, key, replica_id, any(config_hash) AS config_hash,
+           argMax(cityHash64(output_token_ids), arrival_time) AS out
+    FROM (
+        SELECT model_name, replica_id, config_hash, output_token_ids, arrival_time,
+               cityHash64(prompt_token_ids, JSONExtractUInt(sampling_params_json, 'max_tokens'),
+                          JSONExtractRaw(sampling_params_json, 'stop'),
+                          JSONExtractRaw(sampling_params_json, 'stop_token_ids'),
+                          JSONExtractBool(sampling_params_json, 'ignore_eos')) AS key
+        FROM {source}
+        WHERE finish_reason IN ('stop', 'length') AND JSONExtractFloat(sampling_params_json, 'temperature') = 0
+    )
+    GROUP BY model_name, key, replica_id
+)
+GROUP BY model_name, key
+HAVING uniqExact(config_hash) > 1
+"""
+
+_EXAMPLE_OUTPUTS = """
+SELECT replica_id, argMax(prompt_token_ids, arrival_time) AS prompt_ids, argMax(output_token_ids, arrival_time) AS ids
+FROM (SELECT replica_id, prompt_token_ids, output_token_ids, arrival_time,
+             cityHash64(prompt_token_ids, JSONExtractUInt(sampling_params_json, 'max_tokens'),
+                        JSONExtractRaw(sampling_params_json, 'stop'),
+                        JSONExtractRaw(sampling_params_json, 'stop_token_ids'),
+                        JSONExtractBool(sampling_params_json, 'ignore_eos')) AS key
+      FROM requests
+      WHERE has({replicas:Array(String)}, replica_id)
+        AND arrival_time >= toDateTime64({start:Float64}, 6, 'UTC')
+        AND arrival_time < toDateTime64({end:Float64}, 6, 'UTC'))
+WHERE key = {key:UInt64}
+GROUP BY replica_id
+"""
+
+
+def _source() -> str:
+    return requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.prompt_token_ids AS prompt_token_ids, "
+                       "t.output_token_ids AS output_token_ids, t.arrival_time AS arrival_time, "
+                       "t.sampling_params_json AS sampling_params_json, t.finish_reason AS finish_reason")
+
+
+def greedy_drift(store, scope: Scope, source: TokenizerSource | None = None) -> list[Finding]:
+    source = source or TokenizerSource()
+    groups = store.query_arrow(_GREEDY.replace("{source}", _source()), scope.parameters()).to_pylist()
+    identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
+    stats: dict[str, dict] = {}
+    for g in groups:
+        outputs = [tuple(o.values()) if isinstance(o, dict) else tuple(o) for o in g["outputs"]]
+        counts = Counter(out for _, _, out in outputs).most_common()
+        tie = len(counts) > 1 and counts[0][1] == counts[1][1]
+        reference = counts[0][0]
+        ref_replica = next(r for r, _, out in outputs if out == reference)
+        for rid, _, out in outputs:
+            s = stats.setdefault(rid, {"model": g["model_name"], "compared": 0, "differ": 0, "tied": 0,
+                                       "examples": []})
+            s["compared"] += 1
+            if out != reference:
+                s["tied" if tie else "differ"] += 1
+                if len(s["examples"]) < MAX_EXAMPLES:
+                    s["examples"].append((g["key"], ref_replica))
+    findings = []
+    models = {r["model_name"] for r in identity.values()}
+    seen_models = {s["model"] for s in stats.values()}
+    for model in sorted(models - seen_models):
+        findings.append(insufficient("output_drift", model, DIAGNOSTIC, scope,
+                                     "no greedy prompt was served by replicas of different configurations",
+                                     model_name=model))
+    for rid, s in sorted(stats.items()):
+        findings += _replica_drift(store, scope, rid, s, identity, source)
+    return findings
+
+
+def _replica_drift(store, scope, rid, s, identity, source) -> list[Finding]:
+    differ = s["differ"] + s["tied"]
+    if s["compared"] < MIN_PROMPTS:
+        return [insufficient("output_drift", rid, DIAGNOSTIC, scope,
+                             f"{rid} shares {s['compared']} greedy prompts with replicas of other configurations "
+                             f"(need {MIN_PROMPTS})", compared=s["compared"], differ=differ)]
+    if not differ:
+        return []
+    rate = differ / s["compared"]
+    low, high = wilson_interval(differ, s["compared"])
+    severity = "critical" if rate >= 0.5 and s["differ"] else "warning" if low > 0.02 and s["differ"] else "info"
+    me = identity.get(rid, {"replica_id": rid})
+    examples, references = [], set()
+    for key, ref in s["examples"]:
+        rows = store.query_arrow(_EXAMPLE_OUTPUTS, {**scope.parameters(), "key": key,
+                                                    "replicas": [rid, ref]}).to_pylist()
+        got = {r["replica_id"]: r for r in rows}
+        if rid in got and ref in got:
+            references.add(ref)
+            tok = source.for_replica(me) if rid in identity else None
+            examples.append({"reference_replica": ref, "prompt_token_ids": list(got[rid]["prompt_ids"]),
+                             **divergence(got[rid]["ids"], got[ref]["ids"], tok,
+                                          source.for_replica(identity[ref]) if ref in identity else tok,
+                                          "replica", "reference")})
+    peers = [identity[r] for r in sorted(references) if r in identity]
+    diffs = identity_differences(me, peers) if peers else []
+    first = examples[0]["first_divergence"] if examples else None
+    summary = (f"{rid}: greedy outputs differ from the other configurations' on {differ} of {s['compared']} identical "
+               f"prompts ({rate:.0%}, 95% CI {low:.0%}-{high:.0%})"
+               + (f"; first divergence at output token {first}" if first is not None else "")
+               + (f"; {rid} differs in " + ", ".join(f"{d['field']}={d['replica']}" for d in diffs[:3])
+                  if diffs else ""))
+    evidence = {"replica": rid, "model_name": s["model"], "compared": s["compared"], "differ": s["differ"],
+                "tied": s["tied"], "rate": rate, "rate_ci": [low, high], "identity_differences": diffs,
+                "examples": examples,
+                "method": "greedy requests grouped by prompt token IDs and output limits across replicas of "
+                          "different config hashes; the most common output is the reference"}
+    return [Finding("output_drift", severity, rid, summary, DIAGNOSTIC, scope, evidence)]
+
+
+def run(store, scope: Scope, baseline: Scope | None = None, candidate: Scope | None = None,
+        model_dirs: dict[str, str] | None = None) -> list[Finding]:
+    source = TokenizerSource(dict(model_dirs or {}))
+    return eval_drift(store, scope, baseline, candidate, source) + greedy_drift(store, scope, source)

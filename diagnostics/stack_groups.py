@@ -1,0 +1,86 @@
+"""Where a sampled stack spends its time: scheduler, input_preparation, forward, sampling, telemetry,
+server or other, decided by the engine modules and functions in the stack.
+
+Frames are read from the root towards the leaf and the first frame that belongs to an engine
+phase decides: a sample taken in an attention kernel's metadata code called from
+`ModelRunner.prepare` is input preparation, not forward. Stacks that never enter an engine phase
+are the engine loop's own bookkeeping (other) when they pass through the engine, else serving
+work (HTTP, asyncio, tokenization, detokenization) when they pass through the server, else other.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GROUPS = ("scheduler", "input_preparation", "forward", "sampling", "telemetry", "server", "other")
+
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str
+    line: int | None = None
+
+    @property
+    def path(self) -> str:
+        return "/" + self.file.replace("\\", "/").lstrip("/")
+
+    def label(self) -> str:
+        return f"{self.function} ({self.file}{f':{self.line}' if self.line else ''})"
+
+
+def parse_frame(text: str) -> Frame:
+    m = _FRAME.match(text.strip())
+    if not m:
+        return Frame(text.strip(), "")
+    return Frame(m["func"], m["file"], int(m["line"]) if m["line"] else None)
+
+
+def parse_stack(stack: str) -> list[Frame]:
+    """A folded stack "root;...;leaf" as frames, root first."""
+    return [parse_frame(part) for part in stack.split(";") if part.strip()]
+
+
+# (group, path fragments, function names or substrings (None: any)), tried in order on each frame
+_PHASES: list[tuple[str, tuple[str, ...], tuple[str, ...] | None]] = [
+    ("telemetry", ("/telemetry/", "/opentelemetry/", "/prometheus_client/", "/clickhouse_connect/",
+                   "/engine/engine_records.py", "/engine/observer.py"), None),
+    ("telemetry", ("/engine/engine.py",), ("_notify", "_report_step", "_report_finished")),
+    ("scheduler", ("/engine/scheduler.py", "/engine/kv_cache.py"), None),
+    ("input_preparation", ("/engine/model_runner.py",), ("prepare",)),
+    ("input_preparation", ("/engine/spec_decode/ngram.py",), None),
+    ("forward", ("/engine/model_runner.py",), ("forward",)),
+    ("forward", ("/engine/models/", "/engine/attention/", "/engine/quantization/", "/engine/spec_decode/draft.py",
+                 "/torch/nn/"), None),
+    ("sampling", ("/engine/sampler.py", "/engine/spec_decode/rejection.py"), None),
+    ("sampling", ("/engine/spec_decode/speculator.py",), ("sample",)),
+]
+_ENGINE = ("/engine/engine.py", "/engine/model_runner.py", "/engine/sequence.py", "/engine/llm.py")
+_SERVER = ("/engine/server/", "/engine/async_engine.py", "/engine/tokenization.py", "/engine/detokenizer.py",
+           "/uvicorn/", "/starlette/", "/fastapi/", "/anyio/", "/h11/", "/httptools/", "/asyncio/", "/tokenizers/",
+           "/transformers/")
+
+
+def _matches(frame: Frame, paths: tuple[str, ...], functions: tuple[str, ...] | None) -> bool:
+    if not any(p in frame.path for p in paths):
+        return False
+    return functions is None or any(f in frame.function for f in functions)
+
+
+def classify(frames: list[Frame]) -> str:
+    for frame in frames:  # root first
+        for group, paths, functions in _PHASES:
+            if _matches(frame, paths, functions):
+                return group
+    if any(any(p in f.path for p in _ENGINE) for f in frames):
+        return "other"
+    if any(any(p in f.path for p in _SERVER) for f in frames):
+        return "server"
+    return "other"
+
+
+def classify_stack(stack: str) -> str:
+    return classify(parse_stack(stack))
