@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from engine.server.admission import Admitted, admit_chat, admit_completion
+from engine.server.body_limit import BodyLimitMiddleware
 from engine.server.errors import APIError, install_error_handlers, sse_error
 from engine.server.formatting import ResponseOptions, StreamFormatter, full_response
 from engine.server.headers import REQUEST_ID_HEADER, RequestContext, request_context
@@ -35,6 +36,7 @@ from engine.server.request_id import RequestIdMiddleware
 log = logging.getLogger(__name__)
 
 SSE_DONE = "data: [DONE]\n\n"
+MAX_BODY_BYTES = 32 << 20  # a million-token prompt as JSON is about 7 MB
 _ERRORS = {400: {"model": ErrorResponse, "description": "invalid request"},
            401: {"model": ErrorResponse, "description": "missing or wrong API key"}}
 _STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
@@ -217,9 +219,12 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
                 await served.engine.shutdown()
 
     app = FastAPI(title="infersight replica", version="0.1.0", lifespan=lifespan,
+                  max_body_size=2 * MAX_BODY_BYTES,  # backstop for chunked bodies; BodyLimitMiddleware answers first
+                  strict_content_type=False,  # `curl -d` sends form content-type: read the body as JSON anyway
                   description="OpenAI-compatible completions and chat completions of one infersight replica.")
     app.state.server = server
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(RequestIdMiddleware)  # outermost: even a refused request gets its id back
     install_error_handlers(app)
     auth = [Depends(_bearer_check(api_key))] if api_key else []
 

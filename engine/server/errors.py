@@ -64,6 +64,8 @@ def _describe_validation(errors: list[dict]) -> tuple[str, str | None, str]:
             ctx = e.get("ctx", {}) or {}
             parts.append(f"request body is not valid JSON ({ctx.get('error', e.get('msg', ''))})")
             code = "invalid_json"
+        elif not loc and kind in ("model_attributes_type", "dict_type", "model_type"):
+            parts.append("the request body must be a JSON object")
         elif kind == "extra_forbidden":
             parts.append(f"unrecognized request argument: {_field_path(loc)}")
             code = "unsupported_parameter"
@@ -92,7 +94,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        message, param, code = _describe_validation(list(exc.errors()))
+        errors = list(exc.errors())
+        content_type = request.headers.get("content-type", "")
+        if content_type and "json" not in content_type and any(tuple(e.get("loc", ())) == ("body",) for e in errors):
+            return error_response(f"the body must be JSON, sent with 'Content-Type: application/json' "
+                                  f"(got {content_type!r})", 400, code="invalid_content_type")
+        message, param, code = _describe_validation(errors)
         return error_response(message, 400, param=param, code=code)
 
     @app.exception_handler(StarletteHTTPException)

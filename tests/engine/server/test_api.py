@@ -144,7 +144,7 @@ def test_request_id_is_echoed_or_made(client, live):
 
 BAD_REQUESTS = [
     ("malformed JSON", b'{"model": "m", "prompt": ', "invalid_json", "not valid JSON"),
-    ("not an object", b"[1, 2]", None, "body"),
+    ("not an object", b"[1, 2]", None, "must be a JSON object"),
     ("unknown model", {"prompt": "x", "model": "gpt-5"}, "model_not_found", "does not exist"),
     ("negative max_tokens", {"prompt": "x", "max_tokens": -1}, None, "max_tokens"),
     ("huge max_tokens", {"prompt": "x", "max_tokens": 10**12}, "context_length_exceeded", "maximum context length"),
@@ -177,6 +177,19 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(client, live, name, bod
         assert error["code"] == code
     ok = client.post("/v1/completions", json={"model": model(live), "prompt": "still here", "max_tokens": 2})
     assert ok.status_code == 200
+
+
+def test_wrong_content_type_and_oversized_body(client, live):
+    r = client.post("/v1/completions", content=b"model=m&prompt=x",
+                    headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_content_type"
+    # no content type at all (a bare `curl --data-binary`): read as JSON
+    body = json.dumps({"model": model(live), "prompt": "x", "max_tokens": 1}).encode()
+    assert client.post("/v1/completions", content=body, headers={"content-type": ""}).status_code == 200
+    r = client.post("/v1/completions", content=b"[" + b"1," * (17 << 20) + b"1]",
+                    headers={"content-type": "application/json", "X-Request-Id": "huge-1"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    assert r.headers["x-request-id"] == "huge-1"
 
 
 def test_bad_chat_input(client, live):
