@@ -207,6 +207,8 @@ class LLMEngine:
             t4 = perf_counter()
         except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep serving the others
             log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
+            if self.speculator is not None:
+                self.speculator.discard(batch)  # unverified drafts must not become output tokens
             self.step_id += 1
             return self._fail(batch.seqs, f"{type(e).__name__}: {e}")
         outputs, finished = self._postprocess(batch, out.prompt_logits, sampling, sampled)

@@ -84,6 +84,7 @@ class Speculator:
         self.step_stats = SpecDecodeStats()  # this step's drafts (reset by `propose`)
         self.total_stats = SpecDecodeStats()  # since the engine started
         self._drafts: dict[int, list[int]] = {}  # batch index -> this step's draft tokens
+        self._in_sequence: set[int] = set()  # batch indices whose drafts still sit in seq.token_ids
 
     # -- 1. before the forward ---------------------------------------------------------
 
@@ -94,6 +95,7 @@ class Speculator:
         """
         self.step_stats = SpecDecodeStats()
         self._drafts = {}
+        self._in_sequence = set()
         bs = self.kv_cache.block_size
         wanted = []  # (batch index, seq, k)
         for i, seq in enumerate(batch.seqs):
@@ -123,6 +125,7 @@ class Speculator:
             if not drafts:
                 continue
             self._drafts[i] = drafts
+            self._in_sequence.add(i)
             seq.token_ids.extend(drafts)
             batch.num_new_tokens[i] += len(drafts)
             batch.num_decode_tokens += len(drafts)
@@ -160,6 +163,7 @@ class Speculator:
                 logits = all_logits[offset:offset + len(drafts) + 1]
                 offset += len(drafts) + 1
                 del seq.token_ids[-len(drafts):]  # drafts leave the sequence; accepted ones come back
+                self._in_sequence.discard(i)
                 batch.num_new_tokens[i] = 1  # the engine counts the committed token; `commit` the rest
                 params = seq.sampling_params
                 if params.temperature == 0.0:
@@ -177,6 +181,13 @@ class Speculator:
                 self.step_stats.observe(len(drafts), result.num_accepted)
             self.total_stats.merge(self.step_stats)
         return SpecSampleOutput(token_ids, logprobs)
+
+    def discard(self, batch) -> None:
+        """The step failed between `propose` and `sample`: take the drafts back out of the
+        sequences, so that they never show up as output tokens."""
+        for i in self._in_sequence:
+            del batch.seqs[i].token_ids[-len(self._drafts[i]):]
+        self._in_sequence = set()
 
     # -- 3. after the tokens are appended --------------------------------------------------
 

@@ -254,3 +254,25 @@ def test_bad_speculative_config_is_a_clear_error(target, tiny_model_factory):
     other = tiny_model_factory("llama", num_layers=1, vocab_size=300)  # its own, smaller tokenizer
     with pytest.raises(ValueError, match="does not share the target's tokenizer"):
         LLMEngine(target, num_kv_blocks=16, speculative_mode="draft", draft_model=str(other))
+
+
+def test_failed_step_leaves_no_draft_in_the_output(target, reference):
+    prompts, expected = reference
+    engine = LLMEngine(target, block_size=4, num_kv_blocks=512, speculative_mode="draft",
+                       draft_model=str(target), num_speculative_tokens=K)
+    engine.add_request("a", prompts[0], GREEDY, stream=False)
+    for _ in range(3):
+        engine.step()
+    real_forward = engine.runner.forward
+
+    def broken(inputs):
+        raise RuntimeError("device lost")
+
+    engine.runner.forward = broken
+    generated = engine.requests["a"].output_token_ids
+    [out] = engine.step()  # drafts were already in the batch when the forward failed
+    assert out.finish_reason == "error" and "device lost" in out.error
+    assert out.token_ids == generated == expected[0][:len(generated)]
+    assert engine.kv_cache.num_used_blocks == 0
+    engine.runner.forward = real_forward  # and the engine keeps serving
+    assert [o.token_ids for o in generate(engine, prompts[:2], GREEDY)] == expected[:2]
