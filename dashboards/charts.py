@@ -15,7 +15,7 @@ LAYOUT = {"margin": {"t": 40, "l": 10, "r": 10, "b": 10}, "legend": {"orientatio
 
 def _figure(traces, title: str, x_title: str, y_title: str, height: int, **layout) -> go.Figure:
     fig = go.Figure(traces)
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, height=height, **LAYOUT, **layout)
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, height=height, **{**LAYOUT, **layout})
     return fig
 
 
