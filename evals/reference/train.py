@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import time
 from pathlib import Path
 
@@ -30,8 +29,8 @@ SIZES = {
                   intermediate_size=192),
 }
 TRAIN_DEFAULTS = {
-    "target": dict(steps=4000, batch_size=64, lr=3e-3),
-    "draft": dict(steps=2000, batch_size=64, lr=3e-3),
+    "target": dict(steps=2500, batch_size=16, lr=3e-3),
+    "draft": dict(steps=3000, batch_size=16, lr=3e-3),
 }
 MAX_POSITIONS = 256
 
@@ -45,22 +44,42 @@ def encode(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
     return p + a, [-100] * len(p) + a
 
 
-def batches(tokenizer, seed: int, batch_size: int, pool_batches: int = 16):
-    """Endless batches; a pool is sorted by length before splitting so padding stays small."""
+def batches(tokenizer, seed: int, rows: int, row_len: int = 128):
+    """Endless packed batches: examples laid end to end in rows of `row_len` tokens, each attending
+    only to itself (a block-diagonal causal mask, positions restarting at 0), so there is almost no
+    padding and every batch mixes all tasks.
+
+    Yields (input_ids [B, L], labels [B, L], position_ids [B, L], attention mask [B, 1, L, L] bool).
+    """
     examples = stream(seed)
-    rng = random.Random(seed + 1)
     pad = tokenizer.pad_token_id
+    pending = None
     while True:
-        pool = [encode(tokenizer, ex.prompt, ex.answer) for ex in (next(examples) for _ in range(batch_size * pool_batches))]
-        pool.sort(key=lambda x: len(x[0]))
-        chunks = [pool[i:i + batch_size] for i in range(0, len(pool), batch_size)]
-        rng.shuffle(chunks)
-        for chunk in chunks:
-            width = max(len(ids) for ids, _ in chunk)
-            ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in chunk])
-            labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in chunk])
-            mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in chunk])
-            yield ids, labels, mask
+        ids = torch.full((rows, row_len), pad)
+        labels = torch.full((rows, row_len), -100)
+        pos = torch.zeros((rows, row_len), dtype=torch.long)
+        seg = torch.full((rows, row_len), -1)
+        for r in range(rows):
+            used, k = 0, 0
+            while True:
+                if pending is None:
+                    ex = next(examples)
+                    pending = encode(tokenizer, ex.prompt, ex.answer)
+                x, y = pending
+                if len(x) > row_len:
+                    raise ValueError(f"an example of {len(x)} tokens does not fit a row of {row_len}")
+                if used + len(x) > row_len:
+                    break
+                ids[r, used:used + len(x)] = torch.tensor(x)
+                labels[r, used:used + len(x)] = torch.tensor(y)
+                pos[r, used:used + len(x)] = torch.arange(len(x))
+                seg[r, used:used + len(x)] = k
+                used, k, pending = used + len(x), k + 1, None
+        causal = torch.ones(row_len, row_len, dtype=torch.bool).tril()
+        mask = (seg[:, :, None] == seg[:, None, :]) & causal & (seg[:, :, None] >= 0)
+        # padding rows attend to themselves only, so no softmax row is empty
+        mask |= torch.eye(row_len, dtype=torch.bool)
+        yield ids, labels, pos, mask[:, None]
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
@@ -117,38 +136,39 @@ def train(out: Path, size: str, steps: int, batch_size: int, lr: float, seed: in
     warmup = max(1, steps // 20)
     model.train()
     data = batches(tokenizer, seed + TRAIN_SEED, batch_size)
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     tokens = 0
     running = None
     for step in range(steps):
-        ids, labels, mask = next(data)
+        ids, labels, pos, mask = next(data)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = model(input_ids=ids, position_ids=pos, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        tokens += int(mask.sum())
+        tokens += int((labels != -100).sum())
         running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
         if (step + 1) % log_every == 0 or step == 0:
             dt = time.time() - t0
             print(f"step {step + 1}/{steps} loss {running:.4f} lr {opt.param_groups[0]['lr']:.2e} "
-                  f"{tokens / dt:.0f} tok/s elapsed {dt / 60:.1f} min", flush=True)
+                  f"{tokens / dt:.0f} answer tok/s elapsed {dt / 60:.1f} min", flush=True)
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             print("  held-out (20/task):", json.dumps({k: round(v, 2) for k, v in quick_accuracy(model, tokenizer).items()}),
                   flush=True)
     minutes = (time.time() - t0) / 60
+    cpu_minutes = (time.process_time() - cpu0) / 60
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
     gen = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": [tokenizer.eos_token_id],
            "pad_token_id": tokenizer.pad_token_id, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     info = {"size": size, "parameters": n_params, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
-            "threads": threads, "train_minutes": round(minutes, 1), "final_loss": round(running, 4),
-            "train_tokens": tokens}
+            "threads": threads, "train_minutes": round(minutes, 1), "cpu_minutes": round(cpu_minutes, 1), "final_loss": round(running, 4),
+            "answer_tokens": tokens}
     (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
-    print(f"done in {minutes:.1f} min; saved to {out}", flush=True)
+    print(f"done in {minutes:.1f} min ({cpu_minutes:.1f} min CPU); saved to {out}", flush=True)
     return info
 
 
@@ -157,7 +177,7 @@ def main() -> None:
     p.add_argument("--size", choices=sorted(SIZES), required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int)
-    p.add_argument("--batch-size", type=int)
+    p.add_argument("--batch-size", type=int, help="rows of 128 packed tokens per step")
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", help="reuse this tokenizer directory (the draft must share the target's)")
