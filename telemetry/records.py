@@ -129,6 +129,7 @@ class StepRecord:
     spec_accepted: int = 0
     # accepted count per draft position (index 0 = first draft token) this step
     spec_accepted_per_pos: list[int] = field(default_factory=list)
+    spec_num_drafts: int = 0  # sequences that got a non-empty draft this step
 
 
 @dataclass(slots=True)

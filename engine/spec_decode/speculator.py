@@ -201,7 +201,7 @@ class Speculator:
     def step_record_fields(self) -> dict:
         s = self.step_stats
         return {"spec_proposed": s.num_draft_tokens, "spec_accepted": s.num_accepted_tokens,
-                "spec_accepted_per_pos": list(s.accepted_per_pos)}
+                "spec_accepted_per_pos": list(s.accepted_per_pos), "spec_num_drafts": s.num_drafts}
 
 
 def _build_draft_proposer(config, target, kv_cache):

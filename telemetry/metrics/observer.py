@@ -144,16 +144,5 @@ class MetricsObserver(EngineObserver):
 
 
 def num_drafts(r: StepRecord) -> int:
-    """Drafts (sequences given draft tokens) in a step.
-
-    Uses the step record's `spec_num_drafts` when the engine provides it; else
-    estimates it as proposed tokens / draft length (the length of the per-position
-    list), exact when every draft has the full length.
-    """
-    exact = getattr(r, "spec_num_drafts", None)
-    if exact is not None:
-        return exact
-    draft_len = len(r.spec_accepted_per_pos)
-    if draft_len:
-        return -(-r.spec_proposed // draft_len)
-    return r.num_decode_seqs or 1
+    """Drafts (sequences given a non-empty draft) in a step, as the engine counted them."""
+    return r.spec_num_drafts

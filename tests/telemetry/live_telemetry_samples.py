@@ -54,7 +54,7 @@ def queued_abort_record(request_id="req-abort", arrival=1_700_000_200.0, waited=
 
 def step_record(step_id=0, *, duration=0.010, forward=0.007, phase="decode", running=3, waiting=1,
                 used=10, free=54, cached=4, total=64, preempted=0, prefix_query=0, prefix_hit=0,
-                evictions=0, spec_proposed=0, spec_accepted=0, spec_per_pos=()) -> StepRecord:
+                evictions=0, spec_proposed=0, spec_accepted=0, spec_per_pos=(), spec_drafts=0) -> StepRecord:
     return StepRecord(
         replica_id="r0", step_id=step_id, start_time=1_700_000_100.0 + step_id * duration,
         duration_seconds=duration, phase=phase, num_seqs=running, num_prefill_seqs=0, num_decode_seqs=running,
@@ -64,5 +64,5 @@ def step_record(step_id=0, *, duration=0.010, forward=0.007, phase="decode", run
         kv_blocks_total=total, kv_blocks_used=used, kv_blocks_free=free, kv_blocks_cached=cached,
         prefix_hit_tokens=prefix_hit, prefix_query_tokens=prefix_query, evictions=evictions,
         num_waiting=waiting, num_running=running, num_preempted=preempted,
-        spec_proposed=spec_proposed, spec_accepted=spec_accepted, spec_accepted_per_pos=list(spec_per_pos),
+        spec_proposed=spec_proposed, spec_accepted=spec_accepted, spec_accepted_per_pos=list(spec_per_pos), spec_num_drafts=spec_drafts,
     )

@@ -137,8 +137,8 @@ def test_speculative_decoding_counters_per_position():
     registry = CollectorRegistry()
     observer = MetricsObserver("r0", "m", registry=registry)
     # 2 sequences x 3 draft tokens; then 1 sequence x 3
-    observer.on_step(step_record(0, running=2, spec_proposed=6, spec_accepted=3, spec_per_pos=(2, 1, 0)))
-    observer.on_step(step_record(1, running=1, spec_proposed=3, spec_accepted=3, spec_per_pos=(1, 1, 1)))
+    observer.on_step(step_record(0, running=2, spec_proposed=6, spec_accepted=3, spec_per_pos=(2, 1, 0), spec_drafts=2))
+    observer.on_step(step_record(1, running=1, spec_proposed=3, spec_accepted=3, spec_per_pos=(1, 1, 1), spec_drafts=1))
     observer.on_step(step_record(2, running=1))  # no speculation this step
     s = scrape(registry)
     ids = dict(replica="r0", model="m")

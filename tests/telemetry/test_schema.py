@@ -77,24 +77,26 @@ def test_table_and_text_ttls_and_skip_indexes(store):
 
 def test_migrate_is_idempotent_and_recorded(store):
     assert migrate(store) == []
-    rows = store.query_df("SELECT version, name FROM schema_migrations")
-    assert list(rows["version"]) == [1] and list(rows["name"]) == ["initial"]
+    rows = store.query_df("SELECT version, name FROM schema_migrations ORDER BY version")
+    assert list(rows["version"]) == [1, 2]
+    assert list(rows["name"]) == ["initial", "steps_spec_num_drafts"]
 
 
 def test_new_migration_applies_once_and_a_changed_one_is_refused(store, tmp_path):
     migrations = tmp_path / "migrations"
     shutil.copytree(MIGRATIONS_DIR, migrations)
+    shipped = sorted(int(p.name[:4]) for p in MIGRATIONS_DIR.glob("*.sql"))
+    new_version = shipped[-1] + 1
+    new_file = migrations / f"{new_version:04d}_request_priority.sql"
     # a second database in the same data directory (chdb allows one directory per process)
     with open_store(store.path, database="versioned") as s:
-        assert migrate(s, migrations_dir=migrations) == [1]
-        (migrations / "0002_request_priority.sql").write_text(
-            "ALTER TABLE requests ADD COLUMN IF NOT EXISTS priority Int32 DEFAULT 0;\n")
-        assert migrate(s, migrations_dir=migrations) == [2]
+        assert migrate(s, migrations_dir=migrations) == shipped
+        new_file.write_text("ALTER TABLE requests ADD COLUMN IF NOT EXISTS priority Int32 DEFAULT 0;\n")
+        assert migrate(s, migrations_dir=migrations) == [new_version]
         assert migrate(s, migrations_dir=migrations) == []
         assert "priority" in set(s.query_df("DESCRIBE TABLE requests")["name"])
-        (migrations / "0002_request_priority.sql").write_text(
-            "ALTER TABLE requests ADD COLUMN IF NOT EXISTS priority Int64 DEFAULT 0;\n")
-        with pytest.raises(MigrationError, match="0002_request_priority changed"):
+        new_file.write_text("ALTER TABLE requests ADD COLUMN IF NOT EXISTS priority Int64 DEFAULT 0;\n")
+        with pytest.raises(MigrationError, match=f"{new_version:04d}_request_priority changed"):
             migrate(s, migrations_dir=migrations)
 
 
