@@ -62,9 +62,7 @@ if not curves.empty:
     st.plotly_chart(fig, key="cmp_ttft_curve")
 
 st.subheader("Regression verdict")
-verdict = regression_verdict.run(data.store(), dimension=column, baseline=a, candidate=b,
-                                 baseline_replicas=a_ids, candidate_replicas=b_ids,
-                                 start=window.start, end=window.end)
+verdict = regression_verdict.cached(column, a, b, tuple(a_ids), tuple(b_ids), window.start, window.end)
 if verdict.available:
     (st.error if verdict.regressed else st.success)(verdict.headline)
     if verdict.table is not None:

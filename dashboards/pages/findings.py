@@ -28,10 +28,10 @@ for col, severity in zip(cols, ("critical", "warning", "info")):
     col.metric(f"{SEVERITY_ICON[severity]} {severity}", int(counts.get(severity, 0)))
 st.dataframe(found, hide_index=True, key="fd_table")
 
-finding_id = st.selectbox("Finding", found["finding_id"].tolist(), key="fd_selected",
-                          format_func=lambda f: f"{found.set_index('finding_id').loc[f, 'kind']}: "
-                                                f"{found.set_index('finding_id').loc[f, 'summary']}")
-row = found.set_index("finding_id").loc[finding_id]
+by_id = found.set_index("finding_id")
+labels = {f: f"{r.kind}: {r.summary}" for f, r in by_id.iterrows()}
+finding_id = st.selectbox("Finding", list(labels), key="fd_selected", format_func=labels.get)
+row = by_id.loc[finding_id]
 st.subheader(f"{SEVERITY_ICON.get(row['severity'], '')} {row['summary']}")
 st.caption(f"kind `{row['kind']}` · subject `{row['subject']}` · diagnostic `{row['diagnostic'] or '-'}` · "
            f"window {row['window_start']} → {row['window_end']} · first seen {row['first_seen_at']} · "

@@ -14,10 +14,8 @@ if profiles.empty:
     st.info("Record one with `infersight profile --replica URL --seconds 10`.")
     st.stop()
 st.dataframe(widgets.rounded(profiles, 3), hide_index=True, key="pf_list")
-profile_id = st.selectbox(
-    "Profile", profiles["profile_id"].tolist(), key="pf_selected",
-    format_func=lambda p: f"{p} ({profiles.set_index('profile_id').loc[p, 'replica_id']}, "
-                          f"{int(profiles.set_index('profile_id').loc[p, 'samples'])} samples)")
+labels = {r.profile_id: f"{r.profile_id} ({r.replica_id}, {int(r.samples)} samples)" for r in profiles.itertuples()}
+profile_id = st.selectbox("Profile", list(labels), key="pf_selected", format_func=labels.get)
 
 groups = data.query(queries.PROFILE_GROUPS, profile_id=profile_id)
 if not groups.empty:
