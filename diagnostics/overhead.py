@@ -34,7 +34,7 @@ def _source() -> str:
 
 
 _SHARES = """
-SELECT replica_id, any(model_name) AS model_name, count() AS steps, sum(duration) AS total, sum(forward) AS forward,
+SELECT replica_id, any(model_name) AS model_name, count() AS steps, sum(duration) AS total, sum(forward) AS forward_total,
        {parts},
        quantiles(0.5, 0.9, 0.99)(greatest(duration - forward, 0)) AS host_q
 FROM {source}
@@ -70,12 +70,12 @@ WHERE has({ids:Array(String)}, profile_id) GROUP BY profile_id, `group`
 
 
 def shares(store, scope: Scope) -> list[dict]:
-    sql = _SHARES.replace("{parts}", ", ".join(f"sum({p}) AS {p}" for p in PARTS)).replace("{source}", _source())
+    sql = _SHARES.replace("{parts}", ", ".join(f"sum({p}) AS {p}_total" for p in PARTS)).replace("{source}", _source())
     rows = store.query_arrow(sql, scope.parameters()).to_pylist()
     for r in rows:
         total = r["total"] or 0.0
-        r["host_share"] = 1.0 - r["forward"] / total if total > 0 else None
-        r["split"] = {p: (r[p] / total if total > 0 else None) for p in PARTS}
+        r["host_share"] = 1.0 - r["forward_total"] / total if total > 0 else None
+        r["split"] = {p: (r[f"{p}_total"] / total if total > 0 else None) for p in PARTS}
     return rows
 
 

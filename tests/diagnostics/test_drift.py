@@ -1,0 +1,111 @@
+"""Drift: eval accuracy drops with the gate's statistics; production greedy outputs that diverge across configs."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from diag_records import replica, request
+
+from diagnostics import drift
+from diagnostics.scope import Scope
+from engine.tokenization import Tokenizer
+from telemetry.records import EvalItemRecord, EvalRunRecord
+
+
+def eval_run(run_id, t, config_hash, correct: list[bool], outputs: list[list[int]]):
+    run = EvalRunRecord(run_id=run_id, suite="arith", start_time=t, finish_time=t + 5, config_json="{}",
+                        config_hash=config_hash, model_name="tiny", weights_hash="w", quantization="none",
+                        speculative_mode="none", git_sha="abc", num_items=len(correct),
+                        accuracy=sum(correct) / len(correct))
+    items = [EvalItemRecord(run_id=run_id, item_id=f"item-{i}", suite="arith", task="add", scorer="exact",
+                            score=float(ok), reference="4", output_text="", input_token_ids=[1, 2, 3],
+                            output_token_ids=out) for i, (ok, out) in enumerate(zip(correct, outputs))]
+    return run, items
+
+
+def store_runs(store, *runs):
+    for run, items in runs:
+        store.insert_records("eval_items", items)
+        store.insert_records("eval_runs", [run])
+
+
+def test_a_significant_accuracy_drop_is_quality_drift_with_divergence(clean):
+    t0 = time.time() - 3600
+    rng = random.Random(0)
+    base_ok = [rng.random() < 0.9 for _ in range(120)]
+    cand_ok = [ok and rng.random() > 0.35 for ok in base_ok]  # loses about a third of the right answers
+    outputs = [[5, 6, 7, i % 50] for i in range(120)]
+    cand_outputs = [o if ok == c else [5, 9, 9] for o, ok, c in zip(outputs, base_ok, cand_ok)]
+    store_runs(clean, eval_run("base", t0, "cfg-base", base_ok, outputs),
+               eval_run("cand", t0 + 100, "cfg-int4", cand_ok, cand_outputs))
+    findings = drift.eval_drift(clean, Scope(start=t0 - 60))
+    assert len(findings) == 1
+    f = findings[0]
+    assert f.kind == "quality_drift" and f.severity == "critical" and f.subject == "arith: cfg-int4 vs cfg-base"
+    ev = f.evidence
+    assert ev["mcnemar"]["candidate_only"] == 0 and ev["mcnemar"]["baseline_only"] == sum(base_ok) - sum(cand_ok)
+    assert ev["baseline_ci"][0] < ev["baseline_accuracy"] < ev["baseline_ci"][1]
+    example = ev["examples"][0]
+    assert example["first_divergence"] == 1 and example["candidate_token_ids"] == [5, 9, 9]
+
+
+def test_equal_accuracy_is_info_and_too_few_items_is_insufficient(clean):
+    t0 = time.time() - 3600
+    ok = [i % 4 != 0 for i in range(60)]
+    outs = [[1, 2]] * 60
+    store_runs(clean, eval_run("a", t0, "cfg-a", ok, outs), eval_run("b", t0 + 10, "cfg-b", ok, outs))
+    (f,) = drift.eval_drift(clean, Scope(start=t0 - 60))
+    assert f.severity == "info" and f.evidence["greedy"]["agreement"] == 1.0 and "accuracy holds" in f.summary
+    clean.command("TRUNCATE TABLE eval_runs")
+    clean.command("TRUNCATE TABLE eval_items")
+    store_runs(clean, eval_run("a", t0, "cfg-a", ok[:5], outs[:5]), eval_run("b", t0 + 10, "cfg-b", ok[:5], outs[:5]))
+    (f,) = drift.eval_drift(clean, Scope(start=t0 - 60))
+    assert f.insufficient
+
+
+def test_explicit_sides_pick_the_runs_by_config(clean):
+    t0 = time.time() - 3600
+    ok = [True] * 30
+    store_runs(clean, eval_run("x", t0, "cfg-x", ok, [[1]] * 30), eval_run("y", t0 + 1, "cfg-y", ok, [[1]] * 30),
+               eval_run("z", t0 + 2, "cfg-z", [False] * 30, [[2]] * 30))
+    scope = Scope(start=t0 - 60)
+    (f,) = drift.eval_drift(clean, scope, scope.with_side("config_hash=cfg-x"), scope.with_side("config_hash=cfg-y"))
+    assert f.evidence["runs"]["candidate"]["run_id"] == "y" and f.severity == "info"
+
+
+def test_greedy_outputs_that_diverge_on_one_config_name_that_replica(clean, tiny_llama):
+    t0 = time.time() - 3600
+    tok = Tokenizer(tiny_llama)
+    ident = dict(model_dir=str(tiny_llama), tokenizer_hash=tok.tokenizer_hash, chat_template_hash=tok.chat_template_hash)
+    clean.insert_records("replicas", [replica("r0", t0, config_hash="cfg-fp32", **ident),
+                                      replica("r1", t0, config_hash="cfg-fp32", **ident),
+                                      replica("q", t0, config_hash="cfg-int4", quantization="int4", **ident)])
+    reqs = []
+    for p in range(20):
+        prompt = [0, 10 + p, 11, 12]
+        good = [20 + p, 21, 22, 23, 24]
+        bad = good[:3] + [99, 98] if p % 2 else good  # int4 changes half the answers from token 3 on
+        reqs += [request("r0", p, t0 + p, prompt_ids=prompt, output_ids=good),
+                 request("r1", p, t0 + p + 0.1, prompt_ids=prompt, output_ids=good),
+                 request("q", p, t0 + p + 0.2, prompt_ids=prompt, output_ids=bad)]
+    # sampled requests are not compared, however different
+    reqs.append(request("q", 99, t0 + 50, prompt_ids=[0, 10, 11, 12], output_ids=[7, 7], temperature=0.8))
+    clean.insert_records("requests", reqs)
+    findings = drift.greedy_drift(clean, Scope(start=t0 - 60))
+    above = [f for f in findings if f.severity != "info"]
+    assert [f.subject for f in above] == ["q"]
+    f = above[0]
+    assert f.kind == "output_drift" and f.evidence["differ"] == 10 and f.evidence["compared"] == 20
+    ex = f.evidence["examples"][0]
+    assert ex["first_divergence"] == 3 and ex["replica_token_ids"][3] == 99
+    assert ex["replica_tokens_at_divergence"][3]["id"] == 99 and "text" in ex["replica_tokens_at_divergence"][3]
+    assert {"field": "quantization", "replica": "int4", "peers": {"none": 2}} in f.evidence["identity_differences"]
+
+
+def test_a_fleet_of_one_config_has_nothing_to_compare(clean):
+    t0 = time.time() - 3600
+    clean.insert_records("replicas", [replica("r0", t0), replica("r1", t0)])
+    clean.insert_records("requests", [request(r, p, t0 + p, prompt_ids=[0, p]) for r in ("r0", "r1") for p in range(20)])
+    findings = drift.greedy_drift(clean, Scope(start=t0 - 60))
+    assert [(f.severity, f.insufficient) for f in findings] == [("info", True)]
