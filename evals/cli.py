@@ -3,7 +3,8 @@
     infersight eval run --suite evals/suites/reference_heldout.jsonl --model evals/reference/models/target \
         [--quantization int8 ...] [--store DIR|URL] [--out run.json]
     infersight eval run --suite S --endpoint http://127.0.0.1:8000 --out run.json
-    infersight eval drift --baseline base.json --candidate cand.json|cand.toml|MODEL_DIR [--candidate-set quantization=int8]
+    infersight eval drift --baseline base.json --candidate cand.json|cand.toml|MODEL_DIR \
+        [--candidate-set quantization=int8]
     infersight eval gate --baseline base.json|base.toml|MODEL_DIR --candidate ... --policy evals/policies/default.toml \
         [--report-md gate.md] [--report-json gate.json]
 

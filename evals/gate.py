@@ -90,12 +90,14 @@ def compare_suite(base: EvalRun, cand: EvalRun, policy: Policy) -> SuiteComparis
         suite=base.run.suite, items=n, baseline_correct=ka, candidate_correct=kb, baseline_accuracy=ka / n,
         candidate_accuracy=kb / n, baseline_ci=wilson_interval(ka, n, policy.confidence),
         candidate_ci=wilson_interval(kb, n, policy.confidence), delta=(kb - ka) / n,
-        mcnemar={**asdict(mc), "discordant": mc.discordant}, bootstrap=asdict(boot), by_task=dict(sorted(by_task.items())))
+        mcnemar={**asdict(mc), "discordant": mc.discordant}, bootstrap=asdict(boot),
+        by_task=dict(sorted(by_task.items())))
 
 
 def accuracy_checks(c: SuiteComparison, policy: Policy) -> list[Check]:
     drop = c.baseline_accuracy - c.candidate_accuracy
-    checks = [Check("accuracy drop", c.suite, drop, policy.max_accuracy_drop, "<=", drop <= policy.max_accuracy_drop + 1e-12,
+    ok = drop <= policy.max_accuracy_drop + 1e-12  # a drop of exactly the threshold is allowed
+    checks = [Check("accuracy drop", c.suite, drop, policy.max_accuracy_drop, "<=", ok,
                     f"{c.baseline_accuracy:.1%} -> {c.candidate_accuracy:.1%}")]
     worse = c.candidate_correct < c.baseline_correct
     if policy.paired_test == "mcnemar":

@@ -51,7 +51,8 @@ def gate_markdown(r: GateResult) -> str:
     for s in r.suites:
         mc, bs = s.mcnemar, s.bootstrap
         out.append(
-            f"| {s.suite} | {s.items} | {_pct(s.baseline_accuracy)} [{_pct(s.baseline_ci[0])} - {_pct(s.baseline_ci[1])}] "
+            f"| {s.suite} | {s.items} "
+            f"| {_pct(s.baseline_accuracy)} [{_pct(s.baseline_ci[0])} - {_pct(s.baseline_ci[1])}] "
             f"| {_pct(s.candidate_accuracy)} [{_pct(s.candidate_ci[0])} - {_pct(s.candidate_ci[1])}] "
             f"| {100 * s.delta:+.1f} pt | {mc['baseline_only']} / {mc['candidate_only']}, {mc['p_mid']:.3g} "
             f"| {100 * bs['delta']:+.1f} pt [{100 * bs['ci_low']:+.1f}, {100 * bs['ci_high']:+.1f}] |")

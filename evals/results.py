@@ -89,11 +89,11 @@ def _record(cls, row: dict):
     values = {}
     for f in dataclasses.fields(cls):
         v = row[f.name]
-        if isinstance(v, pd.Timestamp):
-            v = v.timestamp()
+        if isinstance(v, pd.Timestamp):  # the store's times are UTC, with or without a zone attached
+            v = (v if v.tzinfo is not None else v.tz_localize("UTC")).timestamp()
         elif hasattr(v, "tolist"):
             v = v.tolist()
-        if f.type in ("list[int]", "list[float]") or isinstance(v, (list, tuple)):
-            v = [x for x in v]
+        if isinstance(v, tuple):
+            v = list(v)
         values[f.name] = v
     return cls(**values)

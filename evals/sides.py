@@ -32,7 +32,8 @@ class Side:
     def describe(self) -> str:
         if self.config is not None:
             c = self.config
-            return f"{Path(c.model).name} (dtype {c.dtype}, quantization {c.quantization}, speculative {c.speculative_mode})"
+            return (f"{Path(c.model).name} (dtype {c.dtype}, quantization {c.quantization}, "
+                    f"speculative {c.speculative_mode})")
         run = next(iter(self.runs.values()), None)
         return f"runs of {run.run.model_name} ({run.run.endpoint or 'engine'})" if run else "?"
 

@@ -232,7 +232,8 @@ class GreedyAgreement:
     min_first_divergence: int | None = None
 
 
-def greedy_agreement(baseline_outputs: Sequence[Sequence[int]], candidate_outputs: Sequence[Sequence[int]]) -> GreedyAgreement:
+def greedy_agreement(baseline_outputs: Sequence[Sequence[int]],
+                     candidate_outputs: Sequence[Sequence[int]]) -> GreedyAgreement:
     if len(baseline_outputs) != len(candidate_outputs):
         raise ValueError(f"{len(baseline_outputs)} baseline outputs vs {len(candidate_outputs)} candidate outputs")
     pos = [d for d in (first_divergence(a, b) for a, b in zip(baseline_outputs, candidate_outputs)) if d is not None]

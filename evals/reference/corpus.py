@@ -119,8 +119,8 @@ TASKS: dict[str, Callable[[random.Random], Example]] = {
     "brackets": _brackets,
     "word_problem": _word_problem,
 }
-# harder tasks get more of the training stream
-TRAIN_WEIGHTS = {"addition": 3, "reverse": 2, "sort": 3, "kv_recall": 2, "brackets": 2, "word_problem": 2}
+# share of the training stream: the tasks that take longest to learn get more
+TRAIN_WEIGHTS = {"addition": 1, "reverse": 2, "sort": 2, "kv_recall": 4, "brackets": 3, "word_problem": 3}
 
 
 # yes/no tasks: the held-out items are half yes, half no, so "always no" scores 50%
@@ -155,7 +155,7 @@ def heldout_items(per_task: int, seed: int = HELDOUT_SEED) -> list[Example]:
             if len(seen) == per_task:
                 break
             ex = make(rng)
-            if name in BALANCED_TASKS and answers.get(ex.answer, 0) >= per_task // 2:
+            if name in BALANCED_TASKS and answers.get(ex.answer, 0) >= (per_task + 1) // 2:
                 continue
             if is_heldout(ex.prompt) and ex.prompt not in seen:
                 seen.add(ex.prompt)

@@ -29,7 +29,7 @@ SIZES = {
                   intermediate_size=192),
 }
 TRAIN_DEFAULTS = {
-    "target": dict(steps=2500, batch_size=16, lr=3e-3),
+    "target": dict(steps=3000, batch_size=16, lr=3e-3),
     "draft": dict(steps=3000, batch_size=16, lr=3e-3),
 }
 MAX_POSITIONS = 256
@@ -155,8 +155,8 @@ def train(out: Path, size: str, steps: int, batch_size: int, lr: float, seed: in
             print(f"step {step + 1}/{steps} loss {running:.4f} lr {opt.param_groups[0]['lr']:.2e} "
                   f"{tokens / dt:.0f} answer tok/s elapsed {dt / 60:.1f} min", flush=True)
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-            print("  held-out (20/task):", json.dumps({k: round(v, 2) for k, v in quick_accuracy(model, tokenizer).items()}),
-                  flush=True)
+            acc = quick_accuracy(model, tokenizer)
+            print("  held-out (20/task):", json.dumps({k: round(v, 2) for k, v in acc.items()}), flush=True)
     minutes = (time.time() - t0) / 60
     cpu_minutes = (time.process_time() - cpu0) / 60
     model.eval()
@@ -165,7 +165,8 @@ def train(out: Path, size: str, steps: int, batch_size: int, lr: float, seed: in
            "pad_token_id": tokenizer.pad_token_id, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     info = {"size": size, "parameters": n_params, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
-            "threads": threads, "train_minutes": round(minutes, 1), "cpu_minutes": round(cpu_minutes, 1), "final_loss": round(running, 4),
+            "threads": threads, "train_minutes": round(minutes, 1), "cpu_minutes": round(cpu_minutes, 1),
+            "final_loss": round(running, 4),
             "answer_tokens": tokens}
     (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"done in {minutes:.1f} min ({cpu_minutes:.1f} min CPU); saved to {out}", flush=True)
@@ -182,7 +183,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", help="reuse this tokenizer directory (the draft must share the target's)")
     p.add_argument("--threads", type=int, default=1)  # 2 threads on 2 busy cores is ~10x slower
-    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--eval-every", type=int, default=1000)
     a = p.parse_args()
     d = TRAIN_DEFAULTS[a.size]
     train(Path(a.out), a.size, a.steps or d["steps"], a.batch_size or d["batch_size"], a.lr or d["lr"], a.seed,

@@ -1,9 +1,10 @@
 """Train the reference models' byte-level BPE tokenizer on the synthetic corpus.
 
 Same specials and chat template as `engine.tiny_model` (BOS / EOS / PAD and
-role markers), but digits and punctuation are split into single tokens before
-BPE: a model can then add digit by digit and see every bracket, instead of
-having to learn the spelling of merged number tokens.
+role markers), but digits, punctuation and one-letter words are split into
+single tokens before BPE: a model can then add digit by digit, see every
+bracket and copy letters, instead of having to learn the spelling of merged
+tokens.
 
     python -m evals.reference.train_tokenizer --out evals/reference/models/target
 """
@@ -27,11 +28,14 @@ def corpus_texts(n: int, seed: int = TRAIN_SEED) -> list[str]:
 def train_tokenizer(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB, num_texts: int = 20000,
                     seed: int = TRAIN_SEED):
     """Train, save in Hugging Face format to `out_dir`, return the PreTrainedTokenizerFast."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
+        # a one-letter word is split from its space: "k" is one token wherever it stands, so copying
+        # letters (reverse, key lookup) never has to map " k" to "k"
+        pre_tokenizers.Split(Regex(r"\b[A-Za-z]\b"), behavior="isolated"),
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.Punctuation(behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False),
