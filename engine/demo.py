@@ -76,6 +76,7 @@ def run_traffic(state: FleetState, args, run_id: str):
 
 
 def report(state: FleetState, load, run_id: str, since: float) -> None:
+    """The store's view of the run, then the diagnostics' findings."""
     from engine.demo_report import collect, format_report, wait_for_rows
     from telemetry.store import open_store
 
@@ -85,28 +86,32 @@ def report(state: FleetState, load, run_id: str, since: float) -> None:
         say(f"the store holds {stored} of the {len(load.results)} requests sent")
         data = collect(store, run_id, [r.name for r in state.replicas], since)
         print(format_report(data))
-        findings(store)
+        findings(store, [r.name for r in state.replicas], since)
     finally:
         store.close()
 
 
-def findings(store) -> None:
-    """Run the diagnostics when they exist (another part of infersight); say so when they do not."""
+def findings(store, replicas: list[str], since: float) -> None:
+    """Every diagnostic over this run (its replicas, since it started); findings are stored too, so the
+    sidecar exports them on /metrics. Said so, and skipped, in a build without the diagnostics."""
     try:
-        import diagnostics.cli as diagnose  # noqa: F401
-        from diagnostics import run_all
+        import diagnostics
+        from diagnostics.findings import format_table
+        from diagnostics.scope import Scope
     except ImportError:
-        say("findings: the diagnostics are not part of this build yet (`infersight diagnose` runs them)")
+        say("findings: the diagnostics are not part of this build (`infersight diagnose` runs them)")
         return
+    say("running the diagnostics over this run")
+    errors: list = []
     try:
-        results = run_all(store)
-    except Exception as e:  # the report must not fail on a diagnostic's bug
+        found = diagnostics.run_all(store, Scope(start=since, replicas=tuple(replicas)), errors=errors)
+    except Exception as e:  # noqa: BLE001 - the report must not fail on a diagnostic's bug
         say(f"findings: the diagnostics failed ({type(e).__name__}: {e})")
         return
-    if not results:
-        say("findings: none")
-    for f in results:
-        print(f"  [{f.severity}] {f.kind} {f.subject}: {f.summary}")
+    print("findings")
+    print(format_table(found))
+    for name, e in errors:
+        say(f"findings: diagnostic {name} failed ({type(e).__name__}: {e})")
 
 
 def _interrupt(signum, frame):

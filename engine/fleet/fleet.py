@@ -104,12 +104,16 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
         sc = config.sidecar
         if sc.url:
             state.store_url = sc.url
-        elif sc.enabled:
+        elif sc.enabled:  # spawned first, waited for last: it starts while the replicas load their models
             data_dir = Path(sc.data_dir) if sc.data_dir else run_dir / "store"
-            progress(f"starting the sidecar (store {data_dir})")
-            state.sidecar = start_sidecar_process(data_dir, logs / "sidecar.log", host, sc.port, sc.args,
-                                                  config.startup_timeout, on_spawn=lambda p: _save(state, p))
+            port = _port(sc.port, host, "sidecar")
+            cmd = sidecar_command(data_dir, host, port, list(sc.args))
+            ref = spawn(cmd, logs / "sidecar.log")
+            state.sidecar = ProcessState("sidecar", ref.pid, ref.start_ticks, f"http://{host}:{port}", port, cmd,
+                                         str(logs / "sidecar.log"))
             state.store_url = state.sidecar.url
+            state.save()
+            progress(f"starting the sidecar on port {port} (store {data_dir})")
         for spec in config.replicas:
             port = _port(spec.port, host, f"replica {spec.id}")
             cmd = replica_command(spec, models[spec.id], host, port, state.store_url or None, config.log_level)
@@ -120,6 +124,10 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
                                                numa_node=spec.numa_node, model=str(models[spec.id])))
         state.save()
         progress(f"starting {len(state.replicas)} replica(s): " + ", ".join(r.name for r in state.replicas))
+        if state.sidecar:  # replicas that come up first spool their telemetry and replay it: nothing is lost
+            wait_healthy(state.sidecar.url, state.sidecar.ref, config.startup_timeout, Path(state.sidecar.log),
+                         SIDECAR_HEALTH)
+            progress(f"sidecar healthy at {state.sidecar.url}")
         with ThreadPoolExecutor(max_workers=max(1, len(state.replicas))) as pool:
             waits = [pool.submit(wait_healthy, r.url, r.ref, config.startup_timeout, Path(r.log))
                      for r in state.replicas]

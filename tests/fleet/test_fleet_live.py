@@ -127,8 +127,11 @@ def test_fleet_up_status_kill_restart_down(tiny_llama, tmp_path):
         from telemetry.store import open_store
 
         with open_store(state.store_url) as store:
-            starts = store.query_df("SELECT replica_id, cpu_affinity FROM replicas ORDER BY start_time")
-        assert list(starts["replica_id"]).count("a") == 2
+            def both_starts():  # the restarted replica's recorder ships its identity row with its next flush
+                df = store.query_df("SELECT replica_id, cpu_affinity FROM replicas ORDER BY start_time")
+                return [df] if list(df["replica_id"]).count("a") == 2 else None
+
+            starts = wait_for(both_starts, 30, "a's second start in the store")[0]
         assert all(list(c) == [0] for c in starts[starts["replica_id"] == "a"]["cpu_affinity"])
 
         down = infersight("fleet", "down", "--run-dir", str(run_dir))
