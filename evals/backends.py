@@ -24,6 +24,8 @@ class Generation:
     finish_reason: str = ""
     latency_seconds: float = 0.0
     error: str = ""  # the item could not be run (e.g. prompt too long): scored 0, kept in the run
+    spec_proposed: int = 0  # speculative decoding: draft tokens proposed / accepted for this item
+    spec_accepted: int = 0
 
 
 @dataclass
@@ -90,10 +92,12 @@ class EngineBackend:
                 for out in eng.step():
                     if not out.finished:
                         continue
+                    m = out.metrics
                     results[out.request_id] = Generation(
                         list(out.prompt_token_ids), list(out.token_ids), out.text,
                         [lp.logprob for lp in (out.logprobs or [])], out.finish_reason or "",
-                        time.perf_counter() - started[out.request_id], out.error or "")
+                        time.perf_counter() - started[out.request_id], out.error or "",
+                        m.spec_proposed if m else 0, m.spec_accepted if m else 0)
                     bar.update(1)
         return [results[f"eval-{i}"] for i in range(len(items))]
 
