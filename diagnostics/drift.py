@@ -182,7 +182,8 @@ GROUP BY replica_id
 
 
 def _source() -> str:
-    return requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.prompt_token_ids AS prompt_token_ids, "
+    return requests_in("t.model_name AS model_name, t.replica_id AS replica_id, "
+                       "t.prompt_token_ids AS prompt_token_ids, "
                        "t.output_token_ids AS output_token_ids, t.arrival_time AS arrival_time, "
                        "t.sampling_params_json AS sampling_params_json, t.finish_reason AS finish_reason")
 

@@ -34,7 +34,8 @@ def _source() -> str:
 
 
 _SHARES = """
-SELECT replica_id, any(model_name) AS model_name, count() AS steps, sum(duration) AS total, sum(forward) AS forward_total,
+SELECT replica_id, any(model_name) AS model_name, count() AS steps, sum(duration) AS total,
+       sum(forward) AS forward_total,
        {parts},
        quantiles(0.5, 0.9, 0.99)(greatest(duration - forward, 0)) AS host_q
 FROM {source}
@@ -157,9 +158,9 @@ def _outliers(rows, relative, identity, profiles, scope) -> list[Finding]:
                 continue
             diffs = identity_differences(identity.get(rid, {"replica_id": rid}),
                                          [identity.get(p, {"replica_id": p}) for p in peers])
+            differs = ", ".join(f"{d['field']}={d['replica']}" for d in diffs[:3])
             summary = (f"{rid}: host time per step is {ratio:.2f}x its peers' in the same phase and batch size "
-                       f"(MWU p={c.mwu_p:.1e})" + (f"; differs in " + ", ".join(
-                           f"{d['field']}={d['replica']}" for d in diffs[:3]) if diffs else ""))
+                       f"(MWU p={c.mwu_p:.1e})" + (f"; differs in {differs}" if differs else ""))
             evidence = {"replica": rid, "model_name": model, "peers": peers, "ratio_to_peers": ratio,
                         "robust_z": z[rid] if len(ids) > 2 else None, "test_vs_peers": c.to_dict(),
                         "identity_differences": diffs, "profile": profiles.get(rid),

@@ -105,7 +105,8 @@ def top_functions(records: list[ProfileRecord], per_group: int = 5) -> dict[str,
             continue
         n = sum(counts.values())
         out[group] = {"samples": n, "share": n / total,
-                      "top": [{"function": f, "samples": c, "share": c / total} for f, c in counts.most_common(per_group)]}
+                      "top": [{"function": f, "samples": c, "share": c / total}
+                              for f, c in counts.most_common(per_group)]}
     return out
 
 

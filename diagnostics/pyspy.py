@@ -44,8 +44,8 @@ def record(pid: int, seconds: float, rate: int = 100, native: bool = False, time
     """Sample `pid` for `seconds` at `rate` Hz; returns Counter(folded stack -> samples)."""
     with tempfile.TemporaryDirectory(prefix="infersight-pyspy-") as tmp:
         out = Path(tmp) / "stacks.txt"
-        cmd = [py_spy_binary(), "record", "--format", "raw", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
-               "--rate", str(rate), "--nonblocking", "--output", str(out)]
+        cmd = [py_spy_binary(), "record", "--format", "raw", "--pid", str(pid),
+               "--duration", str(max(1, round(seconds))), "--rate", str(rate), "--nonblocking", "--output", str(out)]
         if native:
             cmd.append("--native")
         try:

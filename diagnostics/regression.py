@@ -405,8 +405,9 @@ def _shift_finding(metric: str, scope: Scope, series: list[dict], t0: float, wid
                 "bucket_seconds": width_us / 1e6, "change_points": len(bounds) - 2,
                 "levels": [{"t": t0 + s["bucket_index"] * width_us / 1e6, "relative_median": s["level"], "n": s["n"]}
                            for s in series],
-                "comparison": c.to_dict(), "method": "ruptures PELT (l2 cost, KernelCPD linear) on log bucket medians of latency relative "
-                                                     "to its stratum median; confirmed by MWU + KS"}
+                "comparison": c.to_dict(),
+                "method": "ruptures PELT (l2 cost, KernelCPD linear) on log bucket medians of latency relative to "
+                          "its stratum median; confirmed by MWU + KS"}
     return Finding("latency_change_point", severity, f"{metric}: {scope.label()}", summary, DIAGNOSTIC, scope,
                    evidence)
 

@@ -190,11 +190,13 @@ def _outliers(model: str, group: list[dict], identity: dict, scope: Scope) -> li
         ratio = worst["ratio_to_peers"]
         severity = "critical" if ratio >= CRITICAL_RATIO else "warning"
         summary = (f"{rid} is {ratio:.2f}x slower than its {len(peers)} peer(s) of {model} on {worst_metric} "
-                   f"(p50 {worst['quantiles_seconds']['p50'] * 1000:.1f} ms; MWU p={worst['test_vs_peers']['mwu_p']:.1e}); "
+                   f"(p50 {worst['quantiles_seconds']['p50'] * 1000:.1f} ms; "
+                   f"MWU p={worst['test_vs_peers']['mwu_p']:.1e}); "
                    + _explain(diffs))
         evidence = {"model_name": model, "replica": rid, "peers": [p["replica_id"] for p in peers],
                     "metrics": entry["metrics"], "identity_differences": diffs,
-                    "identity": {k: me.get(k) for k in (*IDENTITY, "cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes")},
+                    "identity": {k: me.get(k) for k in
+                                 (*IDENTITY, "cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes")},
                     "requests": {r["replica_id"]: r["n"] for r in group},
                     "method": "latency relative to the (model, workload, prompt-length) stratum median; robust z "
                               "(median/MAD) among replicas, ratio to peers, MWU + KS against the peers' requests"}

@@ -9,7 +9,7 @@ Checks, each with the token IDs and decoded strings as evidence:
 - streaming: the streamed output text != the full decode of the output token IDs;
 - double BOS at the start of a prompt;
 - special-token strings in user text (text prompts) encoded as special tokens;
-- token IDs outside the tokenizer's vocabulary in prompts or outputs.
+- token IDs outside the model's vocabulary (critical), or inside it but without text in the tokenizer (info).
 The SQL checks scan the scope once each; the checks that need a tokenizer load the replica's own
 (see diagnostics.tokenizers) and say so when it is not available.
 """
@@ -327,16 +327,22 @@ SELECT replica_id, count() AS requests,
            AS special_from_text,
        groupArraySampleIf(3, 1)((prompt_token_ids, prompt_text), prompt_text_hash != ''
                AND arrayExists(x -> has(specials, x), arraySlice(prompt_token_ids, 2))) AS special_examples,
-       countIf(arrayExists(x -> x >= vocab, prompt_token_ids)) AS prompt_out_of_vocab,
-       countIf(arrayExists(x -> x >= vocab, output_token_ids)) AS output_out_of_vocab,
+       countIf(arrayExists(x -> x >= model_vocab, prompt_token_ids)) AS prompt_out_of_vocab,
+       countIf(arrayExists(x -> x >= model_vocab, output_token_ids)) AS output_out_of_vocab,
        groupArraySampleIf(3, 1)((prompt_token_ids, output_token_ids),
-               arrayExists(x -> x >= vocab, arrayConcat(prompt_token_ids, output_token_ids))) AS oov_examples
+               arrayExists(x -> x >= model_vocab, arrayConcat(prompt_token_ids, output_token_ids))) AS oov_examples,
+       countIf(arrayExists(x -> x >= vocab AND x < model_vocab, arrayConcat(prompt_token_ids, output_token_ids)))
+           AS textless,
+       groupArraySampleIf(3, 1)((prompt_token_ids, output_token_ids),
+               arrayExists(x -> x >= vocab AND x < model_vocab, arrayConcat(prompt_token_ids, output_token_ids)))
+           AS textless_examples
 FROM (
     SELECT t.replica_id AS replica_id, t.prompt_token_ids AS prompt_token_ids, t.output_token_ids AS output_token_ids,
            t.prompt_text_hash AS prompt_text_hash, t.prompt_text AS prompt_text,
            indexOf({ids:Array(String)}, t.replica_id) AS i,
            arrayElement({bos:Array(Int64)}, i) AS bos,
            arrayElement({vocab:Array(UInt64)}, i) AS vocab,
+           arrayElement({model_vocab:Array(UInt64)}, i) AS model_vocab,
            arrayElement({specials:Array(Array(UInt32))}, i) AS specials
     FROM requests AS t
     WHERE {filters}
@@ -353,6 +359,7 @@ def token_id_checks(store, scope: Scope, toks: dict, identity: dict) -> list[Fin
     params = {**scope.parameters(), "ids": ids,
               "bos": [toks[r].bos_token_id if toks[r].bos_token_id is not None else -1 for r in ids],
               "vocab": [toks[r].vocab_size for r in ids],
+              "model_vocab": [toks[r].model_vocab_size for r in ids],
               # specials a text can only contain if the user wrote them (not those the tokenizer adds itself)
               "specials": [sorted(set(toks[r].special_ids) - set(toks[r].post_processor_ids)) for r in ids]}
     sql = _TOKEN_CHECKS.replace("{filters}", _plain_filters())
@@ -388,20 +395,33 @@ def token_id_checks(store, scope: Scope, toks: dict, identity: dict) -> list[Fin
                                     "requests": r["requests"], "special_token_ids": sorted(specials),
                                     "examples": examples}))
         if r["prompt_out_of_vocab"] or r["output_out_of_vocab"]:
-            examples = []
-            for e in r["oov_examples"]:
-                p_ids, o_ids = _pairs(e)
-                examples.append({"prompt_token_ids": list(p_ids), "output_token_ids": list(o_ids),
-                                 "out_of_vocab_ids": sorted({int(x) for x in [*p_ids, *o_ids]
-                                                             if int(x) >= tok.vocab_size})})
+            examples = [_id_example(e, lambda x: x >= tok.model_vocab_size) for e in r["oov_examples"]]
             findings.append(Finding(
                 "token_out_of_vocab", "critical", rid,
-                f"{rid}: token IDs outside the tokenizer's vocabulary ({tok.vocab_size}) in "
+                f"{rid}: token IDs outside the model's vocabulary ({tok.model_vocab_size}) in "
                 f"{r['prompt_out_of_vocab']} prompts and {r['output_out_of_vocab']} outputs",
-                DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "vocab_size": tok.vocab_size,
+                DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "vocab_size": tok.model_vocab_size,
                                     "prompts": r["prompt_out_of_vocab"], "outputs": r["output_out_of_vocab"],
                                     "examples": examples}))
+        if r["textless"]:
+            # padding rows of the embedding: a trained model never emits them, a random or broken one does
+            examples = [_id_example(e, lambda x: tok.vocab_size <= x < tok.model_vocab_size)
+                        for e in r["textless_examples"]]
+            findings.append(Finding(
+                "token_without_text", "info", rid,
+                f"{rid}: {r['textless']} requests hold token IDs in the model's vocabulary ({tok.model_vocab_size}) "
+                f"that the tokenizer ({tok.vocab_size} tokens) cannot decode: padding rows of the embedding, "
+                f"expected only from untrained weights",
+                DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "tokenizer_size": tok.vocab_size,
+                                    "model_vocab_size": tok.model_vocab_size, "requests_affected": r["textless"],
+                                    "examples": examples}))
     return findings
+
+
+def _id_example(row, outside) -> dict:
+    prompt_ids, output_ids = (list(x) for x in _pairs(row))
+    return {"prompt_token_ids": prompt_ids, "output_token_ids": output_ids,
+            "out_of_vocab_ids": sorted({int(x) for x in prompt_ids + output_ids if outside(int(x))})}
 
 
 # -- all of it ------------------------------------------------------------------------------------

@@ -55,6 +55,15 @@ class LoadedTokenizer:
         return len(self.hf)
 
     @property
+    def model_vocab_size(self) -> int:
+        """Rows of the model's embedding (config.json vocab_size): often padded past the tokenizer's size."""
+        try:
+            config = json.loads((Path(self.directory) / "config.json").read_text())
+            return max(int(config.get("vocab_size") or 0), self.vocab_size)
+        except (OSError, ValueError, TypeError):
+            return self.vocab_size
+
+    @property
     def bos_token_id(self) -> int | None:
         return self.hf.bos_token_id
 

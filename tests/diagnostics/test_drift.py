@@ -77,7 +77,8 @@ def test_explicit_sides_pick_the_runs_by_config(clean):
 def test_greedy_outputs_that_diverge_on_one_config_name_that_replica(clean, tiny_llama):
     t0 = time.time() - 3600
     tok = Tokenizer(tiny_llama)
-    ident = dict(model_dir=str(tiny_llama), tokenizer_hash=tok.tokenizer_hash, chat_template_hash=tok.chat_template_hash)
+    ident = dict(model_dir=str(tiny_llama), tokenizer_hash=tok.tokenizer_hash,
+                 chat_template_hash=tok.chat_template_hash)
     clean.insert_records("replicas", [replica("r0", t0, config_hash="cfg-fp32", **ident),
                                       replica("r1", t0, config_hash="cfg-fp32", **ident),
                                       replica("q", t0, config_hash="cfg-int4", quantization="int4", **ident)])
@@ -106,6 +107,7 @@ def test_greedy_outputs_that_diverge_on_one_config_name_that_replica(clean, tiny
 def test_a_fleet_of_one_config_has_nothing_to_compare(clean):
     t0 = time.time() - 3600
     clean.insert_records("replicas", [replica("r0", t0), replica("r1", t0)])
-    clean.insert_records("requests", [request(r, p, t0 + p, prompt_ids=[0, p]) for r in ("r0", "r1") for p in range(20)])
+    clean.insert_records("requests", [request(r, p, t0 + p, prompt_ids=[0, p])
+                                      for r in ("r0", "r1") for p in range(20)])
     findings = drift.greedy_drift(clean, Scope(start=t0 - 60))
     assert [(f.severity, f.insufficient) for f in findings] == [("info", True)]

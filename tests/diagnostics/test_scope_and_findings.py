@@ -111,6 +111,7 @@ def test_the_sidecar_exports_recorded_findings_as_gauges(tmp_path):
         finally:
             store.close()
         text = httpx.get(f"{sidecar.url}/metrics", timeout=10).text
-    line = next(x for x in text.splitlines() if x.startswith("infersight_finding_severity_level{") and 'subject="r3"' in x)
+    line = next(x for x in text.splitlines()
+                if x.startswith("infersight_finding_severity_level{") and 'subject="r3"' in x)
     assert 'kind="lagging_replica"' in line and 'diagnostic="replicas"' in line and line.endswith(" 1.0")
     assert any(x.startswith("infersight_finding_active{") and 'subject="r1"' in x for x in text.splitlines())

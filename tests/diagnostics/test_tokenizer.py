@@ -123,7 +123,8 @@ def test_token_id_checks_double_bos_specials_out_of_vocab_and_stream(clean, mode
     reqs = [
         request("r0", 0, t0, prompt_ids=[bos, *tok.encode("double")], prompt_text="<|bos|>double"),
         request("r0", 1, t0 + 1, prompt_ids=tok.encode(injected), prompt_text=injected, store_text=True),
-        request("r0", 2, t0 + 2, output_ids=[5, 6, tok.vocab_size + 7]),
+        request("r0", 2, t0 + 2, output_ids=[5, 6, 512 + 7]),  # the tiny model's embedding has 512 rows
+        request("r0", 5, t0 + 5, output_ids=[5, tok.vocab_size + 3]),  # a padding row: no text
         request("r0", 3, t0 + 3, output_ids=tok.encode(" streamed", add_special_tokens=False),
                 output_text=" streamd"),
         # a chat prompt (no text hash): the template's own specials are not user text
@@ -143,7 +144,10 @@ def test_token_id_checks_double_bos_specials_out_of_vocab_and_stream(clean, mode
     assert [s["id"] for s in example["special_tokens"]] == [marker]
     assert example["special_tokens"][0]["text"] == "<|assistant|>"
     oov = found["token_out_of_vocab"][0]
-    assert oov.severity == "critical" and oov.evidence["examples"][0]["out_of_vocab_ids"] == [tok.vocab_size + 7]
+    assert oov.severity == "critical" and oov.evidence["examples"][0]["out_of_vocab_ids"] == [519]
+    textless = found["token_without_text"][0]
+    assert textless.severity == "info" and textless.evidence["requests_affected"] == 1
+    assert tok.vocab_size + 3 in {i for e in textless.evidence["examples"] for i in e["out_of_vocab_ids"]}
     stream = found["stream_decode_mismatch"][0].evidence["examples"][0]
     assert stream["streamed_text"] == " streamd" and stream["full_decode"] == " streamed"
 

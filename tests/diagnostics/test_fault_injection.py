@@ -1,0 +1,232 @@
+"""Fault injection on real local fleets (sidecar + `infersight serve` replicas) under the same traffic.
+
+Each fault is ordinary configuration, not a flag in the product:
+- r1: a copy of the model whose tokenizer.json has a Lowercase normalizer;
+- r2: int4 weights (engine option quantization = "int4");
+- r3: a copy of the model with an altered chat template (chat_template.jinja);
+- r4: pinned to one CPU (--cpus) beside a busy neighbour (two CPU-burning processes on that CPU);
+- r0: clean.
+The right finding must name the right replica, and a clean fleet under the same traffic must
+yield nothing above info. The outcome table (faults tried, detected, missed, false positives)
+is printed (`pytest -s` shows it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from diag_faults import ALTERED_TEMPLATE, with_chat_template, with_normalizer
+
+from diagnostics import DIAGNOSTICS
+from diagnostics import run as run_diagnostics
+from diagnostics.findings import format_table
+from diagnostics.scope import Scope
+from diagnostics.stack_groups import GROUPS
+from engine.demo_report import wait_for_rows
+from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
+from engine.fleet.fleet import fleet_down, fleet_up
+from engine.fleet.processes import infersight_command
+from engine.loadgen.arrivals import Arrival
+from engine.loadgen.runner import run_load
+from engine.loadgen.workloads import RequestSpec, Workload
+from telemetry.store import open_store
+
+pytestmark = pytest.mark.slow
+
+TRAFFIC_SECONDS = 25.0
+RATE = 6.0  # requests/s over the fleet: replicas are busy, not saturated
+ENGINE = {"served_model_name": "tiny", "store_text": True, "max_num_seqs": 8, "num_kv_blocks": 128,
+          "max_model_len": 512}
+
+def prompt(i: int) -> tuple[str, str]:
+    """(api, text): capitals in most (the lowercasing tokenizer differs there), chat and completions."""
+    if i % 4 == 3:
+        return "completions", f"count the tokens in record {i}: one two three four five"
+    if i % 2:
+        return "chat", f"Question {i}: What does the Scheduler do when Request {i} arrives?"
+    return "completions", f"Summarize record {i}: The KV Cache on Replica {i % 7} is FULL again."
+
+
+class RepeatedGreedy(Workload):
+    """Prompts each sent `copies` times in a row: with round-robin picking, once to every replica.
+    Greedy and of fixed length, so replicas of one model should answer identically."""
+
+    def __init__(self, copies: int, seed: int = 0):
+        super().__init__("greedy-pool", seed, max_tokens=16)
+        self.copies, self.sent = copies, 0
+
+    def next(self) -> RequestSpec:
+        api, text = prompt(self.sent // self.copies)
+        self.sent += 1
+        common = {"max_tokens": 16, "temperature": 0.0, "ignore_eos": True}
+        if api == "chat":
+            return RequestSpec("chat", "chat", {"messages": [{"role": "user", "content": text}], **common}, stream=True)
+        return RequestSpec("batch", "completions", {"prompt": text, **common}, stream=False)
+
+
+def burners(cpu: int, n: int = 2) -> list[subprocess.Popen]:
+    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
+def traffic(state, copies: int, seed: int = 0):
+    urls = [r.url for r in state.replicas]
+    run_id = f"fi{int(time.time())}"
+    # the prompts are short and fixed: no fitting to the context (that re-makes workloads by name)
+    fit = {"fit_context": False} if "fit_context" in inspect.signature(run_load).parameters else {}
+    load = asyncio.run(run_load(urls, RepeatedGreedy(copies, seed), Arrival("poisson", rate=RATE),
+                                duration=TRAFFIC_SECONDS, seed=seed, run_id=run_id, request_timeout=60.0, **fit))
+    return run_id, load
+
+
+def up(tmp_path, name: str, replicas: list[ReplicaSpec]):
+    config = FleetConfig(name=name, run_dir=tmp_path / name, startup_timeout=240.0, stop_timeout=10.0,
+                         log_level="warning", sidecar=SidecarSpec(port=0), replicas=replicas)
+    return fleet_up(config)
+
+
+def diagnose(state, since: float) -> list:
+    with open_store(state.store_url) as store:
+        return run_diagnostics(DIAGNOSTICS, store, Scope(start=since), write=True)
+
+
+def spec(rid: str, model, **kw) -> ReplicaSpec:
+    engine = {**ENGINE, **kw.pop("engine", {})}
+    return ReplicaSpec(id=rid, model=str(model), threads=1, engine=engine, drain_timeout=3.0, **kw)
+
+
+CPU_FAULT = "pinned to one CPU beside a busy neighbour"
+# fault -> (replica, finding kinds that detect it)
+FAULTS = {
+    "tokenizer normalizes differently (Lowercase)": ("r1", {"tokenizer_divergence"}),
+    "int4 weights": ("r2", {"output_drift"}),
+    "altered chat template": ("r3", {"chat_template_mismatch"}),
+    CPU_FAULT: ("r4", {"lagging_replica"}),
+}
+LATENCIES = """
+SELECT replica_id, count() AS requests, round(median(ttft_seconds) * 1000, 1) AS ttft_p50_ms,
+       round(median((e2e_seconds - ttft_seconds) / greatest(output_tokens - 1, 1)) * 1000, 1) AS itl_p50_ms,
+       round(median(e2e_seconds) * 1000, 1) AS e2e_p50_ms
+FROM requests WHERE request_id LIKE {prefix:String} GROUP BY replica_id ORDER BY replica_id
+"""
+# findings above info that are true consequences of a fault (not false positives) though not its detector
+CONSEQUENCES = {
+    "r1": {"tokenizer_hash_mismatch", "tokenizer_roundtrip", "tokenizer_unicode_roundtrip"},
+    "r2": {"lagging_replica", "host_overhead_outlier"},  # int4 dequantization costs time on a CPU
+    "r3": {"tokenizer_hash_mismatch"},  # the template file is one of the tokenizer files
+    "r4": {"host_overhead_outlier"},
+}
+
+
+def outcome(findings) -> dict:
+    above = [f for f in findings if f.severity != "info"]
+    detected, missed = {}, []
+    for fault, (rid, kinds) in FAULTS.items():
+        hit = [f for f in above if f.subject == rid and f.kind in kinds]
+        if hit:
+            detected[fault] = f"{hit[0].kind} ({hit[0].severity}) on {rid}"
+        else:
+            missed.append(fault)
+    expected = {(rid, k) for rid, kinds in FAULTS.values() for k in kinds}
+    expected |= {(rid, k) for rid, kinds in CONSEQUENCES.items() for k in kinds}
+    false_positives = [f for f in above if (f.subject, f.kind) not in expected]
+    return {"detected": detected, "missed": missed, "false_positives": false_positives}
+
+
+def test_faults_are_named_and_a_clean_fleet_is_quiet(tiny_llama, tmp_path, capsys):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs: one to pin the replica beside its busy neighbour")
+    lower = with_normalizer(tiny_llama, tmp_path / "model-lower", {"type": "Lowercase"})
+    template = with_chat_template(tiny_llama, tmp_path / "model-template", ALTERED_TEMPLATE)
+    busy_cpu = cpus[-1]
+
+    # -- the faulty fleet -------------------------------------------------------------------------
+    faulty = [spec("r0", tiny_llama), spec("r1", lower),
+              spec("r2", tiny_llama, engine={"quantization": "int4", "quant_group_size": 32}),
+              spec("r3", template), spec("r4", tiny_llama, cpus=str(busy_cpu))]
+    neighbours = burners(busy_cpu)
+    state = None
+    profile_out: dict = {}
+    try:
+        state = up(tmp_path, "faulty", faulty)
+        since = time.time()
+
+        def profile_r4():  # py-spy on the busy replica while the traffic runs, stored through the sidecar
+            time.sleep(5)
+            profile_out["run"] = subprocess.run(
+                infersight_command("profile", "--replica", "r4", "--seconds", "6", "--store", state.store_url),
+                capture_output=True, text=True, timeout=120)
+
+        profiler = threading.Thread(target=profile_r4)
+        profiler.start()
+        load_before = os.getloadavg()[0]
+        run_id, load = traffic(state, copies=len(faulty))
+        saturated = max(load_before, os.getloadavg()[0]) > len(cpus)
+        profiler.join()
+        ok = [r for r in load.results if r.ok]
+        assert len(ok) >= 0.9 * len(load.results), [r.error for r in load.results if not r.ok][:5]
+        with open_store(state.store_url) as store:
+            stored = wait_for_rows(store, run_id + "-", len(load.results), timeout=30)
+            assert stored >= 0.9 * len(load.results)  # telemetry completeness is the recorder's own test
+            profiles = store.query_df("SELECT `group`, sum(samples) AS n FROM profiles WHERE replica_id = 'r4' "
+                                      "GROUP BY `group`").set_index("group")["n"].to_dict()
+            latencies = store.query_df(LATENCIES, {"prefix": run_id + "-%"})
+        findings = diagnose(state, since - 1)
+    finally:
+        for p in neighbours:
+            p.kill()
+            p.wait()
+        if state is not None:
+            fleet_down(state.run_dir)
+
+    result = outcome(findings)
+    with capsys.disabled():
+        print(f"\n== faulty fleet: {len(load.results)} requests in {TRAFFIC_SECONDS:g} s ==")
+        print(format_table([f for f in findings if f.severity != "info"], width=160))
+        print("detected:", result["detected"])
+        print("missed:", result["missed"])
+        print("false positives:", [(f.kind, f.subject, f.summary) for f in result["false_positives"]])
+        print("profile of r4 by group:", profiles)
+        print((profile_out["run"].stdout if profile_out.get("run") else "").strip())
+        print(f"machine load average {load_before:.1f} before the traffic ({len(cpus)} CPUs)")
+        print(latencies.to_string(index=False))
+    run = profile_out.get("run")
+    assert run is not None and run.returncode == 0, run and (run.stdout + run.stderr)
+    assert profiles and set(profiles) <= set(GROUPS), profiles
+    missed = set(result["missed"])
+    if saturated:
+        # every runnable task gets the same CPU share once the machine is saturated (CFS balances the
+        # migratable ones around the pinned replica): a pinned replica is slower only when its peers
+        # have spare CPU, so on a saturated machine it may rightly not stand out
+        missed.discard(CPU_FAULT)
+    assert not missed, result
+    assert not [f for f in result["false_positives"] if f.subject == "r0"], result["false_positives"]
+
+    # -- the clean fleet, same traffic ------------------------------------------------------------
+    clean = [spec(f"c{i}", tiny_llama) for i in range(3)]
+    state = None
+    try:
+        state = up(tmp_path, "clean", clean)
+        since = time.time()
+        run_id, load = traffic(state, copies=len(clean))
+        with open_store(state.store_url) as store:
+            wait_for_rows(store, run_id + "-", len(load.results), timeout=30)
+            latencies = store.query_df(LATENCIES, {"prefix": run_id + "-%"})
+        findings = diagnose(state, since - 1)
+    finally:
+        if state is not None:
+            fleet_down(state.run_dir)
+    above = [f for f in findings if f.severity != "info"]
+    with capsys.disabled():
+        print(f"\n== clean fleet: {len(load.results)} requests ==")
+        print(format_table(findings, width=160))
+        print(latencies.to_string(index=False))
+    assert above == [], format_table(above)
