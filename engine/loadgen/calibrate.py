@@ -49,7 +49,7 @@ def rates(start: float, factor: float, max_rate: float) -> list[float]:
 async def measure(endpoint: str, rate: float, seconds: float, args, seed: int) -> RatePoint:
     workload = make_workload(args.workload, seed, args.prompt_scale, args.max_tokens, not args.respect_eos)
     load = await run_load([endpoint], workload, Arrival("poisson", rate=rate), duration=seconds, seed=seed,
-                          api_key=args.api_key, request_timeout=args.request_timeout)
+                          api_key=args.api_key, request_timeout=args.request_timeout, fit_context=args.fit_context)
     ok = [r for r in load.results if r.ok]
     ttft = percentiles([r.ttft if r.ttft is not None else r.e2e for r in ok])["p95"]
     itl = percentiles([x for r in ok for x in r.itl])["p95"]
@@ -61,7 +61,27 @@ async def measure(endpoint: str, rate: float, seconds: float, args, seed: int) -
                      ttft, itl, e2e, meets)
 
 
+async def fit_once(args) -> None:
+    """Fit the prompts into the replica's context once, not at every rate."""
+    import httpx
+
+    from engine.loadgen.fit import fit_scale
+    from engine.loadgen.runner import discover
+
+    async with httpx.AsyncClient() as client:
+        endpoint = (await discover(client, [args.endpoint], args.api_key))[0]
+        if endpoint.max_model_len:
+            workload = make_workload(args.workload, args.seed, args.prompt_scale, args.max_tokens, not args.respect_eos)
+            args.prompt_scale = await fit_scale(client, endpoint.url, endpoint.model, endpoint.max_model_len,
+                                                workload, args.api_key)
+    args.fit_context = False
+
+
 async def sweep(args) -> list[RatePoint]:
+    if args.fit_context:
+        await fit_once(args)
+    print(f"prompt scale {args.prompt_scale:.3g}")
+    print(HEADER)
     points: list[RatePoint] = []
     failures = 0
     for i, rate in enumerate(rates(args.start_rate, args.factor, args.max_rate)):
@@ -117,7 +137,6 @@ def run(args) -> int:
         return 2
     print(f"calibrating {args.endpoint}: {args.workload} workload, SLO p95 TTFT <= {args.slo_ttft_p95 * 1000:g} ms, "
           f"p95 ITL <= {args.slo_itl_p95 * 1000:g} ms, {args.seconds_per_rate:g} s per rate")
-    print(HEADER)
     try:
         points = asyncio.run(sweep(args))
     except RuntimeError as e:

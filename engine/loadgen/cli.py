@@ -26,6 +26,9 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=None, help="output tokens of every request")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--request-timeout", type=float, default=300.0)
+    parser.add_argument("--no-fit", dest="fit_context", action="store_false",
+                        help="send prompts as they are, even those longer than the replicas' context "
+                             "(default: scale prompts down until they fit, asking the replica's /tokenize)")
     parser.add_argument("--respect-eos", action="store_true",
                         help="let generation stop at EOS (default: ignore_eos, so lengths are the workload's)")
 
@@ -76,15 +79,17 @@ def run(args) -> int:
     try:
         load = asyncio.run(run_load(urls, workload, args.arrival, duration=args.duration,
                                     num_requests=args.num_requests, seed=args.seed, pick=args.pick,
-                                    api_key=args.api_key, request_timeout=args.request_timeout, progress=update))
+                                    api_key=args.api_key, request_timeout=args.request_timeout, progress=update,
+                                    fit_context=args.fit_context))
     except RuntimeError as e:
         print(f"infersight loadgen: {e}", file=sys.stderr)
         return 1
     finally:
         close()
     summary = summarize(load.results, load.wall_seconds)
-    print(f"{len(load.results)} requests in {load.wall_seconds:.1f} s "
-          f"({args.workload}, {args.arrival.describe()}, {len(urls)} endpoint(s))")
+    scale = load.config["prompt_scale"]
+    print(f"{len(load.results)} requests in {load.wall_seconds:.1f} s ({args.workload}, {args.arrival.describe()}, "
+          f"{len(urls)} endpoint(s), prompt scale {scale:.3g}{'' if scale == args.prompt_scale else ' to fit the context'})")
     print(format_table(summary))
     errors = [r for r in load.results if not r.ok]
     for r in errors[:5]:

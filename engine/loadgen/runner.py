@@ -19,7 +19,8 @@ import httpx
 
 from engine.loadgen.arrivals import Arrival
 from engine.loadgen.client import RequestResult, send
-from engine.loadgen.workloads import Workload
+from engine.loadgen.fit import fit_scale
+from engine.loadgen.workloads import Workload, make_workload
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Endpoint:
     url: str
     replica: str  # the replica id it reports on /health
     model: str  # the served model name it reports on /v1/models
+    max_model_len: int = 0  # its context length (0: not reported)
 
 
 @dataclass
@@ -46,7 +48,8 @@ async def discover(client: httpx.AsyncClient, urls: list[str], api_key: str | No
         try:
             health = (await client.get(url + "/health", timeout=10)).json()
             models = (await client.get(url + "/v1/models", headers=headers, timeout=10)).json()
-            endpoints.append(Endpoint(url, health.get("replica_id", url), models["data"][0]["id"]))
+            card = models["data"][0]
+            endpoints.append(Endpoint(url, health.get("replica_id", url), card["id"], int(card.get("max_model_len") or 0)))
         except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
             raise RuntimeError(f"{url}: not an infersight replica that answers /health and /v1/models ({e})") from None
     return endpoints
@@ -65,14 +68,22 @@ class _Picker:
 async def run_load(urls: list[str], workload: Workload, arrival: Arrival, *, duration: float | None = None,
                    num_requests: int | None = None, seed: int = 0, pick: str = "round-robin",
                    api_key: str | None = None, request_timeout: float = 300.0, run_id: str | None = None,
-                   progress=None, max_in_flight: int = 1024) -> LoadResult:
-    """Run the load; `progress(result)` is called as each request finishes."""
+                   progress=None, max_in_flight: int = 1024, fit_context: bool = True) -> LoadResult:
+    """Run the load; `progress(result)` is called as each request finishes.
+
+    With `fit_context`, prompts are first scaled down (if needed) to fit the smallest context
+    among the endpoints (see engine/loadgen/fit.py)."""
     if duration is None and num_requests is None:
         raise ValueError("give a duration or a number of requests")
     run_id = run_id or f"lg{seed}-{int(time.time() * 1000) % 10**9:09d}"
     limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits, timeout=request_timeout) as client:
         endpoints = await discover(client, urls, api_key)
+        if fit_context and all(e.max_model_len for e in endpoints):
+            tightest = min(endpoints, key=lambda e: e.max_model_len)
+            scale = await fit_scale(client, tightest.url, tightest.model, tightest.max_model_len, workload, api_key)
+            if scale != workload.scale:
+                workload = make_workload(workload.name, workload.seed, scale, workload.max_tokens, workload.ignore_eos)
         picker = _Picker(endpoints, pick, seed)
         results: list[RequestResult] = []
         counter = itertools.count()
@@ -115,7 +126,7 @@ async def run_load(urls: list[str], workload: Workload, arrival: Arrival, *, dur
         if issued:
             await asyncio.gather(*issued, return_exceptions=True)
         wall = time.monotonic() - start
-    config = {"workload": workload.name, "arrival": arrival.describe(), "duration": duration,
+    config = {"workload": workload.name, "prompt_scale": workload.scale, "arrival": arrival.describe(), "duration": duration,
               "num_requests": num_requests, "seed": seed, "pick": pick, "run_id": run_id,
               "endpoints": [e.__dict__ for e in endpoints]}
     return LoadResult(sorted(results, key=lambda r: r.request_id), wall, endpoints, config)

