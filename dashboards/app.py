@@ -14,19 +14,22 @@ import streamlit as st
 
 from dashboards import data, settings
 
-PAGES = Path(__file__).resolve().parent / "pages"
+# One file per page. The folder is not called `pages/`: Streamlit would take a `pages/` folder
+# beside this script for an old-style multipage app, and a fresh server whose first request is
+# for a page (not this entry script) would then stay in that mode, bypassing this navigation.
+VIEWS = Path(__file__).resolve().parent / "views"
 
 st.set_page_config(page_title="infersight", page_icon=":material/monitoring:", layout="wide")
 
 navigation = st.navigation([
-    st.Page(PAGES / "fleet.py", title="Fleet", icon=":material/dns:", default=True),
-    st.Page(PAGES / "requests.py", title="Requests", icon=":material/search:"),
-    st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:"),
-    st.Page(PAGES / "scheduler.py", title="Scheduler", icon=":material/timeline:"),
-    st.Page(PAGES / "kv_cache.py", title="KV cache", icon=":material/memory:"),
-    st.Page(PAGES / "evals.py", title="Evals", icon=":material/science:"),
-    st.Page(PAGES / "findings.py", title="Findings", icon=":material/flag:"),
-    st.Page(PAGES / "profiles.py", title="Profiles", icon=":material/local_fire_department:"),
+    st.Page(VIEWS / "fleet.py", title="Fleet", icon=":material/dns:", default=True),
+    st.Page(VIEWS / "requests.py", title="Requests", icon=":material/search:"),
+    st.Page(VIEWS / "compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page(VIEWS / "scheduler.py", title="Scheduler", icon=":material/timeline:"),
+    st.Page(VIEWS / "kv_cache.py", title="KV cache", icon=":material/memory:"),
+    st.Page(VIEWS / "evals.py", title="Evals", icon=":material/science:"),
+    st.Page(VIEWS / "findings.py", title="Findings", icon=":material/flag:"),
+    st.Page(VIEWS / "profiles.py", title="Profiles", icon=":material/local_fire_department:"),
 ])
 
 st.sidebar.markdown("**infersight**")
