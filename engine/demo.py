@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -71,6 +72,9 @@ def run_traffic(state: FleetState, args, run_id: str):
     finally:
         close()
     summary = summarize(load.results, load.wall_seconds)
+    scale = load.config["prompt_scale"]
+    if scale != workload.scale:
+        say(f"prompts were scaled by {scale:.2g} to fit the replicas' context")
     print(format_table(summary, "by_workload"))
     return load
 
@@ -161,6 +165,7 @@ def run(args) -> int:
                 pass
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     say(f"done in {time.monotonic() - started:.0f} s")
+    gc.freeze()  # exit now, without seconds of collecting what the diagnostics imported
     return code
 
 

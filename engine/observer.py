@@ -51,30 +51,52 @@ class EngineObserver:
 
 NOOP_OBSERVER = EngineObserver()
 
+# every hook a wrapper forwards
+HOOK_NAMES = tuple(name for name in vars(EngineObserver) if name.startswith("on_")) + ("close",)
+
+
+def noop_hook(*args, **kwargs) -> None:
+    """A hook nobody listens to."""
+
+
+def overrides(observer: EngineObserver, name: str) -> bool:
+    """Does `observer` do anything in hook `name` (the base class's hooks do nothing)?"""
+    hook = getattr(observer, name)
+    return hook is not noop_hook and getattr(hook, "__func__", hook) is not getattr(EngineObserver, name)
+
 
 class MultiObserver(EngineObserver):
-    """Fans every hook out to several observers (e.g. recorder + metrics + tracing)."""
+    """Fans every hook out to several observers (e.g. recorder + metrics + tracing).
+
+    The hooks are built once, here, over the parts that override them (they run every
+    step on the engine thread): the parts are fixed at construction.
+    """
 
     def __init__(self, observers: list[EngineObserver]):
         self.observers = [o for o in observers if o.enabled]
         self.enabled = bool(self.observers)
+        for name in HOOK_NAMES:  # instance attributes: they shadow the class's no-op hooks
+            setattr(self, name, self._fan_out(name))
 
-    def __getattribute__(self, name):
-        if name.startswith("on_") or name == "close":
-            observers = object.__getattribute__(self, "observers")
+    def _fan_out(self, name: str):
+        calls = tuple(getattr(o, name) for o in self.observers if overrides(o, name))
+        if not calls:
+            return noop_hook
+        if len(calls) == 1:
+            return calls[0]
 
-            def fan_out(*args, **kwargs):
-                for observer in observers:
-                    getattr(observer, name)(*args, **kwargs)
+        def fan_out(*args, **kwargs):
+            for call in calls:
+                call(*args, **kwargs)
 
-            return fan_out
-        return object.__getattribute__(self, name)
+        return fan_out
 
 
 class ObserverGuard(EngineObserver):
     """Wraps an observer so that an exception in a hook never reaches the engine.
 
-    Failures are logged once per hook and counted in `failures`.
+    Failures are logged once per hook and counted in `failures`. The guarded hooks
+    are built once (instance attributes), not per call: the engine calls them every step.
     """
 
     def __init__(self, inner: EngineObserver):
@@ -82,21 +104,19 @@ class ObserverGuard(EngineObserver):
         self.enabled = inner.enabled
         self.failures = 0
         self._logged: set[str] = set()
+        for name in HOOK_NAMES:
+            setattr(self, name, self._guarded(name) if overrides(inner, name) else noop_hook)
 
-    def __getattribute__(self, name):
-        if name.startswith("on_") or name == "close":
-            inner = object.__getattribute__(self, "inner")
-            hook = getattr(inner, name)
-            guard = self
+    def _guarded(self, name: str):
+        hook = getattr(self.inner, name)
 
-            def guarded(*args, **kwargs):
-                try:
-                    hook(*args, **kwargs)
-                except Exception:  # never let telemetry break the engine
-                    guard.failures += 1
-                    if name not in guard._logged:
-                        guard._logged.add(name)
-                        log.exception("observer hook %s failed (further failures counted only)", name)
+        def guarded(*args, **kwargs):
+            try:
+                hook(*args, **kwargs)
+            except Exception:  # never let telemetry break the engine
+                self.failures += 1
+                if name not in self._logged:
+                    self._logged.add(name)
+                    log.exception("observer hook %s failed (further failures counted only)", name)
 
-            return guarded
-        return object.__getattribute__(self, name)
+        return guarded

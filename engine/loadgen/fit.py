@@ -9,12 +9,15 @@ plus its max_tokens fits (with 5% to spare). The run reports the scale it used.
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
 from engine.loadgen.workloads import RequestSpec, Workload, make_workload
 
 SAMPLES = 120  # enough for the agent sessions to grow to their longest
-SHRINK = 0.7
+SHRINK = 0.85
+CONCURRENCY = 16  # tokenize calls in flight
 HEADROOM = 0.95  # the run draws more requests than were sampled: keep 5% of the context spare
 
 
@@ -34,22 +37,28 @@ async def prompt_tokens(client: httpx.AsyncClient, url: str, model: str, spec: R
 async def longest_request(client, url: str, model: str, workload: Workload, headers: dict,
                           samples: int = SAMPLES) -> int:
     """The most tokens (prompt + max_tokens) any of `samples` requests of `workload` can need."""
-    worst = 0
-    for _ in range(samples):
-        spec = workload.next()
-        worst = max(worst, await prompt_tokens(client, url, model, spec, headers) + spec.body["max_tokens"])
-    return worst
+    specs = [workload.next() for _ in range(samples)]
+    limit = asyncio.Semaphore(CONCURRENCY)
+
+    async def need(spec: RequestSpec) -> int:
+        async with limit:
+            return await prompt_tokens(client, url, model, spec, headers) + spec.body["max_tokens"]
+
+    return max(await asyncio.gather(*(need(spec) for spec in specs)))
 
 
 async def fit_scale(client: httpx.AsyncClient, url: str, model: str, max_model_len: int, workload: Workload,
                     api_key: str | None = None) -> float:
     """The largest prompt scale (at most the workload's own) at which its requests fit the context."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    budget = HEADROOM * max_model_len
     scale = workload.scale
     for _ in range(15):
         trial = make_workload(workload.name, workload.seed, scale, workload.max_tokens, workload.ignore_eos)
-        if await longest_request(client, url, model, trial, headers) <= HEADROOM * max_model_len:
+        worst = await longest_request(client, url, model, trial, headers)
+        if worst <= budget:
             return scale
-        scale *= SHRINK
+        # requests grow about linearly with the scale: jump close, then shrink step by step
+        scale *= min(SHRINK, budget / worst)
     raise RuntimeError(f"the {workload.name} workload does not fit the {max_model_len}-token context even with "
                        f"prompts scaled by {scale:.3f}; lower --max-tokens")

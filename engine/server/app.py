@@ -41,6 +41,10 @@ SSE_DONE = "data: [DONE]\n\n"
 MAX_BODY_BYTES = 32 << 20  # a million-token prompt as JSON is about 7 MB
 _ERRORS = {400: {"model": ErrorResponse, "description": "invalid request"},
            401: {"model": ErrorResponse, "description": "missing or wrong API key"}}
+_GENERATION_ERRORS = {**_ERRORS,
+                      409: {"model": ErrorResponse, "description": "a request with this X-Request-Id is in flight"},
+                      413: {"model": ErrorResponse, "description": "request body too large"},
+                      503: {"model": ErrorResponse, "description": "the engine is shutting down or failed"}}
 _STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
 
 
@@ -238,7 +242,7 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
             include_usage=bool(req.stream_options and req.stream_options.include_usage))
 
     @app.post("/v1/completions", dependencies=auth, response_model=CompletionResponse,
-              responses={**_ERRORS, 200: {"content": _STREAM}}, tags=["openai"])
+              responses={**_GENERATION_ERRORS, 200: {"content": _STREAM}}, tags=["openai"])
     async def completions(body: CompletionRequest, request: Request):
         ctx = request_context(request.headers, "text_completion")
         admitted = admit_completion(body, served)
@@ -248,7 +252,7 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
         return await server.generate_full(request, ctx, admitted, opts)
 
     @app.post("/v1/chat/completions", dependencies=auth, response_model=ChatCompletionResponse,
-              responses={**_ERRORS, 200: {"content": _STREAM}}, tags=["openai"])
+              responses={**_GENERATION_ERRORS, 200: {"content": _STREAM}}, tags=["openai"])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         ctx = request_context(request.headers, "chat")
         admitted = admit_chat(body, served)
