@@ -1,8 +1,8 @@
 """The recorder: the engine-side writer of telemetry records.
 
-An EngineObserver whose hooks only append a record's fields to in-memory column lists under
-a short lock; a background thread turns them into Arrow batches (each with its own insert
-deduplication token, fixed when the batch is formed) and writes them to the store. When the
+An EngineObserver whose hooks only append a record's values (one tuple) to an in-memory buffer
+under a short lock; a background thread turns them into columns and Arrow batches (each with its
+own insert deduplication token, fixed when the batch is formed) and writes them to the store. When the
 store cannot be reached, batches go to a bounded disk spool and are replayed, under their
 original tokens, once it is back: a batch is never stored twice, and never silently lost:
 
@@ -42,7 +42,9 @@ TEXT_COLUMNS = ("prompt_text", "output_text")
 
 
 class ColumnBuffer:
-    """One table's pending rows, column by column."""
+    """One table's pending rows. The engine thread only appends each record's values as one
+    tuple (a C-level attrgetter, which also rejects a malformed record); the flusher thread
+    turns the rows into columns."""
 
     def __init__(self, table: str):
         self.table = table
@@ -51,18 +53,25 @@ class ColumnBuffer:
         self._reset()
 
     def _reset(self) -> None:
-        self.columns = [[] for _ in self.names]
+        self._rows: list[tuple] = []
         self.rows = 0
 
     def append(self, record) -> None:
-        for column, value in zip(self.columns, self._get(record)):
-            column.append(value)
+        self._rows.append(self._get(record))
         self.rows += 1
 
-    def take(self) -> tuple[dict[str, list], int]:
-        taken, rows = dict(zip(self.names, self.columns)), self.rows
+    def take(self) -> tuple[list[tuple], int]:
+        """The pending rows (as value tuples), leaving the buffer empty."""
+        taken, rows = self._rows, self.rows
         self._reset()
         return taken, rows
+
+    def to_columns(self, rows: list[tuple]) -> dict[str, list]:
+        """Rows from `take()` as column name -> values (on the flusher thread)."""
+        if len(self.names) == 1:  # attrgetter of one name gives the value, not a tuple
+            return {self.names[0]: list(rows)}
+        columns = zip(*rows) if rows else [()] * len(self.names)
+        return {name: list(values) for name, values in zip(self.names, columns)}
 
 
 def default_spool_dir(replica_id: str) -> Path:
@@ -202,7 +211,8 @@ class Recorder(EngineObserver):
     def _cycle(self, final: bool = False) -> None:
         with self._lock:
             taken = [(table, *buffer.take()) for table, buffer in self._buffers.items() if buffer.rows]
-        for table, columns, rows in taken:
+        for table, row_tuples, rows in taken:
+            columns = self._buffers[table].to_columns(row_tuples)
             if table == "requests" and not self.store_text:  # the redaction switch
                 for name in TEXT_COLUMNS:
                     columns[name] = [""] * rows

@@ -12,6 +12,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                     "speculative decoding: tokens/s without and with each proposer, acceptance, speedup"),
     "quantization": ("engine.benchmarks.quantization",
                      "weight-only int8 / int4: logit fidelity, weight bytes and tokens/s against float32"),
+    "telemetry-overhead": ("telemetry.benchmarks.engine_overhead", "full telemetry on vs off, interleaved: tokens/s loss"),
 }
 
 

@@ -1,0 +1,32 @@
+"""The telemetry-overhead benchmark's code path at a tiny size: one OFF/ON pair runs through a real
+sidecar, and every ON request reaches the store with its token IDs (no timing asserted)."""
+
+from __future__ import annotations
+
+import pytest
+
+from telemetry.benchmarks.engine_overhead import measure, round_order
+
+
+def test_rounds_alternate_abba_so_drift_hits_both_sides():
+    assert round_order(3) == ["off", "on", "on", "off", "off", "on"]
+
+
+@pytest.mark.slow
+def test_one_pair_runs_and_every_on_request_is_stored_with_its_token_ids(tiny_llama, tmp_path):
+    result = measure(tiny_llama, pairs=1, num_prompts=2, prompt_lens=(4, 12), output_lens=(2, 6),
+                     max_num_seqs=4, flush_interval=0.2, replica_id="overhead-smoke", data_dir=tmp_path / "store",
+                     progress=lambda line: None)
+
+    assert [r["mode"] for r in result["rounds"]] == ["off", "on"]
+    assert all(r["output_tokens"] == result["workload"]["output_tokens"] for r in result["rounds"])
+    store = result["store"]
+    assert store["expected_requests"] == 4  # 2 warm-up ON requests + 2 in the ON round
+    assert store["stored_requests"] == store["matching_token_ids"] == store["expected_requests"]
+    assert store["replica_rows"] == 1
+    assert store["step_rows"] >= 2 * 2  # each ON request needs a prefill step and at least one decode step
+    assert store["spans"] >= store["expected_requests"]  # a request span (plus children) per ON request
+    assert store["observer_failures"] == 0
+    assert store["recorder_stats"]["requests"]["dropped"] == 0
+    wall = result["summary"]["wall"]
+    assert wall["median_off"] > 0 and wall["median_on"] > 0 and len(wall["pair_losses"]) == 1
