@@ -54,7 +54,8 @@ def _run_dir(args) -> Path:
     fleets = [p.parent for p in (default_run_dir("x").parent).glob("*/state.json")]
     if len(fleets) == 1:
         return fleets[0]
-    raise ValueError("give --config or --run-dir" + (f" (fleets here: {', '.join(map(str, fleets))})" if fleets else ""))
+    here = f" (fleets here: {', '.join(map(str, fleets))})" if fleets else ""
+    raise ValueError("give --config or --run-dir" + here)
 
 
 def print_endpoints(state: FleetState, out=sys.stdout) -> None:

@@ -64,28 +64,6 @@ def _port(wanted: int, host: str, what: str) -> int:
     return wanted
 
 
-def start_sidecar_process(data_dir: Path, log: Path, host: str = "127.0.0.1", port: int = 0,
-                          extra_args: list[str] = (), timeout: float = 120.0, on_spawn=None) -> ProcessState:
-    """`infersight sidecar` as its own process; returns once it answers /ping."""
-    port = _port(port, host, "sidecar")
-    cmd = sidecar_command(data_dir, host, port, list(extra_args))
-    ref = spawn(cmd, log)
-    proc = ProcessState("sidecar", ref.pid, ref.start_ticks, f"http://{host}:{port}", port, cmd, str(log))
-    if on_spawn:
-        on_spawn(proc)  # recorded before the wait, so a failed start can still be stopped
-    try:
-        wait_healthy(proc.url, ref, timeout, log, SIDECAR_HEALTH)
-    except BaseException:
-        stop([ref])
-        raise
-    return proc
-
-
-def _save(state: FleetState, sidecar: ProcessState) -> None:
-    state.sidecar = sidecar
-    state.save()
-
-
 def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
     run_dir = Path(config.run_dir).resolve()
     state_path = run_dir / "state.json"

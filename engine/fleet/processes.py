@@ -72,9 +72,10 @@ def infersight_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "engine.cli", *args]
 
 
-def spawn(cmd: list[str], log_path: Path, env: dict | None = None) -> ProcessRef:
+def spawn(cmd: list[str], log_path: Path, env: dict | None = None, append: bool = False) -> ProcessRef:
+    """Start `cmd` in its own session, output to `log_path` (appended to with `append`: a restart)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab" if append else "wb") as log:
         log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -38,7 +38,7 @@ def check_once(run_dir: str | Path, report=print) -> FleetState:
             state.note(f"replica {r.name} given up after {r.restarts} restarts")
             r.stopped = True
             continue
-        ref = spawn(r.cmd, Path(r.log), r.env)
+        ref = spawn(r.cmd, Path(r.log), r.env, append=True)
         r.pid, r.start_ticks, r.restarts = ref.pid, ref.start_ticks, r.restarts + 1
         state.save()  # `fleet down` must find the new pid even while it starts
         try:

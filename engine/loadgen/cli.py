@@ -88,8 +88,9 @@ def run(args) -> int:
         close()
     summary = summarize(load.results, load.wall_seconds)
     scale = load.config["prompt_scale"]
+    fitted = "" if scale == args.prompt_scale else " to fit the context"
     print(f"{len(load.results)} requests in {load.wall_seconds:.1f} s ({args.workload}, {args.arrival.describe()}, "
-          f"{len(urls)} endpoint(s), prompt scale {scale:.3g}{'' if scale == args.prompt_scale else ' to fit the context'})")
+          f"{len(urls)} endpoint(s), prompt scale {scale:.3g}{fitted})")
     print(format_table(summary))
     errors = [r for r in load.results if not r.ok]
     for r in errors[:5]:

@@ -49,7 +49,8 @@ async def discover(client: httpx.AsyncClient, urls: list[str], api_key: str | No
             health = (await client.get(url + "/health", timeout=10)).json()
             models = (await client.get(url + "/v1/models", headers=headers, timeout=10)).json()
             card = models["data"][0]
-            endpoints.append(Endpoint(url, health.get("replica_id", url), card["id"], int(card.get("max_model_len") or 0)))
+            endpoints.append(Endpoint(url, health.get("replica_id", url), card["id"],
+                                      int(card.get("max_model_len") or 0)))
         except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
             raise RuntimeError(f"{url}: not an infersight replica that answers /health and /v1/models ({e})") from None
     return endpoints
@@ -126,7 +127,8 @@ async def run_load(urls: list[str], workload: Workload, arrival: Arrival, *, dur
         if issued:
             await asyncio.gather(*issued, return_exceptions=True)
         wall = time.monotonic() - start
-    config = {"workload": workload.name, "prompt_scale": workload.scale, "arrival": arrival.describe(), "duration": duration,
+    config = {"workload": workload.name, "prompt_scale": workload.scale, "arrival": arrival.describe(),
+              "duration": duration,
               "num_requests": num_requests, "seed": seed, "pick": pick, "run_id": run_id,
               "endpoints": [e.__dict__ for e in endpoints]}
     return LoadResult(sorted(results, key=lambda r: r.request_id), wall, endpoints, config)

@@ -43,7 +43,8 @@ def replica(tiny_llama, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("loadgen-fleet")
     config = FleetConfig(name="loadgen-test", run_dir=run_dir, sidecar=SidecarSpec(port=0), replicas=[
         ReplicaSpec(id="lg0", model=str(tiny_llama), threads=1, drain_timeout=2.0,
-                    engine={"max_num_seqs": 8, "num_kv_blocks": 128, "max_model_len": 256})])  # small: prompts must be fitted
+                    # a small context: the workloads' prompts must be fitted into it
+                    engine={"max_num_seqs": 8, "num_kv_blocks": 128, "max_model_len": 256})])
     state = fleet_up(config)
     try:
         yield state

@@ -45,15 +45,13 @@ class Live:
 @pytest.fixture(scope="session")
 def sidecar_url(tmp_path_factory):
     """`infersight sidecar` in its own process, as a fleet runs it."""
-    from engine.fleet.fleet import start_sidecar_process
-    from engine.fleet.processes import stop
+    from telemetry.sidecar.process import start_sidecar
 
-    root = tmp_path_factory.mktemp("sidecar")
-    sidecar = start_sidecar_process(root / "store", root / "sidecar.log")
+    sidecar = start_sidecar(tmp_path_factory.mktemp("sidecar-store"))
     try:
-        yield sidecar.url
+        yield sidecar.store_url
     finally:
-        stop([sidecar.ref])
+        sidecar.stop()
 
 
 @pytest.fixture(scope="session")
