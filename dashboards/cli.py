@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: the sidecar must not be orphaned
     process = None
     try:
-        process = subprocess.Popen(streamlit_command(args.host, args.port), env=env)
+        process = subprocess.Popen(streamlit_command(args.host, args.port), env=env, preexec_fn=_die_with_parent)
         return process.wait()
     except KeyboardInterrupt:
         return 0
@@ -123,3 +123,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _die_with_parent() -> None:
+    """In the Streamlit child: get SIGTERM when this command dies, even by SIGKILL (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

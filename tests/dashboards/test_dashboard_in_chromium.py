@@ -62,7 +62,7 @@ def dashboard_url(tmp_path_factory, tokenizer_dir):
     process = subprocess.Popen(
         [sys.executable, "-m", "engine.cli", "dashboard", "--store", str(directory), "--port", str(port),
          "--model", str(tokenizer_dir)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT)  # same process group: Ctrl-C or a killed job reaches it
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -79,9 +79,9 @@ def dashboard_url(tmp_path_factory, tokenizer_dir):
     finally:
         process.send_signal(signal.SIGTERM)  # the CLI stops Streamlit and its sidecar
         try:
-            process.wait(30)
+            process.wait(60)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            process.kill()
             process.wait()
         log.close()
 
