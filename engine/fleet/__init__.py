@@ -1,0 +1,1 @@
+"""A local fleet: the sidecar and N replicas as processes (`infersight fleet up|status|down`)."""

@@ -1,0 +1,1 @@
+"""Load generation with the field's workloads (`infersight loadgen`) and capacity calibration (`infersight calibrate`)."""
