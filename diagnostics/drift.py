@@ -144,20 +144,23 @@ def _eval_finding(subject, scope, base, cand, b_items, c_items, ids, runs, sourc
 
 # -- production greedy outputs ----------------------------------------------------------------------
 
-# one output per (replica, prompt and limits): the latest
-_GREEDY = """
+# the same request: prompt token IDs and sampling parameters (the seed left out: greedy ignores it)
+_KEY = "cityHash64(prompt_token_ids, replaceRegexpOne(sampling_params_json, '\"seed\": *[^,}]*,? *', ''))"
+# a sample of prompts chosen by a cheap fingerprint, so a prompt is in or out on every replica alike
+_SAMPLED = ("cityHash64(length(prompt_token_ids), prompt_token_ids[1], prompt_token_ids[2], prompt_token_ids[-1], "
+            "prompt_token_ids[-2]) % 1000 < {permille:UInt32}")
+
+# one output per (replica, request): the latest
+_GREEDY = f"""
 SELECT model_name, key, groupArray((replica_id, config_hash, out)) AS outputs
 FROM (
     SELECT model_name, key, replica_id, any(config_hash) AS config_hash,
            argMax(cityHash64(output_token_ids), arrival_time) AS out
     FROM (
-        SELECT model_name, replica_id, config_hash, output_token_ids, arrival_time,
-               cityHash64(prompt_token_ids, JSONExtractUInt(sampling_params_json, 'max_tokens'),
-                          JSONExtractRaw(sampling_params_json, 'stop'),
-                          JSONExtractRaw(sampling_params_json, 'stop_token_ids'),
-                          JSONExtractBool(sampling_params_json, 'ignore_eos')) AS key
-        FROM {source}
-        WHERE finish_reason IN ('stop', 'length') AND JSONExtractFloat(sampling_params_json, 'temperature') = 0
+        SELECT model_name, replica_id, config_hash, output_token_ids, arrival_time, {_KEY} AS key
+        FROM {{source}}
+        WHERE {_SAMPLED} AND finish_reason IN ('stop', 'length')
+          AND JSONExtractFloat(sampling_params_json, 'temperature') = 0
     )
     GROUP BY model_name, key, replica_id
 )
@@ -165,20 +168,20 @@ GROUP BY model_name, key
 HAVING uniqExact(config_hash) > 1
 """
 
-_EXAMPLE_OUTPUTS = """
-SELECT replica_id, argMax(prompt_token_ids, arrival_time) AS prompt_ids, argMax(output_token_ids, arrival_time) AS ids
-FROM (SELECT replica_id, prompt_token_ids, output_token_ids, arrival_time,
-             cityHash64(prompt_token_ids, JSONExtractUInt(sampling_params_json, 'max_tokens'),
-                        JSONExtractRaw(sampling_params_json, 'stop'),
-                        JSONExtractRaw(sampling_params_json, 'stop_token_ids'),
-                        JSONExtractBool(sampling_params_json, 'ignore_eos')) AS key
+_EXAMPLE_OUTPUTS = f"""
+SELECT replica_id, key, argMax(prompt_token_ids, arrival_time) AS prompt_ids,
+       argMax(output_token_ids, arrival_time) AS ids
+FROM (SELECT replica_id, prompt_token_ids, output_token_ids, arrival_time, {_KEY} AS key
       FROM requests
-      WHERE has({replicas:Array(String)}, replica_id)
-        AND arrival_time >= toDateTime64({start:Float64}, 6, 'UTC')
-        AND arrival_time < toDateTime64({end:Float64}, 6, 'UTC'))
-WHERE key = {key:UInt64}
-GROUP BY replica_id
+      WHERE has({{replicas:Array(String)}}, replica_id)
+        AND arrival_time >= toDateTime64({{start:Float64}}, 6, 'UTC')
+        AND arrival_time < toDateTime64({{end:Float64}}, 6, 'UTC') AND {_SAMPLED})
+WHERE has({{keys:Array(UInt64)}}, key)
+GROUP BY replica_id, key
 """
+
+_COUNT = "SELECT count() AS n FROM {source}"
+SAMPLE_ROWS = 200_000  # requests whose prompts are hashed for the greedy comparison, at most
 
 
 def _source() -> str:
@@ -190,7 +193,10 @@ def _source() -> str:
 
 def greedy_drift(store, scope: Scope, source: TokenizerSource | None = None) -> list[Finding]:
     source = source or TokenizerSource()
-    groups = store.query_arrow(_GREEDY.replace("{source}", _source()), scope.parameters()).to_pylist()
+    n = store.query_arrow(_COUNT.replace("{source}", _source()), scope.parameters()).to_pylist()[0]["n"]
+    permille = 1000 if n <= SAMPLE_ROWS else max(1, -(-1000 * SAMPLE_ROWS // n))
+    params = {**scope.parameters(), "permille": permille}
+    groups = store.query_arrow(_GREEDY.replace("{source}", _source()), params).to_pylist()
     identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
     stats: dict[str, dict] = {}
     for g in groups:
@@ -205,21 +211,33 @@ def greedy_drift(store, scope: Scope, source: TokenizerSource | None = None) -> 
             s["compared"] += 1
             if out != reference:
                 s["tied" if tie else "differ"] += 1
-                if len(s["examples"]) < MAX_EXAMPLES:
+                if len(s["examples"]) < MAX_EXAMPLES and not (tie and s["differ"]):
                     s["examples"].append((g["key"], ref_replica))
     findings = []
     models = {r["model_name"] for r in identity.values()}
-    seen_models = {s["model"] for s in stats.values()}
-    for model in sorted(models - seen_models):
+    for model in sorted(models - {s["model"] for s in stats.values()}):
         findings.append(insufficient("output_drift", model, DIAGNOSTIC, scope,
                                      "no greedy prompt was served by replicas of different configurations",
                                      model_name=model))
+    outputs = _example_outputs(store, params, stats)
     for rid, s in sorted(stats.items()):
-        findings += _replica_drift(store, scope, rid, s, identity, source)
+        findings += _replica_drift(scope, rid, s, identity, source, outputs, permille)
     return findings
 
 
-def _replica_drift(store, scope, rid, s, identity, source) -> list[Finding]:
+def _example_outputs(store, params: dict, stats: dict) -> dict:
+    """(replica, key) -> its prompt and output IDs, for every example, in one scan."""
+    wanted = [(rid, key, ref) for rid, s in stats.items() if s["compared"] >= MIN_PROMPTS
+              for key, ref in s["examples"]]
+    if not wanted:
+        return {}
+    replicas = sorted({r for rid, _, ref in wanted for r in (rid, ref)})
+    rows = store.query_arrow(_EXAMPLE_OUTPUTS, {**params, "replicas": replicas,
+                                                "keys": sorted({key for _, key, _ in wanted})}).to_pylist()
+    return {(r["replica_id"], r["key"]): r for r in rows}
+
+
+def _replica_drift(scope, rid, s, identity, source, outputs, permille: int) -> list[Finding]:
     differ = s["differ"] + s["tied"]
     if s["compared"] < MIN_PROMPTS:
         return [insufficient("output_drift", rid, DIAGNOSTIC, scope,
@@ -229,31 +247,31 @@ def _replica_drift(store, scope, rid, s, identity, source) -> list[Finding]:
         return []
     rate = differ / s["compared"]
     low, high = wilson_interval(differ, s["compared"])
+    # 1-to-1 ties cannot say which side drifted: they alone make an info finding
     severity = "critical" if rate >= 0.5 and s["differ"] else "warning" if low > 0.02 and s["differ"] else "info"
     me = identity.get(rid, {"replica_id": rid})
     examples, references = [], set()
     for key, ref in s["examples"]:
-        rows = store.query_arrow(_EXAMPLE_OUTPUTS, {**scope.parameters(), "key": key,
-                                                    "replicas": [rid, ref]}).to_pylist()
-        got = {r["replica_id"]: r for r in rows}
-        if rid in got and ref in got:
-            references.add(ref)
-            tok = source.for_replica(me) if rid in identity else None
-            examples.append({"reference_replica": ref, "prompt_token_ids": list(got[rid]["prompt_ids"]),
-                             **divergence(got[rid]["ids"], got[ref]["ids"], tok,
-                                          source.for_replica(identity[ref]) if ref in identity else tok,
-                                          "replica", "reference")})
+        mine, theirs = outputs.get((rid, key)), outputs.get((ref, key))
+        if mine is None or theirs is None:
+            continue
+        references.add(ref)
+        tok = source.for_replica(me) if rid in identity else None
+        ref_tok = source.for_replica(identity[ref]) if ref in identity else tok
+        examples.append({"reference_replica": ref, "prompt_token_ids": list(mine["prompt_ids"]),
+                         **divergence(mine["ids"], theirs["ids"], tok, ref_tok, "replica", "reference")})
     peers = [identity[r] for r in sorted(references) if r in identity]
     diffs = identity_differences(me, peers) if peers else []
     first = examples[0]["first_divergence"] if examples else None
     summary = (f"{rid}: greedy outputs differ from the other configurations' on {differ} of {s['compared']} identical "
                f"prompts ({rate:.0%}, 95% CI {low:.0%}-{high:.0%})"
+               + (f", {s['tied']} of them 1-to-1 ties" if s["tied"] else "")
                + (f"; first divergence at output token {first}" if first is not None else "")
                + (f"; {rid} differs in " + ", ".join(f"{d['field']}={d['replica']}" for d in diffs[:3])
                   if diffs else ""))
     evidence = {"replica": rid, "model_name": s["model"], "compared": s["compared"], "differ": s["differ"],
                 "tied": s["tied"], "rate": rate, "rate_ci": [low, high], "identity_differences": diffs,
-                "examples": examples,
+                "examples": examples, "sampled_prompts_per_mille": permille,
                 "method": "greedy requests grouped by prompt token IDs and output limits across replicas of "
                           "different config hashes; the most common output is the reference"}
     return [Finding("output_drift", severity, rid, summary, DIAGNOSTIC, scope, evidence)]

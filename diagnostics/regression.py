@@ -53,12 +53,12 @@ LABELS = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "e
           "step_throughput": "step throughput (tokens/s)"}
 
 
-def _request_sample_sql(prefix: str) -> str:
+def _request_sample_sql(prefix: str, scope: Scope) -> str:
     names = [m for m, (table, _, _) in METRICS.items() if table == "requests"]
     cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in names)
     source = requests_in(f"t.model_name AS model_name, t.workload AS workload, {PROMPT_BUCKET} AS bucket, "
                          f"t.finish_reason AS finish_reason, t.first_token_time AS first_token_time, {cols}",
-                         prefix)
+                         prefix, scope)
     return (f"SELECT model_name, workload AS group_a, bucket AS group_b, count() AS n, "
             f"groupArraySample({SAMPLE_SIZE}, {SEED})(({', '.join(names)})) AS sample "
             f"FROM {source} WHERE finish_reason NOT IN ('abort', 'error') "
@@ -77,7 +77,7 @@ def _step_sample_sql(prefix: str) -> str:
 
 def _samples(store, scope: Scope, table: str) -> dict[tuple, dict]:
     """(model, group_a, group_b) -> {"n": count, metric: np.ndarray} for one side."""
-    sql = _request_sample_sql("s_") if table == "requests" else _step_sample_sql("s_")
+    sql = _request_sample_sql("s_", scope) if table == "requests" else _step_sample_sql("s_")
     names = [m for m, (t, _, _) in METRICS.items() if t == table]
     out = {}
     for row in store.query_arrow(sql, scope.parameters("s_")).to_pylist():
@@ -202,10 +202,8 @@ def analyse(store, baseline_scope: Scope, candidate_scope: Scope, *, metrics=tup
         direction = _direction(s.comparison, METRICS[s.metric][2]) if p < ALPHA else None
         if direction:
             s.verdict = direction
-            # the bootstrap only where it is reported: the CI of an effect that passed the tests
-            s.comparison = stats.compare_samples(*s.samples, bootstrap=True, seed=seed)
     result.strata = pending
-    result.findings = _findings(result, metrics)
+    result.findings = _findings(result, metrics, seed)
     return result
 
 
@@ -215,7 +213,7 @@ def _fmt(metric: str, value: float | None) -> str:
     return f"{value:.0f} tok/s" if metric == "step_throughput" else f"{value * 1000:.1f} ms"
 
 
-def _findings(result: RegressionResult, metrics) -> list[Finding]:
+def _findings(result: RegressionResult, metrics, seed: int) -> list[Finding]:
     base, cand = result.baseline, result.candidate
     versus = f"{cand.label()} vs {base.label()}"
     findings = []
@@ -233,6 +231,8 @@ def _findings(result: RegressionResult, metrics) -> list[Finding]:
             if not hit:
                 continue
             worst = max(hit, key=lambda s: abs(s.comparison.cliffs_delta))
+            # the bootstrap only where it is reported: the interval of the headline stratum's effect
+            worst.comparison = stats.compare_samples(*worst.samples, bootstrap=True, seed=seed)
             c = worst.comparison
             ratio = f"{c.ratio:.2f}x" if c.ratio is not None else f"{c.difference * 1000:+.1f} ms"
             ci = f" (95% CI {c.ratio_ci[0]:.2f}-{c.ratio_ci[1]:.2f})" if c.ratio_ci else ""
@@ -301,69 +301,72 @@ def version_pairs(store, scope: Scope) -> list[tuple[Scope, Scope]]:
 
 # -- change points ----------------------------------------------------------------------------------
 
-_STRATUM_MEDIANS = """
-SELECT concat(model_name, '|', workload, '|', bucket) AS stratum, median({metric}) AS med, count() AS n
-FROM {source}
-WHERE finish_reason NOT IN ('abort', 'error') AND isFinite({metric})
+CREEP_METRICS = ("ttft", "itl", "e2e")
+_STRATUM = "concat(model_name, '|', workload, '|', bucket)"
+
+# one pass: each stratum's medians (per metric), its size and time span
+_STRATUM_MEDIANS = f"""
+SELECT {_STRATUM} AS stratum, count() AS n, min(arrival_time) AS lo, max(arrival_time) AS hi,
+       {", ".join(f"medianIf({m}, isFinite({m})) AS med_{m}" for m in CREEP_METRICS)}
+FROM {{source}}
+WHERE finish_reason NOT IN ('abort', 'error')
 GROUP BY stratum
 """
 
-_SERIES = """
-SELECT toUInt32(intDiv(toUnixTimestamp64Micro(arrival_time) - {t0:Int64}, {width:Int64})) AS bucket_index,
-       count() AS n,
-       median(rel) AS level,
-       groupArraySample(200, 1)(rel) AS sample
+# one pass: per time bucket, each metric's median relative to its stratum's median, and a sample
+_SERIES = f"""
+SELECT toUInt32(intDiv(toUnixTimestamp64Micro(arrival_time) - {{t0:Int64}}, {{width:Int64}})) AS bucket_index,
+       {", ".join(f"countIf(isFinite(rel_{m})) AS n_{m}, medianIf(rel_{m}, isFinite(rel_{m})) AS level_{m}"
+                  for m in CREEP_METRICS)},
+       groupArraySample(200, 1)(({", ".join(f"rel_{m}" for m in CREEP_METRICS)})) AS sample
 FROM (
-    SELECT arrival_time,
-           {metric} / arrayElement({meds:Array(Float64)},
-                                   indexOf({keys:Array(String)}, concat(model_name, '|', workload, '|', bucket))) AS rel
-    FROM {source}
-    WHERE finish_reason NOT IN ('abort', 'error') AND isFinite({metric})
-      AND has({keys:Array(String)}, concat(model_name, '|', workload, '|', bucket))
+    SELECT arrival_time, indexOf({{keys:Array(String)}}, {_STRATUM}) AS i,
+           {", ".join(f"{m} / arrayElement({{med_{m}:Array(Float64)}}, i) AS rel_{m}" for m in CREEP_METRICS)}
+    FROM {{source}}
+    WHERE finish_reason NOT IN ('abort', 'error') AND has({{keys:Array(String)}}, {_STRATUM})
 )
-WHERE isFinite(rel)
 GROUP BY bucket_index
 ORDER BY bucket_index
 """
 
-CREEP_METRICS = ("ttft", "itl", "e2e")
 
-
-def _creep_source() -> str:
+def _creep_source(scope: Scope) -> str:
     cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in CREEP_METRICS)
     return requests_in(f"t.model_name AS model_name, t.workload AS workload, {PROMPT_BUCKET} AS bucket, "
-                       f"t.finish_reason AS finish_reason, t.arrival_time AS arrival_time, {cols}")
+                       f"t.finish_reason AS finish_reason, t.arrival_time AS arrival_time, {cols}", scope=scope)
+
+
+def _positive(x) -> float:
+    return float(x) if x is not None and np.isfinite(x) and x > 0 else float("nan")
 
 
 def creep(store, scope: Scope, metrics=CREEP_METRICS, buckets: int = 120, min_per_bucket: int = 5,
           min_shift: float = 1.2) -> list[Finding]:
     """Level shifts up over time in each metric (relative to its stratum's median)."""
-    source = _creep_source()
-    span = store.query_arrow(f"SELECT min(arrival_time) AS lo, max(arrival_time) AS hi, count() AS n FROM {source}",
-                             scope.parameters()).to_pylist()[0]
-    findings = []
-    if not span["n"] or span["lo"] is None or span["n"] < 2 * buckets * min_per_bucket // 4:
-        for metric in metrics:
-            findings.append(insufficient("latency_change_point", f"{metric}: {scope.label()}", DIAGNOSTIC, scope,
-                                         f"{span['n'] or 0} requests: too few for a change-point series",
-                                         requests=span["n"] or 0))
-        return findings
-    lo, hi = span["lo"].timestamp(), span["hi"].timestamp()
+    source = _creep_source(scope)
+    strata = [r for r in store.query_arrow(_STRATUM_MEDIANS.replace("{source}", source),
+                                           scope.parameters()).to_pylist() if r["n"] >= min_per_bucket]
+    total = sum(r["n"] for r in strata)
+    if total < 2 * buckets * min_per_bucket // 4:
+        return [insufficient("latency_change_point", f"{metric}: {scope.label()}", DIAGNOSTIC, scope,
+                             f"{total} requests: too few for a change-point series", requests=total)
+                for metric in metrics]
+    lo = min(r["lo"] for r in strata).timestamp()
+    hi = max(r["hi"] for r in strata).timestamp()
     width_us = max(1, int((hi - lo) * 1e6 / buckets) + 1)
+    params = {**scope.parameters(), "t0": int(lo * 1e6), "width": width_us, "keys": [r["stratum"] for r in strata],
+              **{f"med_{m}": [_positive(r[f"med_{m}"]) for r in strata] for m in CREEP_METRICS}}
+    rows = store.query_arrow(_SERIES.replace("{source}", source), params).to_pylist()
+    findings = []
     for metric in metrics:
-        meds = store.query_arrow(_STRATUM_MEDIANS.replace("{source}", source).replace("{metric}", metric),
-                                 scope.parameters()).to_pylist()
-        meds = [m for m in meds if m["n"] >= min_per_bucket and m["med"] and m["med"] > 0]
-        subject = f"{metric}: {scope.label()}"
-        if not meds:
-            findings.append(insufficient("latency_change_point", subject, DIAGNOSTIC, scope,
-                                         f"no stratum with a positive median {metric}"))
-            continue
-        params = {**scope.parameters(), "t0": int(lo * 1e6), "width": width_us,
-                  "keys": [m["stratum"] for m in meds], "meds": [float(m["med"]) for m in meds]}
-        series = store.query_arrow(_SERIES.replace("{source}", source).replace("{metric}", metric),
-                                   params).to_pylist()
+        k = CREEP_METRICS.index(metric)
+        series = []
+        for r in rows:
+            sample = np.array([list(t.values())[k] if isinstance(t, dict) else t[k] for t in r["sample"]], float)
+            series.append({"bucket_index": r["bucket_index"], "n": r[f"n_{metric}"], "level": r[f"level_{metric}"],
+                           "sample": sample[np.isfinite(sample)]})
         series = [s for s in series if s["n"] >= min_per_bucket and s["level"] and s["level"] > 0]
+        subject = f"{metric}: {scope.label()}"
         if len(series) < 12:
             findings.append(insufficient("latency_change_point", subject, DIAGNOSTIC, scope,
                                          f"{len(series)} time buckets with {min_per_bucket}+ requests (need 12)",

@@ -36,11 +36,11 @@ IDENTITY = ("numa_mismatch", "cpu_count", "config_hash", "engine_version", "toke
             "gpu_numa_node")
 
 
-def _source() -> str:
+def _source(scope: Scope) -> str:
     cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in LATENCIES)
     return requests_in(f"t.replica_id AS replica_id, t.model_name AS model_name, t.workload AS workload, "
                        f"{PROMPT_BUCKET} AS bucket, t.finish_reason AS finish_reason, "
-                       f"t.first_token_time AS first_token_time, {cols}")
+                       f"t.first_token_time AS first_token_time, {cols}", scope=scope)
 
 
 _FILTER = "finish_reason NOT IN ('abort', 'error') AND first_token_time > toDateTime64(0, 6, 'UTC')"
@@ -82,7 +82,7 @@ def _finite(x) -> np.ndarray:
 
 def per_replica(store, scope: Scope) -> list[dict]:
     """One row per replica: request count, relative latency medians, raw quantiles, a sample."""
-    source = _source()
+    source = _source(scope)
     strata = store.query_arrow(_STRATA.replace("{source}", source).replace("{filter}", _FILTER),
                                scope.parameters()).to_pylist()
     if not strata:

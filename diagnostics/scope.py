@@ -152,15 +152,16 @@ class Scope:
                 f"{prefix}configs": list(self.config_hashes), f"{prefix}models": list(self.models)}
 
 
-def _filters(time_column: str, p: str, model_column: str | None) -> str:
+def _filters(time_column: str, p: str, model_column: str | None, identity: bool = True) -> str:
     model = (f" AND (empty({{{p}models:Array(String)}}) OR has({{{p}models:Array(String)}}, {model_column}))"
              if model_column else "")
+    ident = (f"AND (empty({{{p}versions:Array(String)}}) OR has({{{p}versions:Array(String)}}, ri.engine_version)) "
+             f"AND (empty({{{p}configs:Array(String)}}) OR has({{{p}configs:Array(String)}}, ri.config_hash))"
+             if identity else "")
     return (f"{time_column} >= toDateTime64({{{p}start:Float64}}, 6, 'UTC') "
             f"AND {time_column} < toDateTime64({{{p}end:Float64}}, 6, 'UTC') "
             f"AND (empty({{{p}replicas:Array(String)}}) OR has({{{p}replicas:Array(String)}}, t.replica_id)) "
-            f"AND (empty({{{p}versions:Array(String)}}) OR has({{{p}versions:Array(String)}}, ri.engine_version)) "
-            f"AND (empty({{{p}configs:Array(String)}}) OR has({{{p}configs:Array(String)}}, ri.config_hash))"
-            + model)
+            + ident + model)
 
 
 _IDENTITY = ("ri.engine_version AS engine_version, ri.config_hash AS config_hash, "
@@ -168,9 +169,14 @@ _IDENTITY = ("ri.engine_version AS engine_version, ri.config_hash AS config_hash
              "ri.tokenizer_hash AS tokenizer_hash")
 
 
-def requests_in(columns: str, prefix: str = "") -> str:
+def requests_in(columns: str, prefix: str = "", scope: Scope | None = None) -> str:
     """A subquery: the scope's requests (`columns` of `requests`, qualified `t.`), each with the
-    identity of the replica start that served it."""
+    identity of the replica start that served it. Given a `scope` that filters on no version or
+    config hash, the identity join is left out (it costs a pass over the rows), and so are the
+    identity columns: pass no scope when the query reads them."""
+    if scope is not None and not scope.versions and not scope.config_hashes:
+        where = _filters("t.arrival_time", prefix, "t.model_name", identity=False)
+        return f"(SELECT {columns} FROM requests AS t WHERE {where})"
     return (f"(SELECT {columns}, {_IDENTITY} FROM requests AS t "
             f"ASOF LEFT JOIN replicas AS ri ON t.replica_id = ri.replica_id AND t.arrival_time >= ri.start_time "
             f"WHERE {_filters('t.arrival_time', prefix, 't.model_name')})")

@@ -155,7 +155,7 @@ def run(store, scope: Scope, baseline: Scope | None = None, candidate: Scope | N
 
 def _by_workload(store, scope: Scope) -> dict[str, list[dict]]:
     source = requests_in("t.replica_id AS replica_id, t.workload AS workload, t.spec_proposed AS spec_proposed, "
-                         "t.spec_accepted AS spec_accepted")
+                         "t.spec_accepted AS spec_accepted", scope=scope)
     out: dict[str, list[dict]] = {}
     for r in store.query_arrow(_REQUESTS.replace("{source}", source), scope.parameters()).to_pylist():
         r["rate"] = r["accepted"] / r["proposed"] if r["proposed"] else None

@@ -20,6 +20,8 @@ import numpy as np
 from scipy import stats
 
 MIN_SAMPLES = 20  # below this a two-sample test is not worth reporting
+BOOTSTRAP_MAX = 1000  # per side: larger samples are subsampled for the interval (a wider, honest CI)
+EXACT_KS_MAX = 10_000  # n_a * n_b up to which Kolmogorov-Smirnov is exact (beyond: asymptotic, far cheaper)
 # Cliff's delta magnitudes (Romano et al. 2006): negligible < 0.147 <= small < 0.33 <= medium < 0.474 <= large
 DELTA_SMALL, DELTA_MEDIUM, DELTA_LARGE = 0.147, 0.33, 0.474
 
@@ -75,16 +77,19 @@ def compare_samples(baseline, candidate, *, bootstrap: bool = True, n_resamples:
         u, p_u, ks, p_ks = len(a) * len(b) / 2.0, 1.0, 0.0, 1.0
     else:
         mwu = stats.mannwhitneyu(b, a, alternative="two-sided", method="asymptotic")
-        ks_result = stats.ks_2samp(a, b)
+        ks_result = stats.ks_2samp(a, b, method="exact" if len(a) * len(b) <= EXACT_KS_MAX else "asymp")
         u, p_u, ks, p_ks = float(mwu.statistic), float(mwu.pvalue), float(ks_result.statistic), float(ks_result.pvalue)
     delta = 2.0 * u / (len(a) * len(b)) - 1.0
     ratio = mb / ma if ma > 0 else None
     ratio_ci = diff_ci = None
     if bootstrap:
+        rng = np.random.default_rng(seed)
+        sa = a if len(a) <= BOOTSTRAP_MAX else rng.choice(a, BOOTSTRAP_MAX, replace=False)
+        sb = b if len(b) <= BOOTSTRAP_MAX else rng.choice(b, BOOTSTRAP_MAX, replace=False)
         with warnings.catch_warnings():  # constant samples give a degenerate (point) interval: that is fine
             warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-            res = stats.bootstrap((a, b), _median_stats, vectorized=True, paired=False, n_resamples=n_resamples,
-                                  confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
+            res = stats.bootstrap((sa, sb), _median_stats, vectorized=True, paired=False, n_resamples=n_resamples,
+                                  confidence_level=confidence, method="percentile", rng=rng)
         low, high = res.confidence_interval
         if ratio is not None and np.isfinite(low[0]) and np.isfinite(high[0]):
             ratio_ci = (float(low[0]), float(high[0]))

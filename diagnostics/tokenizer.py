@@ -29,6 +29,7 @@ from diagnostics.unicode_corpus import corpus
 
 DIAGNOSTIC = "tokenizer"
 MAX_EXAMPLES = 3
+TEXT_SAMPLE_ROWS = 200_000  # text prompts whose token IDs are hashed / scanned for specials, at most
 ROUNDTRIP_SAMPLE = 200  # stored prompts re-tokenized per replica
 STREAM_SAMPLE = 300  # outputs re-decoded per replica
 
@@ -114,28 +115,34 @@ def hash_disagreements(replicas: list[dict], scope: Scope, source: TokenizerSour
 
 # -- same text, different IDs ---------------------------------------------------------------------
 
+# per prompt text seen on several replicas: the token-ID variant most replicas produced is the reference
 _DIVERGENCE = """
-WITH v AS (
-    SELECT model_name, prompt_text_hash, replica_id, argMax(cityHash64(prompt_token_ids), arrival_time) AS h
-    FROM {source}
-    WHERE prompt_text_hash != ''
-    GROUP BY model_name, prompt_text_hash, replica_id
-),
-m AS (
-    SELECT model_name, prompt_text_hash, argMax(h, nrep) AS majority, argMax(rep, nrep) AS majority_replica,
-           arrayReverseSort(groupArray(nrep)) AS counts, sum(nrep) AS replicas
-    FROM (SELECT model_name, prompt_text_hash, h, count() AS nrep, any(replica_id) AS rep
-          FROM v GROUP BY model_name, prompt_text_hash, h)
-    GROUP BY model_name, prompt_text_hash
-    HAVING replicas > 1
+SELECT model_name, replica_id, count() AS compared,
+       countIf(h != majority AND NOT tie) AS divergent, countIf(h != majority AND tie) AS tied,
+       groupArraySampleIf(3, 1)((prompt_text_hash, majority_replica), h != majority) AS examples
+FROM (
+    SELECT model_name, prompt_text_hash, arrayMap(p -> p.2, pairs) AS hs, arrayReduce('topK(2)', hs) AS top,
+           top[1] AS majority,
+           length(top) > 1 AND arrayCount(x -> x = top[1], hs) = arrayCount(x -> x = top[2], hs) AS tie,
+           arrayFirst(p -> p.2 = majority, pairs).1 AS majority_replica,
+           arrayJoin(pairs) AS pair, pair.1 AS replica_id, pair.2 AS h
+    FROM (
+        SELECT model_name, prompt_text_hash, groupArray((replica_id, h)) AS pairs
+        FROM (SELECT model_name, prompt_text_hash, replica_id,
+                     argMax(cityHash64(prompt_token_ids), arrival_time) AS h
+              FROM {source}
+              WHERE prompt_text_hash != '' AND cityHash64(prompt_text_hash) % 1000 < {permille:UInt32}
+              GROUP BY model_name, prompt_text_hash, replica_id)
+        GROUP BY model_name, prompt_text_hash
+        HAVING length(pairs) > 1
+    )
 )
-SELECT v.model_name AS model_name, v.replica_id AS replica_id, count() AS compared,
-       countIf(v.h != m.majority AND length(m.counts) > 1 AND m.counts[1] = m.counts[2]) AS tied,
-       countIf(v.h != m.majority AND NOT (length(m.counts) > 1 AND m.counts[1] = m.counts[2])) AS divergent,
-       groupArraySampleIf(3, 1)((v.prompt_text_hash, m.majority_replica), v.h != m.majority) AS examples
-FROM v INNER JOIN m ON v.model_name = m.model_name AND v.prompt_text_hash = m.prompt_text_hash
 GROUP BY model_name, replica_id
 ORDER BY model_name, replica_id
+"""
+
+_TEXT_PROMPTS = """
+SELECT count() AS n FROM requests AS t WHERE t.prompt_text_hash != '' AND {filters}
 """
 
 _PROMPTS = """
@@ -151,10 +158,19 @@ def _pairs(row) -> tuple:
     return tuple(row.values()) if isinstance(row, dict) else tuple(row)
 
 
-def same_text_different_ids(store, scope: Scope, replicas: list[dict], toks: dict) -> list[Finding]:
+def text_sample_permille(store, scope: Scope) -> int:
+    """Per mille of prompt texts the array-scanning checks read: all of them up to TEXT_SAMPLE_ROWS
+    text prompts, else a sample chosen by the text's hash (so every replica's copy of a text is in or out)."""
+    n = store.query_arrow(_TEXT_PROMPTS.replace("{filters}", _window_filters()), scope.parameters()).to_pylist()[0]["n"]
+    return 1000 if n <= TEXT_SAMPLE_ROWS else max(1, -(-1000 * TEXT_SAMPLE_ROWS // n))
+
+
+def same_text_different_ids(store, scope: Scope, replicas: list[dict], toks: dict,
+                            permille: int = 1000) -> list[Finding]:
     rows = store.query_arrow(_DIVERGENCE.replace("{source}", requests_in(
         "t.model_name AS model_name, t.prompt_text_hash AS prompt_text_hash, t.replica_id AS replica_id, "
-        "t.prompt_token_ids AS prompt_token_ids, t.arrival_time AS arrival_time")), scope.parameters()).to_pylist()
+        "t.prompt_token_ids AS prompt_token_ids, t.arrival_time AS arrival_time", scope=scope)),
+        {**scope.parameters(), "permille": permille}).to_pylist()
     identity = {r["replica_id"]: r for r in replicas}
     findings = []
     for r in rows:
@@ -182,9 +198,11 @@ def same_text_different_ids(store, scope: Scope, replicas: list[dict], toks: dic
             where = f"; e.g. first divergence at token {pos}: {at[0]} vs {at[1]} (reference {ex['reference_replica']})"
         summary = (f"{rid}: {r['divergent'] + r['tied']} of {r['compared']} prompt texts also seen on other replicas "
                    f"of {r['model_name']} became different token IDs{tie_note}{where}")
-        severity = "critical" if r["divergent"] and rate >= 0.1 else "warning"
+        # 1-to-1 ties cannot say which side is odd: they alone make an info finding
+        severity = "critical" if r["divergent"] and rate >= 0.1 else "warning" if r["divergent"] else "info"
         evidence = {"model_name": r["model_name"], "replica": rid, "compared": r["compared"],
                     "divergent": r["divergent"], "tied": r["tied"], "rate": rate,
+                    "sampled_prompt_texts_per_mille": permille,
                     "tokenizer_hash": identity.get(rid, {}).get("tokenizer_hash"), "examples": shown,
                     "method": "prompts grouped by prompt_text_hash across replicas of one model; the token IDs "
                               "most replicas produced are the reference"}
@@ -212,10 +230,16 @@ GROUP BY replica_id
 """
 
 
-def _plain_filters() -> str:
+def _window_filters() -> str:
     return ("t.arrival_time >= toDateTime64({start:Float64}, 6, 'UTC') "
             "AND t.arrival_time < toDateTime64({end:Float64}, 6, 'UTC') "
-            "AND has({ids:Array(String)}, t.replica_id)")
+            "AND (empty({replicas:Array(String)}) OR has({replicas:Array(String)}, t.replica_id)) "
+            "AND (empty({models:Array(String)}) OR has({models:Array(String)}, t.model_name))")
+
+
+def _plain_filters() -> str:
+    """The window, restricted to the given replicas (those of the scope, resolved by identity)."""
+    return _window_filters() + " AND has({ids:Array(String)}, t.replica_id)"
 
 
 def roundtrip_stored(store, scope: Scope, toks: dict) -> list[Finding]:
@@ -317,33 +341,29 @@ def streamed_vs_full(store, scope: Scope, toks: dict) -> list[Finding]:
 
 # -- token-ID checks in SQL (double BOS, specials from text, out of vocabulary) -------------------
 
+# one tokenizer's replicas at a time, its numbers as constants; the array scans are cheap vector
+# functions (arrayMax, hasAny) rather than per-element lambdas
 _TOKEN_CHECKS = """
 SELECT replica_id, count() AS requests,
-       countIf(length(prompt_token_ids) >= 2 AND bos >= 0
-               AND prompt_token_ids[1] = bos AND prompt_token_ids[2] = bos) AS double_bos,
-       groupArraySampleIf(3, 1)(prompt_token_ids, length(prompt_token_ids) >= 2 AND bos >= 0
-               AND prompt_token_ids[1] = bos AND prompt_token_ids[2] = bos) AS double_bos_examples,
-       countIf(prompt_text_hash != '' AND arrayExists(x -> has(specials, x), arraySlice(prompt_token_ids, 2)))
-           AS special_from_text,
-       groupArraySampleIf(3, 1)((prompt_token_ids, prompt_text), prompt_text_hash != ''
-               AND arrayExists(x -> has(specials, x), arraySlice(prompt_token_ids, 2))) AS special_examples,
-       countIf(arrayExists(x -> x >= model_vocab, prompt_token_ids)) AS prompt_out_of_vocab,
-       countIf(arrayExists(x -> x >= model_vocab, output_token_ids)) AS output_out_of_vocab,
+       countIf(is_double_bos) AS double_bos,
+       groupArraySampleIf(3, 1)(prompt_token_ids, is_double_bos) AS double_bos_examples,
+       countIf(is_special) AS special_from_text,
+       groupArraySampleIf(3, 1)((prompt_token_ids, prompt_text), is_special) AS special_examples,
+       countIf(pmax >= {model_vocab:UInt64}) AS prompt_out_of_vocab,
+       countIf(omax >= {model_vocab:UInt64}) AS output_out_of_vocab,
+       groupArraySampleIf(3, 1)((prompt_token_ids, output_token_ids), greatest(pmax, omax) >= {model_vocab:UInt64})
+           AS oov_examples,
+       countIf(greatest(pmax, omax) >= {vocab:UInt64} AND greatest(pmax, omax) < {model_vocab:UInt64}) AS textless,
        groupArraySampleIf(3, 1)((prompt_token_ids, output_token_ids),
-               arrayExists(x -> x >= model_vocab, arrayConcat(prompt_token_ids, output_token_ids))) AS oov_examples,
-       countIf(arrayExists(x -> x >= vocab AND x < model_vocab, arrayConcat(prompt_token_ids, output_token_ids)))
-           AS textless,
-       groupArraySampleIf(3, 1)((prompt_token_ids, output_token_ids),
-               arrayExists(x -> x >= vocab AND x < model_vocab, arrayConcat(prompt_token_ids, output_token_ids)))
+               greatest(pmax, omax) >= {vocab:UInt64} AND greatest(pmax, omax) < {model_vocab:UInt64})
            AS textless_examples
 FROM (
     SELECT t.replica_id AS replica_id, t.prompt_token_ids AS prompt_token_ids, t.output_token_ids AS output_token_ids,
-           t.prompt_text_hash AS prompt_text_hash, t.prompt_text AS prompt_text,
-           indexOf({ids:Array(String)}, t.replica_id) AS i,
-           arrayElement({bos:Array(Int64)}, i) AS bos,
-           arrayElement({vocab:Array(UInt64)}, i) AS vocab,
-           arrayElement({model_vocab:Array(UInt64)}, i) AS model_vocab,
-           arrayElement({specials:Array(Array(UInt32))}, i) AS specials
+           t.prompt_text AS prompt_text, arrayMax(t.prompt_token_ids) AS pmax, arrayMax(t.output_token_ids) AS omax,
+           length(t.prompt_token_ids) >= 2 AND t.prompt_token_ids[1] = {bos:Int64}
+               AND t.prompt_token_ids[2] = {bos:Int64} AS is_double_bos,
+           t.prompt_text_hash != '' AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}
+               AND hasAny(arraySlice(t.prompt_token_ids, 2), {specials:Array(UInt32)}) AS is_special
     FROM requests AS t
     WHERE {filters}
 )
@@ -352,69 +372,83 @@ ORDER BY replica_id
 """
 
 
-def token_id_checks(store, scope: Scope, toks: dict, identity: dict) -> list[Finding]:
-    ids = sorted(r for r, t in toks.items() if t is not None)
-    if not ids:
-        return []
-    params = {**scope.parameters(), "ids": ids,
-              "bos": [toks[r].bos_token_id if toks[r].bos_token_id is not None else -1 for r in ids],
-              "vocab": [toks[r].vocab_size for r in ids],
-              "model_vocab": [toks[r].model_vocab_size for r in ids],
-              # specials a text can only contain if the user wrote them (not those the tokenizer adds itself)
-              "specials": [sorted(set(toks[r].special_ids) - set(toks[r].post_processor_ids)) for r in ids]}
-    sql = _TOKEN_CHECKS.replace("{filters}", _plain_filters())
+def _tokenizer_groups(toks: dict) -> dict[tuple, list[str]]:
+    """Replicas sharing a tokenizer's numbers (bos, sizes, user-writable specials): one query each."""
+    groups: dict[tuple, list[str]] = {}
+    for rid, tok in toks.items():
+        if tok is None:
+            continue
+        # specials a text can only contain if the user wrote them (not those the tokenizer adds itself)
+        specials = tuple(sorted(set(tok.special_ids) - set(tok.post_processor_ids)))
+        key = (tok.bos_token_id if tok.bos_token_id is not None else -1, tok.vocab_size, tok.model_vocab_size, specials)
+        groups.setdefault(key, []).append(rid)
+    return groups
+
+
+def token_id_checks(store, scope: Scope, toks: dict, identity: dict, permille: int = 1000) -> list[Finding]:
     findings = []
-    for r in store.query_arrow(sql, params).to_pylist():
-        rid, tok = r["replica_id"], toks[r["replica_id"]]
-        model = identity.get(rid, {}).get("model_name", "")
-        if r["double_bos"]:
-            examples = [{"prompt_token_ids": list(e), "tokens": tokens(list(e), tok, 0, 6)}
-                        for e in r["double_bos_examples"]]
-            findings.append(Finding(
-                "double_bos", "warning", rid,
-                f"{rid}: {r['double_bos']} of {r['requests']} prompts start with BOS twice "
-                f"(id {tok.bos_token_id} = {tok.piece(tok.bos_token_id)!r}): a template or client adds its own BOS",
-                DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "bos_token_id": tok.bos_token_id,
-                                    "count": r["double_bos"], "requests": r["requests"], "examples": examples}))
-        if r["special_from_text"]:
-            specials = set(tok.special_ids) - set(tok.post_processor_ids)
-            examples = []
-            for e in r["special_examples"]:
-                prompt_ids, text = _pairs(e)
-                found = [{"position": i, "id": int(x), "text": tok.piece(int(x))}
-                         for i, x in enumerate(prompt_ids) if i > 0 and int(x) in specials]
-                examples.append({"prompt_token_ids": list(prompt_ids), "prompt_text": text or None,
-                                 "special_tokens": found})
-            first = examples[0]["special_tokens"][0] if examples and examples[0]["special_tokens"] else {}
-            findings.append(Finding(
-                "special_tokens_from_text", "warning", rid,
-                f"{rid}: {r['special_from_text']} text prompts contain special-token strings that were encoded as "
-                f"special tokens (e.g. {first.get('text', '?')!r} = id {first.get('id', '?')} at position "
-                f"{first.get('position', '?')}): user text can inject control tokens",
-                DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "count": r["special_from_text"],
-                                    "requests": r["requests"], "special_token_ids": sorted(specials),
-                                    "examples": examples}))
-        if r["prompt_out_of_vocab"] or r["output_out_of_vocab"]:
-            examples = [_id_example(e, lambda x: x >= tok.model_vocab_size) for e in r["oov_examples"]]
-            findings.append(Finding(
-                "token_out_of_vocab", "critical", rid,
-                f"{rid}: token IDs outside the model's vocabulary ({tok.model_vocab_size}) in "
-                f"{r['prompt_out_of_vocab']} prompts and {r['output_out_of_vocab']} outputs",
-                DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "vocab_size": tok.model_vocab_size,
-                                    "prompts": r["prompt_out_of_vocab"], "outputs": r["output_out_of_vocab"],
-                                    "examples": examples}))
-        if r["textless"]:
-            # padding rows of the embedding: a trained model never emits them, a random or broken one does
-            examples = [_id_example(e, lambda x: tok.vocab_size <= x < tok.model_vocab_size)
-                        for e in r["textless_examples"]]
-            findings.append(Finding(
-                "token_without_text", "info", rid,
-                f"{rid}: {r['textless']} requests hold token IDs in the model's vocabulary ({tok.model_vocab_size}) "
-                f"that the tokenizer ({tok.vocab_size} tokens) cannot decode: padding rows of the embedding, "
-                f"expected only from untrained weights",
-                DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "tokenizer_size": tok.vocab_size,
-                                    "model_vocab_size": tok.model_vocab_size, "requests_affected": r["textless"],
-                                    "examples": examples}))
+    sql = _TOKEN_CHECKS.replace("{filters}", _plain_filters())
+    for (bos, vocab, model_vocab, specials), ids in _tokenizer_groups(toks).items():
+        params = {**scope.parameters(), "ids": sorted(ids), "bos": bos, "vocab": vocab, "model_vocab": model_vocab,
+                  "specials": list(specials), "permille": permille}
+        for r in store.query_arrow(sql, params).to_pylist():
+            findings += _token_findings(r, toks[r["replica_id"]], identity, scope, permille)
+    return findings
+
+
+def _token_findings(r: dict, tok: LoadedTokenizer, identity: dict, scope: Scope, permille: int) -> list[Finding]:
+    rid = r["replica_id"]
+    model = identity.get(rid, {}).get("model_name", "")
+    findings = []
+    if r["double_bos"]:
+        examples = [{"prompt_token_ids": list(e), "tokens": tokens(list(e), tok, 0, 6)}
+                    for e in r["double_bos_examples"]]
+        findings.append(Finding(
+            "double_bos", "warning", rid,
+            f"{rid}: {r['double_bos']} of {r['requests']} prompts start with BOS twice "
+            f"(id {tok.bos_token_id} = {tok.piece(tok.bos_token_id)!r}): a template or client adds its own BOS",
+            DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "bos_token_id": tok.bos_token_id,
+                                "count": r["double_bos"], "requests": r["requests"], "examples": examples}))
+    if r["special_from_text"]:
+        specials = set(tok.special_ids) - set(tok.post_processor_ids)
+        examples = []
+        for e in r["special_examples"]:
+            prompt_ids, text = _pairs(e)
+            found = [{"position": i, "id": int(x), "text": tok.piece(int(x))}
+                     for i, x in enumerate(prompt_ids) if i > 0 and int(x) in specials]
+            examples.append({"prompt_token_ids": list(prompt_ids), "prompt_text": text or None,
+                             "special_tokens": found})
+        first = examples[0]["special_tokens"][0] if examples and examples[0]["special_tokens"] else {}
+        sampled = f" (in a {permille / 10:g}% sample of text prompts)" if permille < 1000 else ""
+        findings.append(Finding(
+            "special_tokens_from_text", "warning", rid,
+            f"{rid}: {r['special_from_text']} text prompts{sampled} contain special-token strings that were "
+            f"encoded as special tokens (e.g. {first.get('text', '?')!r} = id {first.get('id', '?')} at position "
+            f"{first.get('position', '?')}): user text can inject control tokens",
+            DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "count": r["special_from_text"],
+                                "requests": r["requests"], "sampled_prompt_texts_per_mille": permille,
+                                "special_token_ids": sorted(specials), "examples": examples}))
+    if r["prompt_out_of_vocab"] or r["output_out_of_vocab"]:
+        examples = [_id_example(e, lambda x: x >= tok.model_vocab_size) for e in r["oov_examples"]]
+        findings.append(Finding(
+            "token_out_of_vocab", "critical", rid,
+            f"{rid}: token IDs outside the model's vocabulary ({tok.model_vocab_size}) in "
+            f"{r['prompt_out_of_vocab']} prompts and {r['output_out_of_vocab']} outputs",
+            DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "vocab_size": tok.model_vocab_size,
+                                "prompts": r["prompt_out_of_vocab"], "outputs": r["output_out_of_vocab"],
+                                "examples": examples}))
+    if r["textless"]:
+        # padding rows of the embedding: a trained model never emits them, a random or broken one does
+        examples = [_id_example(e, lambda x: tok.vocab_size <= x < tok.model_vocab_size)
+                    for e in r["textless_examples"]]
+        findings.append(Finding(
+            "token_without_text", "info", rid,
+            f"{rid}: {r['textless']} requests hold token IDs in the model's vocabulary ({tok.model_vocab_size}) "
+            f"that the tokenizer ({tok.vocab_size} tokens) cannot decode: padding rows of the embedding, "
+            f"expected only from untrained weights",
+            DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "tokenizer_size": tok.vocab_size,
+                                "model_vocab_size": tok.model_vocab_size, "requests_affected": r["textless"],
+                                "examples": examples}))
     return findings
 
 
@@ -431,12 +465,13 @@ def run(store, scope: Scope, model_dirs: dict[str, str] | None = None) -> list[F
     source = TokenizerSource(dict(model_dirs or {}))
     toks = {r["replica_id"]: source.for_replica(r) for r in replicas}
     identity = {r["replica_id"]: r for r in replicas}
+    permille = text_sample_permille(store, scope)
     findings = hash_disagreements(replicas, scope, source)
-    findings += same_text_different_ids(store, scope, replicas, toks)
+    findings += same_text_different_ids(store, scope, replicas, toks, permille)
     findings += roundtrip_stored(store, scope, toks)
     findings += roundtrip_corpus(toks, scope)
     findings += streamed_vs_full(store, scope, toks)
-    findings += token_id_checks(store, scope, toks, identity)
+    findings += token_id_checks(store, scope, toks, identity, permille)
     for rid, why in sorted(source.problems.items()):
         findings.append(Finding("tokenizer_unavailable", "info", rid,
                                 f"{rid}: token-level checks skipped: {why}", DIAGNOSTIC, scope,

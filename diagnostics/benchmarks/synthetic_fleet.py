@@ -16,7 +16,7 @@ import time
 from telemetry.records import ReplicaRecord
 
 REPLICAS = [f"r{i}" for i in range(8)]
-PROMPT_POOL = 20_000  # distinct prompt texts: the same text reaches several replicas
+PROMPT_POOL = 20_011  # distinct prompt texts; prime, so each text reaches every replica (n % 8)
 VOCAB = 500  # ids stay inside the tiny tokenizers' vocabulary
 
 # one request per number; the replica is n % 8, the prompt n % PROMPT_POOL
@@ -39,10 +39,10 @@ FROM (
            toDateTime64({t0:Float64} + n * {spacing:Float64}, 6, 'UTC') AS arrival,
            multiIf(replica_id = 'r7', 1.6, replica_id IN ('r4', 'r5', 'r6'), 1.15, 1.0) AS slow,
            16 + (pid * 7) % (if(workload = 'batch', 400, 120)) AS plen,
-           arrayMap(k -> toUInt32((pid * 31 + k * 17) % {vocab:UInt64}), range(plen)) AS base_prompt,
+           arrayMap(k -> toUInt32(16 + (pid * 31 + k * 17) % ({vocab:UInt64} - 16)), range(plen)) AS base_prompt,
            if(replica_id = 'r3' AND pid % 50 = 0, arrayPushBack(arrayPopBack(base_prompt), toUInt32(7)),
               base_prompt) AS prompt,
-           arrayMap(k -> toUInt32((pid * 13 + k * 29) % {vocab:UInt64}), range(16)) AS base_output,
+           arrayMap(k -> toUInt32(16 + (pid * 13 + k * 29) % ({vocab:UInt64} - 16)), range(16)) AS base_output,
            if(replica_id = 'r5' AND pid % 10 < 3, arrayMap(x -> toUInt32((x + 1) % {vocab:UInt64}), base_output),
               base_output) AS output,
            0.001 * (1 + (cityHash64(n, 1) % 1000) / 1000.0) AS queue,

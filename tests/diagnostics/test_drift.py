@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -87,8 +88,10 @@ def test_greedy_outputs_that_diverge_on_one_config_name_that_replica(clean, tiny
         prompt = [0, 10 + p, 11, 12]
         good = [20 + p, 21, 22, 23, 24]
         bad = good[:3] + [99, 98] if p % 2 else good  # int4 changes half the answers from token 3 on
+        seeded = json.dumps({"temperature": 0.0, "max_tokens": 5, "seed": 1000 + p, "stop": [], "stop_token_ids": []})
         reqs += [request("r0", p, t0 + p, prompt_ids=prompt, output_ids=good),
-                 request("r1", p, t0 + p + 0.1, prompt_ids=prompt, output_ids=good),
+                 # a client seed does not make a greedy request a different one
+                 request("r1", p, t0 + p + 0.1, prompt_ids=prompt, output_ids=good, sampling_params_json=seeded),
                  request("q", p, t0 + p + 0.2, prompt_ids=prompt, output_ids=bad)]
     # sampled requests are not compared, however different
     reqs.append(request("q", 99, t0 + 50, prompt_ids=[0, 10, 11, 12], output_ids=[7, 7], temperature=0.8))
