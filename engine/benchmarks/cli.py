@@ -12,7 +12,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                     "speculative decoding: tokens/s without and with each proposer, acceptance, speedup"),
     "quantization": ("engine.benchmarks.quantization",
                      "weight-only int8 / int4: logit fidelity, weight bytes and tokens/s against float32"),
-    "telemetry-overhead": ("telemetry.benchmarks.engine_overhead", "full telemetry on vs off, interleaved: tokens/s loss"),
+    "telemetry-overhead": ("telemetry.benchmarks.engine_overhead",
+                           "full telemetry (recorder -> sidecar, metrics, spans) on vs off, interleaved: tokens/s loss"),
 }
 
 

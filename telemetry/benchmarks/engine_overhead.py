@@ -1,23 +1,24 @@
 """What full telemetry costs the engine: offline throughput with it off and on, interleaved in one run.
 
-    infersight bench telemetry-overhead                  # 6 off/on pairs, 48 prompts each, random 4-layer Llama
-    python -m telemetry.benchmarks.engine_overhead --rounds 8 --num-prompts 64 --json out.json
+    infersight bench telemetry-overhead                  # 8 OFF/ON pairs of 16 prompts, random 4-layer Llama
+    python -m telemetry.benchmarks.engine_overhead --rounds 12 --flush-interval 5 --json out.json
 
 One LLM instance; its observer is swapped between rounds, so both sides run the same model,
 KV pool and prompts. OFF: no observer (the engine builds no records at all). ON: everything
 `build_observer` wires for a replica: the Recorder writing requests (with their token IDs),
-steps and the replica row over clickhouse-connect to a real sidecar (started as `infersight fleet`
-starts one, in a session of its own; `--sidecar-session shared` starts it with `start_sidecar`, as
-a child in this session, see DetachedSidecar for why that matters), the Prometheus MetricsObserver, and the TracingObserver with spans really built and handed
-to a BatchSpanProcessor (the exporter only counts them).
+steps and the replica row over clickhouse-connect to a real sidecar, the Prometheus
+MetricsObserver, and the TracingObserver with spans really built and handed to a
+BatchSpanProcessor (the exporter only counts them). The sidecar starts as `infersight fleet`
+starts one, in a session of its own; `--sidecar-session shared` starts it with `start_sidecar`,
+a child in this session (see DetachedSidecar for why that matters on a busy machine).
 
 Rounds go in ABBA order (off on, on off, off on ...) so that a steady drift of the shared machine
 hits both sides alike. After an ON round the benchmark waits, untimed, until its rows are in the
 store and its spans exported, so that none of its work lands in the next OFF round; the loss is
 also printed with that wait timed (a pessimistic bound: in a server it overlaps the next steps).
-Beside wall-clock throughput it reports the CPU time of the engine thread (what the hooks cost it
-directly, far less sensitive to the machine's other load), of the whole process (plus the
-recorder's and the span worker's threads) and of the sidecar process.
+Beside wall-clock throughput it reports CPU time: of the engine thread (what the hooks cost it
+directly, less sensitive to the machine's other load than wall time), of the process's other
+threads (recorder flushes, span building) and of the sidecar process, per token and per second.
 
 The workload (vLLM's benchmark_throughput in spirit): random token-id prompts of 16-256 tokens,
 16-128 output tokens, greedy, ignore EOS. Reported: tokens/s of every round, the medians, the loss,
@@ -156,10 +157,14 @@ class Telemetry:
         if "tracing" in parts:
             provider = TracerProvider()
             provider.add_span_processor(BatchSpanProcessor(exporter))
-        observer, built = build_observer(replica_id, model_name,
-                                         store_target=sidecar.store_url if "recorder" in parts else None,
-                                         metrics="metrics" in parts, tracer_provider=provider,
-                                         recorder_kwargs=dict(flush_interval=flush_interval))
+        try:
+            observer, built = build_observer(replica_id, model_name,
+                                             store_target=sidecar.store_url if "recorder" in parts else None,
+                                             metrics="metrics" in parts, tracer_provider=provider,
+                                             recorder_kwargs=dict(flush_interval=flush_interval))
+        except BaseException:
+            sidecar.stop()  # a sidecar in its own session would outlive us
+            raise
         return cls(sidecar, observer, built, exporter)
 
     def drain(self) -> None:
@@ -227,16 +232,22 @@ def compare(rounds: list[Round], value) -> dict:
 
 
 def summarize(rounds: list[Round]) -> dict:
-    per_token = {mode: [r for r in rounds if r.mode == mode] for mode in ("off", "on")}
+    by_mode = {mode: [r for r in rounds if r.mode == mode] for mode in ("off", "on")}
 
     def us_per_token(attr: str, mode: str) -> float:
-        return statistics.median(getattr(r, attr) / r.output_tokens * 1e6 for r in per_token[mode])
+        return statistics.median(getattr(r, attr) / r.output_tokens * 1e6 for r in by_mode[mode])
 
     return dict(
         wall=compare(rounds, lambda r: r.tokens_per_s),
         wall_with_drain=compare(rounds, lambda r: r.tokens_per_s_with_drain),
         engine_thread_cpu=compare(rounds, lambda r: r.output_tokens / r.engine_cpu_seconds),
-        drain_seconds=[r.drain_seconds for r in per_token["on"]],
+        drain_seconds=[r.drain_seconds for r in by_mode["on"]],
+        # what telemetry costs per second of running, whatever the engine's speed (ON minus OFF)
+        cpu_ms_per_second={
+            f"{part}_{mode}": statistics.median(value(r) / (r.seconds + r.drain_seconds) * 1000 for r in by_mode[mode])
+            for part, value in (("background", lambda r: r.process_cpu_seconds - r.engine_cpu_seconds),
+                                ("sidecar", lambda r: r.sidecar_cpu_seconds))
+            for mode in ("off", "on")},
         cpu_us_per_token={f"{attr.replace('_cpu_seconds', '')}_{mode}": us_per_token(attr, mode)
                           for attr in ("engine_cpu_seconds", "process_cpu_seconds", "sidecar_cpu_seconds")
                           for mode in ("off", "on")},
@@ -258,7 +269,8 @@ def check_store(telemetry: Telemetry, replica_id: str, expected: dict[str, list[
     matching = sum(1 for rid, ids in expected.items() if stored.get(rid) == ids)
     return dict(expected_requests=len(expected), stored_requests=len(df), matching_token_ids=matching,
                 step_rows=steps, replica_rows=replicas, spans=telemetry.exporter.spans,
-                recorder_stats=telemetry.parts.recorder.stats(), observer_failures=telemetry.parts.failures())
+                recorder_stats=telemetry.parts.recorder.stats() if telemetry.parts.recorder else {},
+                observer_failures=telemetry.parts.failures())
 
 
 def measure(model: str | Path, *, pairs: int, num_prompts: int, prompt_lens=(16, 256), output_lens=(16, 128),
@@ -314,6 +326,12 @@ def report(result: dict) -> str:
                 f"OFF-vs-OFF spread {c['off_spread'] * 100:.2f}%, stdev {c['off_stdev'] * 100:.2f}%)")
 
     cpu = s["cpu_us_per_token"]
+
+    def share(on: float, off: float) -> float:
+        return (on - off) / cpu["engine_off"] * 100
+
+    background = share(cpu["process_on"] - cpu["engine_on"], cpu["process_off"] - cpu["engine_off"])
+    sidecar = share(cpu["sidecar_on"], cpu["sidecar_off"])
     return "\n".join([
         line("throughput (wall)", s["wall"], "tok/s") + f"   goal: loss <= {GOAL_LOSS * 100:.0f}%",
         line("throughput, drain timed", s["wall_with_drain"], "tok/s"),
@@ -321,6 +339,11 @@ def report(result: dict) -> str:
         f"CPU us per output token, OFF -> ON: engine thread {cpu['engine_off']:.0f} -> {cpu['engine_on']:.0f}, "
         f"whole process {cpu['process_off']:.0f} -> {cpu['process_on']:.0f}, "
         f"sidecar {cpu['sidecar_off']:.0f} -> {cpu['sidecar_on']:.0f}",
+        f"extra CPU per token with telemetry ON, as a share of the engine thread's: recorder/tracing threads "
+        f"{background:+.1f}%, sidecar {sidecar:+.1f}%, engine thread itself "
+        f"{share(cpu['engine_on'], cpu['engine_off']):+.1f}% (on a saturated machine these compete with the engine)",
+        "CPU per second of a round, OFF -> ON: recorder/tracing threads {background_off:.1f} -> {background_on:.1f} "
+        "ms/s, sidecar {sidecar_off:.1f} -> {sidecar_on:.1f} ms/s".format(**s["cpu_ms_per_second"]),
         f"drain after an ON round (not timed): median {statistics.median(s['drain_seconds']) * 1000:.0f} ms",
         f"store: {st['stored_requests']}/{st['expected_requests']} ON requests stored, "
         f"{st['matching_token_ids']} with the engine's token IDs; {st['step_rows']} step rows, "
@@ -334,8 +357,9 @@ def report(result: dict) -> str:
 def add_arguments(parser) -> None:
     parser.add_argument("--model", help="model directory (default: the throughput benchmark's random "
                                         "4-layer Llama, hidden 256, built once)")
-    parser.add_argument("--rounds", type=int, default=6, help="OFF/ON pairs (each pair is two rounds)")
-    parser.add_argument("--num-prompts", type=int, default=48, help="prompts per round (the same every round)")
+    parser.add_argument("--rounds", type=int, default=8, help="OFF/ON pairs (each pair is two rounds)")
+    parser.add_argument("--num-prompts", type=int, default=16,
+                        help="prompts per round, the same every round (short rounds follow the machine's drift)")
     parser.add_argument("--min-prompt-len", type=int, default=16)
     parser.add_argument("--max-prompt-len", type=int, default=256)
     parser.add_argument("--min-output-len", type=int, default=16)
