@@ -139,7 +139,9 @@ def _eval_finding(subject, scope, base, cand, b_items, c_items, ids, runs, sourc
                            "min_first_divergence": agreement.min_first_divergence},
                 "examples": examples, "tests": "Wilson intervals, McNemar (exact and mid-p) on paired items, "
                                                "greedy agreement (evals.statistics)"}
-    return Finding("quality_drift", severity, subject, summary, DIAGNOSTIC, scope, evidence)
+    # no significant drop is an info outcome of its own kind (alerts key on quality_drift), same id
+    kind = "quality_drift" if severity != "info" else "quality_unchanged"
+    return Finding(kind, severity, subject, summary, DIAGNOSTIC, scope, evidence, id_kind="quality_drift")
 
 
 # -- production greedy outputs ----------------------------------------------------------------------

@@ -5,6 +5,10 @@ same scope writes the same id with a later `last_seen`: the `findings` table (Re
 on last_seen, partitioned by first_seen) keeps one row per finding, and `first_seen` is carried
 over from the stored version so the row stays in its partition. A finding that an earlier run
 raised (above info) and this run no longer sees is written once more as info, "resolved".
+
+Alert rules key on the kind of an active finding, so outcomes that must not alert carry a kind of
+their own (insufficient_data, resolved, quality_unchanged ...) while keeping the id of the finding
+they stand for (`id_kind`): the latest version of that id then no longer has the alerting kind.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class Finding:
     diagnostic: str  # which diagnostic produced it
     scope: Scope
     evidence: dict = field(default_factory=dict)  # numbers, tests, replicas, token IDs, divergence
+    id_kind: str = ""  # the kind the id is made from, when `kind` is an info-level stand-in for it
+    fixed_id: str = ""  # an id taken over from a stored finding (a resolution)
 
     def __post_init__(self):
         if self.severity not in SEVERITY_RANK:
@@ -41,7 +47,9 @@ class Finding:
 
     @property
     def finding_id(self) -> str:
-        key = "\x1f".join((self.kind, self.subject, self.scope.key()))
+        if self.fixed_id:
+            return self.fixed_id
+        key = "\x1f".join((self.id_kind or self.kind, self.subject, self.scope.key()))
         return hashlib.sha256(key.encode()).hexdigest()[:32]
 
     @property
@@ -64,9 +72,10 @@ class Finding:
 
 
 def insufficient(kind: str, subject: str, diagnostic: str, scope: Scope, what: str, **numbers) -> Finding:
-    """An explicit "cannot decide": too few samples for the test, never a guess."""
-    return Finding(kind, "info", subject, f"insufficient data: {what}", diagnostic, scope,
-                   {"status": INSUFFICIENT, "reason": what, **numbers})
+    """An explicit "cannot decide": too few samples for the test, never a guess (it stands in for
+    a finding of `kind` about `subject`, and replaces an earlier one)."""
+    return Finding(INSUFFICIENT, "info", subject, f"insufficient data: {what}", diagnostic, scope,
+                   {"status": INSUFFICIENT, "for_kind": kind, "reason": what, **numbers}, id_kind=kind)
 
 
 def jsonable(value):
@@ -130,8 +139,10 @@ def resolved(store, diagnostic: str, scope: Scope, current: list[Finding]) -> li
         evidence = json.loads(row["evidence_json"] or "{}")
         evidence.pop("scope", None)
         evidence.pop("scope_key", None)
-        out.append(Finding(row["kind"], "info", row["subject"], f"resolved: {row['summary']}", diagnostic, scope,
-                           {"status": "resolved", "was": {"severity": row["severity"], "evidence": evidence}}))
+        out.append(Finding("resolved", "info", row["subject"], f"resolved: {row['summary']}", diagnostic, scope,
+                           {"status": "resolved", "was": {"kind": row["kind"], "severity": row["severity"],
+                                                          "evidence": evidence}},
+                           fixed_id=row["finding_id"]))
     return out
 
 

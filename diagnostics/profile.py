@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from diagnostics.stack_groups import GROUPS, classify, parse_stack
+from diagnostics.stack_groups import GROUPS, classify, is_idle, parse_stack
 from telemetry.records import ProfileRecord
 
 _REPLICA_PID = """
@@ -82,12 +82,20 @@ def resolve_target(replica: str, store=None, run_dir: str | None = None, pid: in
     return target
 
 
-def profile_records(stacks: Counter, replica_id: str, pid: int, start: float, seconds: float) -> list[ProfileRecord]:
-    """One row per distinct folded stack, with its group."""
+def profile_records(stacks: Counter, replica_id: str, pid: int, start: float,
+                    seconds: float) -> tuple[list[ProfileRecord], int]:
+    """One row per distinct folded stack that was working, with its group; and the samples left out
+    because the thread was only waiting (an event loop in epoll, a condition variable ...)."""
     profile_id = hashlib.sha256(f"{replica_id}|{pid}|{start}".encode()).hexdigest()[:16]
-    return [ProfileRecord(profile_id=profile_id, replica_id=replica_id, pid=pid, start_time=start,
-                          duration_seconds=seconds, stack=stack, samples=int(n), group=classify(parse_stack(stack)))
-            for stack, n in stacks.items()]
+    records, idle = [], 0
+    for stack, n in stacks.items():
+        frames = parse_stack(stack)
+        if is_idle(frames):
+            idle += int(n)
+            continue
+        records.append(ProfileRecord(profile_id=profile_id, replica_id=replica_id, pid=pid, start_time=start,
+                                     duration_seconds=seconds, stack=stack, samples=int(n), group=classify(frames)))
+    return records, idle
 
 
 def top_functions(records: list[ProfileRecord], per_group: int = 5) -> dict[str, dict]:
@@ -110,9 +118,11 @@ def top_functions(records: list[ProfileRecord], per_group: int = 5) -> dict[str,
     return out
 
 
-def format_report(replica_id: str, pid: int, seconds: float, records: list[ProfileRecord], per_group: int = 5) -> str:
+def format_report(replica_id: str, pid: int, seconds: float, records: list[ProfileRecord], per_group: int = 5,
+                  idle: int = 0) -> str:
     total = sum(r.samples for r in records)
-    lines = [f"{replica_id} (pid {pid}): {total} samples over {seconds:g} s, {len(records)} distinct stacks"]
+    lines = [f"{replica_id} (pid {pid}): {total} samples over {seconds:g} s, {len(records)} distinct stacks"
+             + (f" ({idle} samples of threads only waiting left out)" if idle else "")]
     for group, g in sorted(top_functions(records, per_group).items(), key=lambda kv: -kv[1]["samples"]):
         lines.append(f"  {group:<18} {g['share']:6.1%}  ({g['samples']} samples)")
         for f in g["top"]:

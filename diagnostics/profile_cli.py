@@ -39,11 +39,11 @@ def run(args) -> int:
               flush=True)
         start = profile.now()
         stacks = pyspy.record(target.pid, args.seconds, args.rate, args.native)
-        records = profile.profile_records(stacks, target.replica_id, target.pid, start, args.seconds)
+        records, idle = profile.profile_records(stacks, target.replica_id, target.pid, start, args.seconds)
         if not records:
-            print(f"no samples: {target.replica_id} was idle (py-spy leaves idle threads out)")
+            print(f"no samples: {target.replica_id} was idle ({idle} samples of threads only waiting)")
             return 0
-        print(profile.format_report(target.replica_id, target.pid, args.seconds, records, args.top))
+        print(profile.format_report(target.replica_id, target.pid, args.seconds, records, args.top, idle))
         if store is not None and not args.no_write:
             store.insert_records("profiles", records)
             print(f"stored profile {records[0].profile_id} ({len(records)} stacks) in the store's profiles table")

@@ -84,3 +84,17 @@ def classify(frames: list[Frame]) -> str:
 
 def classify_stack(stack: str) -> str:
     return classify(parse_stack(stack))
+
+
+# leaves where a thread waits without working: with --nonblocking py-spy cannot see that a thread is
+# blocked in a syscall, so these samples would otherwise count as time spent
+_WAITS = {("selectors.py", "select"), ("threading.py", "wait"), ("threading.py", "join"),
+          ("threading.py", "_wait_for_tstate_lock"), ("queue.py", "get")}
+
+
+def is_idle(frames: list[Frame]) -> bool:
+    if not frames:
+        return False
+    leaf = frames[-1]
+    name = leaf.function.rsplit(".", 1)[-1]
+    return any(leaf.path.endswith("/" + f) and name == fn for f, fn in _WAITS)

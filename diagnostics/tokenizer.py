@@ -206,7 +206,9 @@ def same_text_different_ids(store, scope: Scope, replicas: list[dict], toks: dic
                     "tokenizer_hash": identity.get(rid, {}).get("tokenizer_hash"), "examples": shown,
                     "method": "prompts grouped by prompt_text_hash across replicas of one model; the token IDs "
                               "most replicas produced are the reference"}
-        findings.append(Finding("tokenizer_divergence", severity, rid, summary, DIAGNOSTIC, scope, evidence))
+        kind = "tokenizer_divergence" if severity != "info" else "tokenizer_divergence_tie"  # ties do not alert
+        findings.append(Finding(kind, severity, rid, summary, DIAGNOSTIC, scope, evidence,
+                                id_kind="tokenizer_divergence"))
     return findings
 
 

@@ -18,7 +18,6 @@ import inspect
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -84,6 +83,30 @@ def traffic(state, copies: int, seed: int = 0):
     load = asyncio.run(run_load(urls, RepeatedGreedy(copies, seed), Arrival("poisson", rate=RATE),
                                 duration=TRAFFIC_SECONDS, seed=seed, run_id=run_id, request_timeout=60.0, **fit))
     return run_id, load
+
+
+def profile_busy_replica(state, replica: str, seconds: int = 5) -> tuple[int, str]:
+    """`infersight profile` on a replica (pid from the store, profile stored through the sidecar) while
+    traffic keeps it busy: the traffic starts once the command says py-spy is attached."""
+    proc = subprocess.Popen(infersight_command("profile", "--replica", replica, "--seconds", str(seconds),
+                                               "--store", state.store_url),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("profiling "):
+                url = next(r.url for r in state.replicas if r.name == replica)
+                fit = {"fit_context": False} if "fit_context" in inspect.signature(run_load).parameters else {}
+                asyncio.run(run_load([url], RepeatedGreedy(1), Arrival("closed", concurrency=2),
+                                     duration=seconds + 1, run_id=f"profile{int(time.time())}", **fit))
+                break
+        lines += proc.stdout.readlines()
+        return proc.wait(timeout=120), "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def up(tmp_path, name: str, replicas: list[ReplicaSpec]):
@@ -154,32 +177,23 @@ def test_faults_are_named_and_a_clean_fleet_is_quiet(tiny_llama, tmp_path, capsy
               spec("r3", template), spec("r4", tiny_llama, cpus=str(busy_cpu))]
     neighbours = burners(busy_cpu)
     state = None
-    profile_out: dict = {}
     try:
         state = up(tmp_path, "faulty", faulty)
         since = time.time()
-
-        def profile_r4():  # py-spy on the busy replica while the traffic runs, stored through the sidecar
-            time.sleep(5)
-            profile_out["run"] = subprocess.run(
-                infersight_command("profile", "--replica", "r4", "--seconds", "6", "--store", state.store_url),
-                capture_output=True, text=True, timeout=120)
-
-        profiler = threading.Thread(target=profile_r4)
-        profiler.start()
         load_before = os.getloadavg()[0]
         run_id, load = traffic(state, copies=len(faulty))
         saturated = max(load_before, os.getloadavg()[0]) > len(cpus)
-        profiler.join()
         ok = [r for r in load.results if r.ok]
         assert len(ok) >= 0.9 * len(load.results), [r.error for r in load.results if not r.ok][:5]
         with open_store(state.store_url) as store:
             stored = wait_for_rows(store, run_id + "-", len(load.results), timeout=30)
             assert stored >= 0.9 * len(load.results)  # telemetry completeness is the recorder's own test
-            profiles = store.query_df("SELECT `group`, sum(samples) AS n FROM profiles WHERE replica_id = 'r4' "
-                                      "GROUP BY `group`").set_index("group")["n"].to_dict()
             latencies = store.query_df(LATENCIES, {"prefix": run_id + "-%"})
         findings = diagnose(state, since - 1)
+        profile_run = profile_busy_replica(state, "r4")
+        with open_store(state.store_url) as store:
+            profiles = store.query_df("SELECT `group`, sum(samples) AS n FROM profiles WHERE replica_id = 'r4' "
+                                      "GROUP BY `group`").set_index("group")["n"].to_dict()
     finally:
         for p in neighbours:
             p.kill()
@@ -195,12 +209,12 @@ def test_faults_are_named_and_a_clean_fleet_is_quiet(tiny_llama, tmp_path, capsy
         print("missed:", result["missed"])
         print("false positives:", [(f.kind, f.subject, f.summary) for f in result["false_positives"]])
         print("profile of r4 by group:", profiles)
-        print((profile_out["run"].stdout if profile_out.get("run") else "").strip())
+        print(profile_run[1].strip())
         print(f"machine load average {load_before:.1f} before the traffic ({len(cpus)} CPUs)")
         print(latencies.to_string(index=False))
-    run = profile_out.get("run")
-    assert run is not None and run.returncode == 0, run and (run.stdout + run.stderr)
+    assert profile_run[0] == 0, profile_run[1]
     assert profiles and set(profiles) <= set(GROUPS), profiles
+    assert profiles.get("forward", 0) > 0, profiles
     missed = set(result["missed"])
     if saturated:
         # every runnable task gets the same CPU share once the machine is saturated (CFS balances the

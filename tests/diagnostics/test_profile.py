@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics import profile, pyspy
-from diagnostics.stack_groups import classify_stack, parse_frame
+from diagnostics.stack_groups import classify_stack, is_idle, parse_frame, parse_stack
 from engine import cli
 from telemetry.store import open_store
 
@@ -36,6 +36,18 @@ STACKS = {
 def test_stack_groups(stack, group):
     stack = stack.replace(E, "/work/main/engine")
     assert classify_stack(stack) == group
+
+
+def test_waiting_threads_are_left_out_and_working_ones_kept():
+    loop = "run (uvicorn/server.py:60);BaseEventLoop._run_once (asyncio/base_events.py:1884)"
+    assert is_idle(parse_stack(loop + ";EpollSelector.select (selectors.py:468)"))
+    assert is_idle(parse_stack("Thread.run (threading.py:982);Condition.wait (threading.py:327)"))
+    assert not is_idle(parse_stack(loop + ";BaseSelectorEventLoop._write_to_self (asyncio/selector_events.py:139)"))
+    assert not is_idle(parse_stack("step (engine/engine.py:1);forward (engine/models/llama.py:30)"))
+    records, idle = profile.profile_records({loop + ";EpollSelector.select (selectors.py:468)": 7,
+                                             "step (engine/engine.py:1);forward (engine/models/llama.py:30)": 3},
+                                            "r", 1, 0.0, 1.0)
+    assert idle == 7 and [(r.group, r.samples) for r in records] == [("forward", 3)]
 
 
 def test_frame_parsing_and_folded_lines():
