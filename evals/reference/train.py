@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from evals.reference.corpus import TRAIN_SEED, heldout_items, stream
+from evals.reference.corpus import TASKS, TRAIN_SEED, TRAIN_WEIGHTS, heldout_items, stream
 
 # architecture presets: the target is the model under test, the draft its speculator
 SIZES = {
@@ -29,7 +29,7 @@ SIZES = {
                   intermediate_size=192),
 }
 TRAIN_DEFAULTS = {
-    "target": dict(steps=3000, batch_size=16, lr=3e-3),
+    "target": dict(steps=8000, batch_size=8, lr=2e-3),
     "draft": dict(steps=3000, batch_size=16, lr=3e-3),
 }
 MAX_POSITIONS = 256
@@ -44,14 +44,14 @@ def encode(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
     return p + a, [-100] * len(p) + a
 
 
-def batches(tokenizer, seed: int, rows: int, row_len: int = 128):
+def batches(tokenizer, seed: int, rows: int, row_len: int = 128, weights: dict[str, int] | None = None):
     """Endless packed batches: examples laid end to end in rows of `row_len` tokens, each attending
     only to itself (a block-diagonal causal mask, positions restarting at 0), so there is almost no
     padding and every batch mixes all tasks.
 
     Yields (input_ids [B, L], labels [B, L], position_ids [B, L], attention mask [B, 1, L, L] bool).
     """
-    examples = stream(seed)
+    examples = stream(seed, weights=weights)
     pad = tokenizer.pad_token_id
     pending = None
     while True:
@@ -113,20 +113,28 @@ def quick_accuracy(model, tokenizer, per_task: int = 20) -> dict[str, float]:
 
 
 def train(out: Path, size: str, steps: int, batch_size: int, lr: float, seed: int, tokenizer_dir: str | None,
-          threads: int, log_every: int = 50, eval_every: int = 500) -> dict:
-    from transformers import AutoTokenizer
+          threads: int, log_every: int = 50, eval_every: int = 500, init_from: str | None = None,
+          weights: dict[str, int] | None = None) -> dict:
+    """Train and save to `out`. `init_from`: continue from that model's weights (a second phase)
+    instead of a random initialisation; its tokenizer comes along."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     from evals.reference.train_tokenizer import train_tokenizer
 
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     out.mkdir(parents=True, exist_ok=True)
+    tokenizer_dir = tokenizer_dir or init_from
     if tokenizer_dir:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         tokenizer.save_pretrained(out)
     else:
         tokenizer = train_tokenizer(out)
-    model = build_model(tokenizer, size, seed)
+    if init_from:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM.from_pretrained(init_from, dtype=torch.float32)
+    else:
+        model = build_model(tokenizer, size, seed)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{size}: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}, {steps} steps x {batch_size}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -135,7 +143,8 @@ def train(out: Path, size: str, steps: int, batch_size: int, lr: float, seed: in
                             lr=lr, betas=(0.9, 0.98), eps=1e-8)
     warmup = max(1, steps // 20)
     model.train()
-    data = batches(tokenizer, seed + TRAIN_SEED, batch_size)
+    weights = weights or TRAIN_WEIGHTS
+    data = batches(tokenizer, seed + TRAIN_SEED, batch_size, weights=weights)
     t0, cpu0 = time.time(), time.process_time()
     tokens = 0
     running = None
@@ -166,11 +175,27 @@ def train(out: Path, size: str, steps: int, batch_size: int, lr: float, seed: in
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     info = {"size": size, "parameters": n_params, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
             "threads": threads, "train_minutes": round(minutes, 1), "cpu_minutes": round(cpu_minutes, 1),
-            "final_loss": round(running, 4),
-            "answer_tokens": tokens}
+            "final_loss": round(running, 4), "answer_tokens": tokens, "init_from": init_from or "",
+            "task_weights": weights}
+    previous = Path(init_from or "") / "training.json"
+    if init_from and previous.is_file():  # a second phase keeps the record of the first
+        info["previous"] = json.loads(previous.read_text())
     (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"done in {minutes:.1f} min ({cpu_minutes:.1f} min CPU); saved to {out}", flush=True)
     return info
+
+
+def parse_weights(text: str) -> dict[str, int] | None:
+    """"kv_recall=5,brackets=3" -> the default weights with those changed (None when empty)."""
+    if not text:
+        return None
+    weights = dict(TRAIN_WEIGHTS)
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in TASKS or not value.strip().isdigit():
+            raise SystemExit(f"--task-weights: {part!r} must be TASK=INT with TASK one of {sorted(TASKS)}")
+        weights[name.strip()] = int(value)
+    return weights
 
 
 def main() -> None:
@@ -184,10 +209,14 @@ def main() -> None:
     p.add_argument("--tokenizer", help="reuse this tokenizer directory (the draft must share the target's)")
     p.add_argument("--threads", type=int, default=1)  # 2 threads on 2 busy cores is ~10x slower
     p.add_argument("--eval-every", type=int, default=1000)
+    p.add_argument("--init-from", help="continue from this model directory (a second training phase)")
+    p.add_argument("--task-weights", default="", metavar="TASK=W,...",
+                   help="share of each task in the training stream (default: corpus.TRAIN_WEIGHTS)")
     a = p.parse_args()
     d = TRAIN_DEFAULTS[a.size]
     train(Path(a.out), a.size, a.steps or d["steps"], a.batch_size or d["batch_size"], a.lr or d["lr"], a.seed,
-          a.tokenizer, a.threads, eval_every=a.eval_every)
+          a.tokenizer, a.threads, eval_every=a.eval_every, init_from=a.init_from,
+          weights=parse_weights(a.task_weights))
 
 
 if __name__ == "__main__":

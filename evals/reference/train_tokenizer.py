@@ -16,13 +16,15 @@ import itertools
 from pathlib import Path
 
 from engine.tiny_model import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS
-from evals.reference.corpus import TRAIN_SEED, stream
+from evals.reference.corpus import TASKS, TRAIN_SEED, stream
 
 DEFAULT_VOCAB = 512
 
 
 def corpus_texts(n: int, seed: int = TRAIN_SEED) -> list[str]:
-    return [f"{ex.prompt}\n{ex.answer}" for ex in itertools.islice(stream(seed), n)]
+    # every task equally: the vocabulary must not change when the training mix does
+    uniform = {task: 1 for task in TASKS}
+    return [f"{ex.prompt}\n{ex.answer}" for ex in itertools.islice(stream(seed, weights=uniform), n)]
 
 
 def train_tokenizer(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB, num_texts: int = 20000,
