@@ -11,12 +11,15 @@ with the baseline's: how many are identical and where the others first diverge.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from evals.results import EvalRun
 from evals.statistics import DriftStats, GreedyAgreement, drift_from_positions, greedy_agreement
-from evals.teacher_forcing import EngineScorer
+
+if TYPE_CHECKING:  # torch is imported only by the callers that score (the dashboard reads reports)
+    from evals.teacher_forcing import EngineScorer
 
 
 @dataclass

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -228,7 +229,15 @@ def compare(rounds: list[Round], value) -> dict:
     return dict(off=off, on=on, median_off=med_off, median_on=med_on, loss=1 - med_on / med_off,
                 off_spread=(max(off) - min(off)) / med_off,  # the noise floor: OFF against OFF
                 off_stdev=statistics.stdev(off) / med_off if len(off) > 1 else 0.0,
-                pair_losses=pair_losses, median_pair_loss=statistics.median(pair_losses))
+                pair_losses=pair_losses, median_pair_loss=statistics.median(pair_losses),
+                median_pair_loss_ci95=bootstrap_median_ci(pair_losses))
+
+
+def bootstrap_median_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of the median (how far the noise lets the pairwise loss wander)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def summarize(rounds: list[Round]) -> dict:
@@ -320,8 +329,10 @@ def report(result: dict) -> str:
     s, st = result["summary"], result["store"]
 
     def line(name: str, c: dict, unit: str) -> str:
+        lo, hi = c["median_pair_loss_ci95"]
         return (f"{name:<26} median OFF {c['median_off']:8.1f} {unit}  ON {c['median_on']:8.1f} {unit}  "
                 f"loss {c['loss'] * 100:+6.2f}%  (pairwise median {c['median_pair_loss'] * 100:+6.2f}%, "
+                f"95% CI {lo * 100:+.2f}% .. {hi * 100:+.2f}%, "
                 f"range {min(c['pair_losses']) * 100:+.2f}% .. {max(c['pair_losses']) * 100:+.2f}%; "
                 f"OFF-vs-OFF spread {c['off_spread'] * 100:.2f}%, stdev {c['off_stdev'] * 100:.2f}%)")
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger(__name__)
+
+# no `*_created` companion series: they are off the metric contract (telemetry/METRICS.md)
+disable_created_metrics()
 
 SEVERITY_LEVELS = {"info": 0, "warning": 1, "critical": 2}
 FINDING_LABELS = ("sidecar", "kind", "severity", "subject", "diagnostic")

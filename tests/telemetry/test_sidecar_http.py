@@ -315,7 +315,8 @@ def test_metrics_export_requests_and_active_findings(sidecar):
     assert any('subject="v2"' in s and s.endswith(" 2.0") for s in levels)
     assert any('kind="regression"' in s and 'severity="warning"' in s
                for s in _samples(text, "infersight_findings_total"))
-    assert any('table="requests"' in s for s in _samples(text, "infersight_sidecar_insert_rows_total"))
+    assert any('table="findings"' in s for s in _samples(text, "infersight_sidecar_insert_rows_total"))
     for name in ("infersight_sidecar_queries_total", "infersight_sidecar_errors_total",
                  "infersight_sidecar_request_duration_seconds_bucket"):
         assert _samples(text, name), name
+    assert "_created" not in text  # no companion *_created series: they are off the metric contract
