@@ -29,7 +29,7 @@ SIZES = {
                   intermediate_size=192),
 }
 TRAIN_DEFAULTS = {
-    "target": dict(steps=8000, batch_size=8, lr=2e-3),
+    "target": dict(steps=4000, batch_size=16, lr=3e-3),
     "draft": dict(steps=3000, batch_size=16, lr=3e-3),
 }
 MAX_POSITIONS = 256
