@@ -29,6 +29,7 @@ After the run the store is checked: every ON request is in `requests` with its t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -305,6 +306,10 @@ def measure(model: str | Path, *, pairs: int, num_prompts: int, prompt_lens=(16,
         warm = workload.head(min(4, num_prompts))
         for mode in ("off", "on"):  # warm-up: kernels, the HTTP connection, the span worker
             expected.update(run_round(llm, warm, params[:len(warm.prompts)], mode, telemetry).token_ids)
+        # as `infersight serve` does after loading: what is loaded lives until exit, so no collection
+        # walks it while serving (else each collection provoked by telemetry's allocations walks the model)
+        gc.collect()
+        gc.freeze()
         rounds: list[Round] = []
         for i, mode in enumerate(round_order(pairs)):
             r = run_round(llm, workload, params, mode, telemetry)
@@ -316,6 +321,7 @@ def measure(model: str | Path, *, pairs: int, num_prompts: int, prompt_lens=(16,
         telemetry.parts.close()  # the final flush: after it every row is written or counted as dropped
         store = check_store(telemetry, replica_id, expected)
     finally:
+        gc.unfreeze()  # measure() may run inside a longer process (the tests)
         telemetry.close()
     return dict(data_dir=str(data_dir), rounds=[r.as_dict() for r in rounds],
                 summary=summarize(rounds), store=store,
