@@ -91,6 +91,15 @@ def no_data(what: str) -> None:
     st.info(f"No {what} in the store for this selection yet.")
 
 
+def window_or_stop() -> Window:
+    """The sidebar's window; a page with no requests in the store says so and stops there."""
+    chosen = window()
+    if chosen is None:
+        no_data("requests")
+        st.stop()
+    return chosen
+
+
 def expand_quantiles(frame: pd.DataFrame, column: str, names=("p50", "p90", "p99")) -> pd.DataFrame:
     """An Array column of quantiles (as ClickHouse returns them) -> one column per quantile."""
     values = frame[column].map(lambda v: list(v) if v is not None and len(v) else [float("nan")] * len(names))

@@ -7,10 +7,7 @@ import streamlit as st
 from dashboards import charts, data, queries, widgets
 
 st.title("KV cache")
-window = widgets.window()
-if window is None:
-    widgets.no_data("requests")
-    st.stop()
+window = widgets.window_or_stop()
 selected = widgets.pick_replicas("kv_replicas")
 params = {**window.params, "replicas": selected}
 

@@ -10,10 +10,7 @@ from dashboards import charts, data, queries, widgets
 from dashboards.tokens import token_frame, visible
 
 st.title("Requests")
-window = widgets.window()
-if window is None:
-    widgets.no_data("requests")
-    st.stop()
+window = widgets.window_or_stop()
 
 options = data.query(queries.WORKLOADS_AND_REASONS, **window.params)
 workloads = sorted(options.loc[0, "workloads"]) if not options.empty else []
@@ -70,22 +67,25 @@ decoder = widgets.decoder_for(model)
 if decoder is None:
     st.info(f"No tokenizer configured for model `{model}`: showing token IDs only "
             "(start the dashboard with --model DIR or --tokenizer MODEL=DIR).")
+
+
+def token_panel(title: str, side: str, token_times=None):
+    """The decoded text (or the stored text, without a tokenizer) above one row per token."""
+    st.markdown(f"**{title}**")
+    if decoder is not None:
+        st.code(visible(decoder.text(r[f"{side}_token_ids"])), language=None)
+    elif r[f"{side}_text"]:
+        st.code(visible(r[f"{side}_text"]), language=None)
+    frame = token_frame(r[f"{side}_token_ids"], decoder, token_times)
+    st.dataframe(frame, hide_index=True, key=f"rq_{side}_tokens")
+    return frame
+
+
 left, right = st.columns(2)
 with left:
-    st.markdown("**Prompt**")
-    if decoder is not None:
-        st.code(visible(decoder.text(r["prompt_token_ids"])), language=None)
-    elif r["prompt_text"]:
-        st.code(visible(r["prompt_text"]), language=None)
-    st.dataframe(token_frame(r["prompt_token_ids"], decoder), hide_index=True, key="rq_prompt_tokens")
+    token_panel("Prompt", "prompt")
 with right:
-    st.markdown("**Output**")
-    if decoder is not None:
-        st.code(visible(decoder.text(r["output_token_ids"])), language=None)
-    elif r["output_text"]:
-        st.code(visible(r["output_text"]), language=None)
-    tokens = token_frame(r["output_token_ids"], decoder, r["token_times"])
-    st.dataframe(tokens, hide_index=True, key="rq_output_tokens")
+    tokens = token_panel("Output", "output", r["token_times"])
 
 if "gap (ms)" in tokens and len(tokens) > 1:
     st.markdown("**Per-token timing**")

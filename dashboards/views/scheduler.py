@@ -8,10 +8,7 @@ import streamlit as st
 from dashboards import charts, data, queries, widgets
 
 st.title("Scheduler")
-window = widgets.window()
-if window is None:
-    widgets.no_data("requests")
-    st.stop()
+window = widgets.window_or_stop()
 with_steps = data.query(queries.STEP_REPLICAS, **window.params)
 replica = widgets.pick_replica("sched_replica", with_steps["replica_id"].tolist())
 if replica is None:
