@@ -32,7 +32,6 @@ import argparse
 import gc
 import json
 import os
-import random
 import statistics
 import tempfile
 import time
@@ -235,10 +234,20 @@ def compare(rounds: list[Round], value) -> dict:
 
 
 def bootstrap_median_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% bootstrap interval of the median (how far the noise lets the pairwise loss wander)."""
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
-    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+    """95% percentile-bootstrap interval of the median (how far the noise lets the pairwise loss wander)."""
+    import warnings
+
+    import numpy as np
+    from scipy import stats
+
+    if len(values) < 2:  # one pair: no spread to resample
+        return values[0], values[0]
+    with warnings.catch_warnings():  # identical losses give a degenerate (point) interval: that is fine
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        res = stats.bootstrap((np.asarray(values),), np.median, n_resamples=resamples, method="percentile",
+                              rng=np.random.default_rng(seed))
+    low, high = res.confidence_interval
+    return float(low), float(high)
 
 
 def summarize(rounds: list[Round]) -> dict:

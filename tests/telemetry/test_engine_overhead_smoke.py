@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from telemetry.benchmarks.engine_overhead import measure, round_order
+from telemetry.benchmarks.engine_overhead import bootstrap_median_ci, measure, round_order
 
 
 def test_rounds_alternate_abba_so_drift_hits_both_sides():
@@ -30,3 +30,16 @@ def test_one_pair_runs_and_every_on_request_is_stored_with_its_token_ids(tiny_ll
     assert store["recorder_stats"]["requests"]["dropped"] == 0
     wall = result["summary"]["wall"]
     assert wall["median_off"] > 0 and wall["median_on"] > 0 and len(wall["pair_losses"]) == 1
+
+
+def test_bootstrap_interval_of_the_median():
+    import random
+    import statistics
+
+    rng = random.Random(1)
+    noisy = [rng.gauss(0.03, 0.08) for _ in range(24)]
+    low, high = bootstrap_median_ci(noisy)
+    assert low < statistics.median(noisy) < high and high - low < 0.1
+    assert bootstrap_median_ci(noisy) == (low, high)  # seeded
+    assert bootstrap_median_ci([0.02] * 5) == (0.02, 0.02)  # no spread: a point
+    assert bootstrap_median_ci([0.01]) == (0.01, 0.01)  # one pair
