@@ -231,19 +231,3 @@ def test_profiles(app, seeded):
     assert [values[i] for i in hot] == [600]
     groups = chart_specs(at)["pf_groups"]["data"][0]
     assert "forward" in groups["y"]
-
-
-@pytest.mark.parametrize("page", ["requests", "scheduler", "kv_cache"])
-def test_pages_on_an_empty_store_say_so_and_stop(page, tmp_path):
-    from telemetry.schema import migrate
-    from telemetry.store import open_store
-
-    with open_store(str(tmp_path / "empty")) as store:
-        migrate(store)
-        data.use_store(store)
-        try:
-            at = open_page(page)
-        finally:
-            data.use_store(None)
-    assert [i.value for i in at.info] == ["No requests in the store for this selection yet."]
-    assert not at.dataframe  # the page stopped before any table
