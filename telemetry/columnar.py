@@ -18,7 +18,7 @@ from telemetry.schema.columns import arrow_schema
 def _column(values: Sequence, arrow_type: pa.DataType) -> pa.Array:
     if pa.types.is_timestamp(arrow_type):
         micros = np.rint(np.asarray(values, dtype=np.float64) * 1e6).astype(np.int64)
-        return pa.array(micros, type=pa.int64()).cast(arrow_type)
+        return pa.array(micros, type=arrow_type)  # int64 microseconds are the timestamp's storage
     return pa.array(values, type=arrow_type)
 
 

@@ -38,6 +38,10 @@ from telemetry.store import Store, StoreError, is_remote, open_store
 log = logging.getLogger(__name__)
 
 COUNTERS = ("written", "spooled", "replayed", "dropped")
+# Each flush costs the recorder's thread a fixed ~2 ms per table written (Arrow conversion, one HTTP
+# insert), CPU that holds the GIL the engine thread needs: every 2 s keeps that under 0.3% of a core
+# (telemetry/benchmarks/flush_cost.py) while the dashboards stay a few seconds behind at most.
+DEFAULT_FLUSH_INTERVAL = 2.0
 TEXT_COLUMNS = ("prompt_text", "output_text")
 
 
@@ -85,7 +89,7 @@ def default_spool_dir(replica_id: str) -> Path:
 class Recorder(EngineObserver):
     enabled = True
 
-    def __init__(self, target_or_store, replica_id: str, flush_interval: float = 1.0,
+    def __init__(self, target_or_store, replica_id: str, flush_interval: float = DEFAULT_FLUSH_INTERVAL,
                  max_batch_rows: int = 5_000, max_buffer_rows: int = 50_000,
                  spool_dir: str | os.PathLike | None = None, spool_max_bytes: int = 256 << 20,
                  store_text: bool = False, max_backoff: float = 10.0):
@@ -212,10 +216,7 @@ class Recorder(EngineObserver):
         with self._lock:
             taken = [(table, *buffer.take()) for table, buffer in self._buffers.items() if buffer.rows]
         for table, row_tuples, rows in taken:
-            columns = self._buffers[table].to_columns(row_tuples)
-            if table == "requests" and not self.store_text:  # the redaction switch
-                for name in TEXT_COLUMNS:
-                    columns[name] = [""] * rows
+            columns = self._columns(table, row_tuples)
             for start in range(0, rows, self.max_batch_rows):
                 part = {name: values[start:start + self.max_batch_rows] for name, values in columns.items()}
                 part_rows = min(self.max_batch_rows, rows - start)
@@ -229,6 +230,13 @@ class Recorder(EngineObserver):
         # replay when the store is not known down (and once more at close, whatever the backoff says)
         if self.spool.size_bytes and (final or time.monotonic() >= self._retry_at):
             self._replay()
+
+    def _columns(self, table: str, row_tuples: list[tuple]) -> dict[str, list]:
+        columns = self._buffers[table].to_columns(row_tuples)
+        if table == "requests" and not self.store_text:  # the redaction switch
+            for name in TEXT_COLUMNS:
+                columns[name] = [""] * len(row_tuples)
+        return columns
 
     def _to_arrow(self, table: str, columns: dict[str, list]) -> pa.Table:
         """The batch as Arrow; rows that cannot be converted (e.g. a negative count) are dropped, counted."""
@@ -253,7 +261,7 @@ class Recorder(EngineObserver):
         if time.monotonic() < self._retry_at:  # store down: straight to the spool
             return self._to_spool(table, data, token, rows)
         try:
-            self._get_store().insert_arrow(table, data, dedup_token=token)
+            self._insert(table, data, token)
         except Exception as e:
             if isinstance(e, StoreError) and not e.permanent:
                 self._mark_down(e)
@@ -262,6 +270,9 @@ class Recorder(EngineObserver):
             return self._count(table, "dropped", rows)
         self._mark_up()
         self._count(table, "written", rows)
+
+    def _insert(self, table: str, data: pa.Table, token: str) -> None:
+        self._get_store().insert_arrow(table, data, dedup_token=token)
 
     def _to_spool(self, table: str, data: pa.Table, token: str, rows: int) -> None:
         try:
@@ -281,7 +292,7 @@ class Recorder(EngineObserver):
                 continue
             rows = batch.data.num_rows
             try:
-                self._get_store().insert_arrow(batch.table, batch.data, dedup_token=batch.dedup_token)
+                self._insert(batch.table, batch.data, batch.dedup_token)
             except Exception as e:
                 if isinstance(e, StoreError) and not e.permanent:
                     self._mark_down(e)

@@ -199,8 +199,8 @@ def write_card(model_dir: Path, role: str, measured: dict) -> None:
         f"itself), loss on the answer tokens only, AdamW (betas 0.9/0.98, weight decay 0.01), peak lr {info['lr']}, "
         f"5% warmup then cosine to 10%; seed {info['seed']}, {info['threads']} torch thread(s)",
         f"- final training loss (answer tokens, smoothed): {info['final_loss']}",
-        f"- wall time: {info['train_minutes']} min, CPU time: {info.get('cpu_minutes', '?')} min, on the shared "
-        "2-core development machine with other jobs running", "",
+        f"- wall time: {info['train_minutes']} min, CPU time: {info.get('cpu_minutes', '?')} min, on the "
+        "2-core development machine", "",
         "Retrain exactly (deterministic given seed, steps and thread count):", "", "```bash",
         f"python -m evals.reference.train --size {role} --out evals/reference/models/{role}{extra}", "```", "",
     ]

@@ -27,6 +27,7 @@ def test_one_pair_runs_and_every_on_request_is_stored_with_its_token_ids(tiny_ll
     assert store["step_rows"] >= 2 * 2  # each ON request needs a prefill step and at least one decode step
     assert store["spans"] >= store["expected_requests"]  # a request span (plus children) per ON request
     assert store["observer_failures"] == 0
+    assert 0 < store["engine_hook_share"] < 1  # the engine's own clock saw time spent in the hooks
     assert store["recorder_stats"]["requests"]["dropped"] == 0
     wall = result["summary"]["wall"]
     assert wall["median_off"] > 0 and wall["median_on"] > 0 and len(wall["pair_losses"]) == 1

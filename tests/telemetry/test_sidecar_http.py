@@ -106,6 +106,24 @@ def test_remote_store_through_the_sidecar(sidecar):
         assert e.value.code == 60
 
 
+def test_remote_store_inserts_match_columns_by_name_not_position(sidecar):
+    # RemoteStore's INSERT names no columns (they would go in the URL): Arrow's names place them
+    records = synthetic.records("steps", 12, replica_id="by-name")
+    data = records_to_arrow("steps", records)
+    reordered = data.select(list(reversed(data.column_names)))
+    with open_store(sidecar.store_url) as store:
+        assert store.client.write_compression is None  # loopback: no compression by default
+        assert store.insert_arrow("steps", reordered, dedup_token="by-name-1") == 12
+        got = store.query_arrow("SELECT step_id, num_seqs, duration_seconds, phase FROM steps "
+                                "WHERE replica_id = 'by-name' ORDER BY step_id").to_pylist()
+    assert got == [{"step_id": r.step_id, "num_seqs": r.num_seqs, "duration_seconds": r.duration_seconds,
+                    "phase": r.phase} for r in records]
+    with open_store(sidecar.store_url + "?compress=lz4") as store:  # a remote ClickHouse may want it
+        assert store.client.write_compression == "lz4"
+        store.insert_arrow("steps", data, dedup_token="by-name-2")
+        assert store.command("SELECT count() FROM steps WHERE replica_id = 'by-name'") == "24"
+
+
 def test_wrong_password_and_no_credentials_are_refused(sidecar):
     with pytest.raises(Exception, match="516|Authentication failed"):
         clickhouse_connect.get_client(host="127.0.0.1", port=sidecar.port, username=ADMIN[0], password="wrong")
