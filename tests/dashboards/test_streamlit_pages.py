@@ -231,3 +231,25 @@ def test_profiles(app, seeded):
     assert [values[i] for i in hot] == [600]
     groups = chart_specs(at)["pf_groups"]["data"][0]
     assert "forward" in groups["y"]
+
+
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory):
+    """A store with the schema and no rows, served by a sidecar of its own: chdb opens one data
+    directory per process, and the suite's seeded store is already open in this one."""
+    from telemetry.sidecar.process import start_sidecar
+    from telemetry.store import open_store
+
+    with start_sidecar(tmp_path_factory.mktemp("empty_store")) as sidecar, open_store(sidecar.url) as store:
+        yield store
+
+
+@pytest.mark.parametrize("page", ["requests", "scheduler", "kv_cache"])
+def test_pages_on_an_empty_store_say_so_and_stop(page, empty_store):
+    data.use_store(empty_store)
+    try:
+        at = open_page(page)
+    finally:
+        data.use_store(None)
+    assert [i.value for i in at.info] == ["No requests in the store for this selection yet."]
+    assert not at.dataframe  # the page stopped before any table
