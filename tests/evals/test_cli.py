@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from engine.cli import main
 from evals.results import EvalRun
 
-HELDOUT = Path(__file__).resolve().parents[2] / "evals" / "suites" / "reference_heldout.jsonl"
-
-
-def _policy(tmp_path, extra=""):
+def _policy(tmp_path, suite, extra=""):
     p = tmp_path / "policy.toml"
-    p.write_text(f'[run]\nsuites = ["{HELDOUT}"]\nper_task = 2\n{extra}')
+    p.write_text(f'[run]\nsuites = ["{suite}"]\nper_task = 2\n{extra}')
     return str(p)
 
 
 @pytest.mark.slow  # four engine runs and a store through the CLI (~10-15 s)
-def test_run_then_gate_pass_and_fail(tmp_path, target_dir, damaged_dir, capsys):
+def test_run_then_gate_pass_and_fail(tmp_path, target_dir, damaged_dir, heldout_path, capsys):
     base = tmp_path / "base.json"
-    rc = main(["eval", "run", "--suite", str(HELDOUT), "--model", str(target_dir), "--per-task", "2",
+    rc = main(["eval", "run", "--suite", str(heldout_path), "--model", str(target_dir), "--per-task", "2",
                "--num-kv-blocks", "64", "--out", str(base), "--store", str(tmp_path / "store"), "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0 and "overall" in out and "stored in eval_runs" in out
@@ -33,7 +29,8 @@ def test_run_then_gate_pass_and_fail(tmp_path, target_dir, damaged_dir, capsys):
     md, js = tmp_path / "gate.md", tmp_path / "gate.json"
     rc = main(["eval", "gate", "--baseline", str(base), "--candidate", str(target_dir),
                "--candidate-set", "dtype=bfloat16", "--candidate-set", "num_kv_blocks=64",
-               "--policy", _policy(tmp_path), "--report-md", str(md), "--report-json", str(js), "--no-progress"])
+               "--policy", _policy(tmp_path, heldout_path), "--report-md", str(md), "--report-json", str(js),
+               "--no-progress"])
     assert rc == 0, capsys.readouterr().out
     assert md.read_text().startswith("# Eval gate: **PASS**")
     result = json.loads(js.read_text())
@@ -42,8 +39,8 @@ def test_run_then_gate_pass_and_fail(tmp_path, target_dir, damaged_dir, capsys):
     # the damaged checkpoint: fails -> exit 1
     toml = tmp_path / "damaged.toml"
     toml.write_text(f'model = "{damaged_dir}"\nnum_kv_blocks = 64\n')
-    rc = main(["eval", "gate", "--baseline", str(base), "--candidate", str(toml), "--policy", _policy(tmp_path),
-               "--no-progress"])
+    rc = main(["eval", "gate", "--baseline", str(base), "--candidate", str(toml),
+               "--policy", _policy(tmp_path, heldout_path), "--no-progress"])
     assert rc == 1
     assert "# Eval gate: **FAIL**" in capsys.readouterr().out
 
@@ -56,17 +53,17 @@ def test_run_then_gate_pass_and_fail(tmp_path, target_dir, damaged_dir, capsys):
     assert 0 < drift["stats"]["kl_mean"] < 0.01 and drift["greedy"] is None
 
 
-def test_errors_exit_2_with_the_reason(tmp_path, target_dir, capsys):
+def test_errors_exit_2_with_the_reason(tmp_path, target_dir, heldout_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "prompt": "x"}\n')
     assert main(["eval", "run", "--suite", str(bad), "--model", str(target_dir), "--no-progress"]) == 2
     assert f"{bad}:1: 'reference'" in capsys.readouterr().err
     assert main(["eval", "gate", "--baseline", str(tmp_path / "nope.json"), "--candidate", str(target_dir),
-                 "--policy", _policy(tmp_path)]) == 2
+                 "--policy", _policy(tmp_path, heldout_path)]) == 2
     assert "neither a run file" in capsys.readouterr().err
     assert main(["eval", "gate", "--baseline", str(target_dir), "--candidate", str(target_dir),
-                 "--policy", _policy(tmp_path, "[drift]\nmax_kl = 1\n")]) == 2
+                 "--policy", _policy(tmp_path, heldout_path, "[drift]\nmax_kl = 1\n")]) == 2
     assert "unknown key 'max_kl'" in capsys.readouterr().err
-    assert main(["eval", "run", "--suite", str(HELDOUT), "--endpoint", "http://127.0.0.1:9",
+    assert main(["eval", "run", "--suite", str(heldout_path), "--endpoint", "http://127.0.0.1:9",
                  "--quantization", "int8"]) == 2
     assert "do not apply to --endpoint" in capsys.readouterr().err
