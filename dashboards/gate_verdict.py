@@ -1,19 +1,20 @@
-"""The Evals page's bridge to the eval gate (`evals.gate`), imported lazily.
+"""The Evals page's bridge to the eval gate (`evals.gate`).
 
 The gate's own checks on two stored runs: accuracy drop and the paired test per suite, and
 greedy-output agreement (`evals.gate.compare_suite`, `accuracy_checks`, `drift_checks` with the
 policy's thresholds). The KL-divergence checks need both configurations loaded in engines, so
-the dashboard leaves them to `infersight eval gate` and says so. Without the evals package the
-page still shows both runs' scores and the per-item drift, with a note instead of a verdict.
+the dashboard leaves them to `infersight eval gate` and says so.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import streamlit as st
+
+from evals import gate, policy as policy_module
+from evals.results import EvalRun
 
 
 @dataclass
@@ -25,17 +26,7 @@ class GateVerdict:
     notes: list[str] = field(default_factory=list)
 
 
-def _modules():
-    try:
-        return (importlib.import_module("evals.gate"), importlib.import_module("evals.results"),
-                importlib.import_module("evals.policy"))
-    except ModuleNotFoundError as e:
-        if not (e.name or "").startswith("evals"):
-            raise
-        return None
-
-
-def _policy(policy_module):
+def _policy():
     default = Path(policy_module.__file__).resolve().parent / "policies" / "default.toml"
     policy = policy_module.load_policy(default) if default.is_file() else policy_module.Policy()
     # teacher-forced KL needs engines: not computed from stored runs
@@ -52,15 +43,10 @@ def cached(baseline_run: str, candidate_run: str) -> GateVerdict:
 
 
 def run(store, *, baseline_run: str, candidate_run: str) -> GateVerdict:
-    modules = _modules()
-    if modules is None:
-        return GateVerdict(False, "The eval gate (evals/gate.py) is not part of this build: "
-                                  "no pass / fail verdict, the drift below is descriptive only.")
-    gate, results, policy_module = modules
     try:
-        policy = _policy(policy_module)
-        base = results.EvalRun.from_store(store, baseline_run)
-        cand = results.EvalRun.from_store(store, candidate_run)
+        policy = _policy()
+        base = EvalRun.from_store(store, baseline_run)
+        cand = EvalRun.from_store(store, candidate_run)
         comparison = gate.compare_suite(base, cand, policy)
         drift = gate.compute_drift([base], None, None, [cand])
         checks = gate.accuracy_checks(comparison, policy) + gate.drift_checks(drift, policy)

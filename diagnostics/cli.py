@@ -58,7 +58,8 @@ def run(args) -> int:
     from diagnostics import DIAGNOSTICS
     from diagnostics import run as run_diagnostics
     from diagnostics.findings import SEVERITY_RANK, format_table, jsonable
-    from diagnostics.tokenizers import parse_model_dirs
+    from diagnostics.replica_tokenizers import parse_model_dirs
+    from diagnostics.request import DiagnosticRequest
     from telemetry.store import StoreError, open_store
 
     try:
@@ -75,8 +76,8 @@ def run(args) -> int:
         print(f"infersight diagnose: cannot open the store {args.store}: {e}", file=sys.stderr)
         return 2
     try:
-        findings = run_diagnostics(names, store, scope, baseline=baseline, candidate=candidate,
-                                   model_dirs=model_dirs, write=not args.no_write, errors=errors)
+        request = DiagnosticRequest(scope, baseline, candidate, model_dirs)
+        findings = run_diagnostics(names, store, request, write=not args.no_write, errors=errors)
     finally:
         store.close()
     if args.json:

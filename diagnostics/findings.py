@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diagnostics.scope import Scope
-from telemetry.records import FindingRecord
+from telemetry.contract.records import FindingRecord
 
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from diagnostics import stats
+from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding
 from diagnostics.regression import BATCH_BUCKET
 from diagnostics.replicas import identity_differences
 from diagnostics.scope import Scope, replicas_in, steps_in
+from diagnostics.request import DiagnosticRequest
 
 DIAGNOSTIC = "overhead"
 WARN_SHARE, CRITICAL_SHARE = 0.30, 0.50  # accelerators only
@@ -106,7 +107,8 @@ def latest_profiles(store, replica_ids: list[str]) -> dict[str, dict]:
     return out
 
 
-def run(store, scope: Scope) -> list[Finding]:
+def run(store, request: DiagnosticRequest) -> list[Finding]:
+    scope = request.scope
     rows = shares(store, scope)
     identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
     profiles = latest_profiles(store, [r["replica_id"] for r in rows])
@@ -145,7 +147,7 @@ def _outliers(rows, relative, identity, profiles, scope) -> list[Finding]:
         if len(ids) < 2:
             continue
         values = {rid: relative[rid]["rel_median"] for rid in ids}
-        z, _, _ = stats.robust_z(values)
+        z, _, _ = hypothesis_tests.robust_z(values)
         for rid in ids:
             peers = [p for p in ids if p != rid]
             peer_median = float(np.median([values[p] for p in peers]))
@@ -153,8 +155,8 @@ def _outliers(rows, relative, identity, profiles, scope) -> list[Finding]:
             if ratio < MIN_RATIO or (len(ids) > 2 and z[rid] < MIN_Z):
                 continue
             rest = np.concatenate([relative[p]["sample"] for p in peers])
-            c = stats.compare_samples(rest, relative[rid]["sample"], bootstrap=True)
-            if c is None or c.p_value * len(ids) >= ALPHA or c.cliffs_delta < stats.DELTA_SMALL:
+            c = hypothesis_tests.compare_samples(rest, relative[rid]["sample"], bootstrap=True)
+            if c is None or c.p_value * len(ids) >= ALPHA or c.cliffs_delta < hypothesis_tests.DELTA_SMALL:
                 continue
             diffs = identity_differences(identity.get(rid, {"replica_id": rid}),
                                          [identity.get(p, {"replica_id": p}) for p in peers])

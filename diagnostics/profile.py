@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diagnostics.stack_groups import GROUPS, classify, is_idle, parse_stack
-from telemetry.records import ProfileRecord
+from telemetry.contract.records import ProfileRecord
 
 _REPLICA_PID = """
 SELECT argMax(pid, start_time) AS pid, argMax(host, start_time) AS host, max(start_time) AS started

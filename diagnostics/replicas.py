@@ -17,10 +17,11 @@ from collections import Counter
 
 import numpy as np
 
-from diagnostics import stats
+from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding, insufficient
 from diagnostics.regression import METRICS, PROMPT_BUCKET
 from diagnostics.scope import Scope, replicas_in, requests_in
+from diagnostics.request import DiagnosticRequest
 
 DIAGNOSTIC = "replicas"
 KIND = "lagging_replica"
@@ -130,7 +131,8 @@ def _explain(diffs: list[dict]) -> str:
     return "differs in " + "; ".join(parts)
 
 
-def run(store, scope: Scope) -> list[Finding]:
+def run(store, request: DiagnosticRequest) -> list[Finding]:
+    scope = request.scope
     rows = per_replica(store, scope)
     identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
     findings: list[Finding] = []
@@ -157,7 +159,7 @@ def _outliers(model: str, group: list[dict], identity: dict, scope: Scope) -> li
                   if r[f"{metric}_rel"] is not None and np.isfinite(r[f"{metric}_rel"])}
         if len(values) < 2:
             continue
-        z, _, mad = stats.robust_z(values)
+        z, _, mad = hypothesis_tests.robust_z(values)
         for r in group:
             rid = r["replica_id"]
             if rid not in values:
@@ -169,10 +171,10 @@ def _outliers(model: str, group: list[dict], identity: dict, scope: Scope) -> li
             if ratio < MIN_RATIO or (len(values) > 2 and z[rid] < MIN_Z):
                 continue
             rest = np.concatenate([p["samples"][metric] for p in peers])
-            c = stats.compare_samples(rest, r["samples"][metric], bootstrap=False)
-            if c is None or c.p_value * len(values) >= ALPHA or c.cliffs_delta < stats.DELTA_SMALL:
+            c = hypothesis_tests.compare_samples(rest, r["samples"][metric], bootstrap=False)
+            if c is None or c.p_value * len(values) >= ALPHA or c.cliffs_delta < hypothesis_tests.DELTA_SMALL:
                 continue
-            c = stats.compare_samples(rest, r["samples"][metric], bootstrap=True)
+            c = hypothesis_tests.compare_samples(rest, r["samples"][metric], bootstrap=True)
             entry = flagged.setdefault(rid, {"metrics": {}})
             entry["metrics"][metric] = {
                 "relative_median": values[rid], "peers_relative_median": peer_median, "ratio_to_peers": ratio,

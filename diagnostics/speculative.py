@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 
-from diagnostics import stats
+from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding, insufficient
 from diagnostics.scope import Scope, replicas_in, requests_in, steps_in
+from diagnostics.request import DiagnosticRequest
 
 DIAGNOSTIC = "speculative"
 KIND = "spec_acceptance_drop"
@@ -77,10 +78,10 @@ def _pool(rows: list[dict]) -> dict:
 
 def compare_groups(base: dict, cand: dict) -> dict | None:
     """Overall and per-position tests of candidate against baseline; None when there is no drop."""
-    overall = stats.two_proportions(base["accepted"], base["proposed"], cand["accepted"], cand["proposed"])
+    overall = hypothesis_tests.two_proportions(base["accepted"], base["proposed"], cand["accepted"], cand["proposed"])
     positions = []
     for i in range(min(len(base["per_pos"]), len(cand["per_pos"]))):
-        t = stats.two_proportions(int(base["per_pos"][i]), max(1, round(base["drafts"])),
+        t = hypothesis_tests.two_proportions(int(base["per_pos"][i]), max(1, round(base["drafts"])),
                                   int(cand["per_pos"][i]), max(1, round(cand["drafts"])))
         positions.append({"position": i, **t.to_dict()})
     tests = 1 + len(positions)
@@ -107,7 +108,8 @@ def _finding(subject: str, scope: Scope, base: dict, cand: dict, result: dict, w
     return Finding(KIND, severity, subject, summary, DIAGNOSTIC, scope, evidence)
 
 
-def run(store, scope: Scope, baseline: Scope | None = None, candidate: Scope | None = None) -> list[Finding]:
+def run(store, request: DiagnosticRequest) -> list[Finding]:
+    scope, baseline, candidate = request.scope, request.baseline, request.candidate
     if baseline is not None and candidate is not None:
         base, cand = _pool(acceptance(store, baseline)), _pool(acceptance(store, candidate))
         subject = f"{candidate.label()} vs {baseline.label()}"
@@ -128,7 +130,7 @@ def run(store, scope: Scope, baseline: Scope | None = None, candidate: Scope | N
             by_group.setdefault((r["model_name"], r["speculative_mode"]), []).append(r)
     workloads = _by_workload(store, scope)
     for (model, mode), group in by_group.items():
-        heterogeneity = stats.chi_square_homogeneity([r["accepted"] for r in group], [r["proposed"] for r in group])
+        heterogeneity = hypothesis_tests.chi_square_homogeneity([r["accepted"] for r in group], [r["proposed"] for r in group])
         table = [{k: r[k] for k in ("replica_id", "engine_version", "proposed", "accepted", "rate", "per_pos_rate")}
                  for r in group]
         for r in group:  # each replica against the rest of its model and mode

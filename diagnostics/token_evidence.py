@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evals.statistics import first_divergence
+from evals.gate_statistics import first_divergence
 
 WINDOW = 4  # tokens shown on each side of the first divergence
 

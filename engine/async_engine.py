@@ -27,7 +27,7 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.observer import EngineObserver
+from telemetry.contract.hooks import EngineObserver
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence

@@ -21,18 +21,17 @@ import torch
 from engine.attention import get_backend
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.engine_records import build_replica_record, build_request_record
+from engine.engine_records import build_replica_record, build_request_record, build_step_record
 from engine.kv_cache import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
-from engine.observer import NOOP_OBSERVER, EngineObserver, ObserverGuard
+from telemetry.contract.hooks import NOOP_OBSERVER, EngineObserver, ObserverGuard
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampler import Sampler, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence, SequenceStatus
 from engine.tokenization import Tokenizer
-from telemetry.records import StepRecord
 
 log = logging.getLogger(__name__)
 perf_counter = time.perf_counter
@@ -371,23 +370,11 @@ class LLMEngine:
         telemetry_seconds, self._telemetry_seconds = self._telemetry_seconds, 0.0
         for seq, out in finished:
             self._report_finished(seq, out.text)
-        kv = self.kv_cache
-        schedule_s, prepare_s, forward_s, sample_s, post_s = split
-        record = StepRecord(
-            replica_id=self.config.replica_id, step_id=self.step_id, start_time=start_wall,
-            duration_seconds=sum(split), phase=batch.phase, num_seqs=len(batch.seqs),
-            num_prefill_seqs=batch.num_prefill_seqs, num_decode_seqs=batch.num_decode_seqs,
-            num_tokens=batch.num_tokens, num_prefill_tokens=batch.num_prefill_tokens,
-            num_decode_tokens=batch.num_decode_tokens, num_generated_tokens=num_generated,
-            schedule_seconds=schedule_s, prepare_seconds=prepare_s, forward_seconds=forward_s,
-            sample_seconds=sample_s, postprocess_seconds=post_s, telemetry_seconds=telemetry_seconds,
-            kv_blocks_total=kv.num_blocks, kv_blocks_used=kv.num_used_blocks, kv_blocks_free=kv.num_free_blocks,
-            kv_blocks_cached=kv.num_cached_blocks, prefix_hit_tokens=batch.prefix_hit_tokens,
-            prefix_query_tokens=batch.prefix_query_tokens, evictions=kv.evictions - self._last_evictions,
-            num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
-            num_preempted=len(batch.preempted),
-            **(self.speculator.step_record_fields if self.speculator is not None else {}))
-        self._last_evictions = kv.evictions
+        record = build_step_record(
+            self.config.replica_id, self.step_id, batch, start_wall, split, num_generated, telemetry_seconds,
+            self.kv_cache, self.kv_cache.evictions - self._last_evictions, self.scheduler,
+            self.speculator.step_record_fields if self.speculator is not None else {})
+        self._last_evictions = self.kv_cache.evictions
         self.observer.on_step(record)
         self._telemetry_seconds += perf_counter() - t
 

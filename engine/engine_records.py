@@ -13,8 +13,9 @@ import socket
 import time
 
 from engine.config import EngineConfig
+from engine.placement import discover_placement
 from engine.sequence import Sequence
-from telemetry.records import ReplicaRecord, RequestRecord
+from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 
 ENGINE_DISTRIBUTION = "infersight"
 
@@ -42,15 +43,13 @@ def _gpu_pci_address(device: str) -> str | None:
 
 
 def _placement(device: str) -> dict:
-    """Where this process runs (telemetry.placement when present, else the affinity alone)."""
+    """Where this process runs (engine.placement; the affinity alone where sysfs cannot be read)."""
     try:
-        from telemetry.placement import discover_placement
-
         p = discover_placement(gpu_pci_address=_gpu_pci_address(device))
         return dict(cpu_affinity=list(p.cpu_affinity), cpu_numa_nodes=list(p.cpu_numa_nodes),
                     mem_policy_nodes=list(p.mem_policy_nodes), gpu_numa_node=int(p.gpu_numa_node),
                     numa_mismatch=bool(p.numa_mismatch))
-    except Exception:  # noqa: BLE001 - missing module or unreadable sysfs: fall back
+    except Exception:  # noqa: BLE001 - unreadable sysfs / procfs: fall back
         try:
             affinity = sorted(os.sched_getaffinity(0))
         except (AttributeError, OSError):
@@ -104,3 +103,26 @@ def build_request_record(seq: Sequence, *, replica_id: str, model_name: str, out
         prompt_text=prompt_text if store_text else "",
         output_text=output_text if store_text else "",
     )
+
+
+def build_step_record(replica_id: str, step_id: int, batch, start_wall: float, split: tuple, num_generated: int,
+                      telemetry_seconds: float, kv, evictions: int, scheduler, spec_fields: dict) -> StepRecord:
+    """One scheduler step: the batch's shape, the host-time split, the KV pool and the queues after it.
+
+    `split` is (schedule, prepare, forward, sample, postprocess) seconds; `kv` the KVCacheManager;
+    `spec_fields` the speculator's proposed / accepted counters for this step (empty without one).
+    """
+    schedule_s, prepare_s, forward_s, sample_s, post_s = split
+    return StepRecord(
+        replica_id=replica_id, step_id=step_id, start_time=start_wall,
+        duration_seconds=sum(split), phase=batch.phase, num_seqs=len(batch.seqs),
+        num_prefill_seqs=batch.num_prefill_seqs, num_decode_seqs=batch.num_decode_seqs,
+        num_tokens=batch.num_tokens, num_prefill_tokens=batch.num_prefill_tokens,
+        num_decode_tokens=batch.num_decode_tokens, num_generated_tokens=num_generated,
+        schedule_seconds=schedule_s, prepare_seconds=prepare_s, forward_seconds=forward_s,
+        sample_seconds=sample_s, postprocess_seconds=post_s, telemetry_seconds=telemetry_seconds,
+        kv_blocks_total=kv.num_blocks, kv_blocks_used=kv.num_used_blocks, kv_blocks_free=kv.num_free_blocks,
+        kv_blocks_cached=kv.num_cached_blocks, prefix_hit_tokens=batch.prefix_hit_tokens,
+        prefix_query_tokens=batch.prefix_query_tokens, evictions=evictions,
+        num_waiting=scheduler.num_waiting, num_running=scheduler.num_running,
+        num_preempted=len(batch.preempted), **spec_fields)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.observer import EngineObserver
+from telemetry.contract.hooks import EngineObserver
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 

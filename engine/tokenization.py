@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from engine.observer import NOOP_OBSERVER, EngineObserver
+from telemetry.contract.hooks import NOOP_OBSERVER, EngineObserver
 
 # the files that define a tokenizer's behaviour, whichever of them a model ships
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

@@ -142,7 +142,7 @@ def _open_store(target):
 
 def _drift(args) -> int:
     from engine.engine import LLMEngine
-    from evals.drift import compute_drift
+    from evals.logit_drift import compute_drift
     from evals.report import drift_lines
     from evals.teacher_forcing import EngineScorer
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from evals.drift import DriftReport, compute_drift
+from evals.logit_drift import DriftReport, compute_drift
 from evals.policy import Policy, policy_dict
 from evals.results import EvalRun
 from evals.runner import run_suite
 from evals.sides import Side
-from evals.statistics import mcnemar, paired_bootstrap, wilson_interval
+from evals.gate_statistics import mcnemar, paired_bootstrap, wilson_interval
 from evals.suite import load_suite
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evals.drift import DriftReport
+from evals.logit_drift import DriftReport
 from evals.gate import GateResult
 
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from telemetry.records import EvalItemRecord, EvalRunRecord
+from telemetry.contract.records import EvalItemRecord, EvalRunRecord
 
 
 @dataclass

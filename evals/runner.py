@@ -11,7 +11,7 @@ from evals.backends import EngineBackend, HttpBackend
 from evals.results import EvalRun
 from evals.scorers import score
 from evals.suite import Suite
-from telemetry.records import EvalItemRecord, EvalRunRecord
+from telemetry.contract.records import EvalItemRecord, EvalRunRecord
 
 DEFAULT_MAX_TOKENS = 32
 
@@ -65,7 +65,7 @@ def store_run(run: EvalRun, target) -> None:
 
 def summarize(run: EvalRun) -> str:
     """A few lines for the terminal: overall and per-task accuracy with Wilson intervals."""
-    from evals.statistics import wilson_interval
+    from evals.gate_statistics import wilson_interval
 
     lines = [f"run {run.run_id}: suite {run.run.suite}, model {run.run.model_name}, "
              f"quantization {run.run.quantization}"]

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from telemetry.records import RECORD_TYPES
+from telemetry.contract.records import RECORD_TYPES
 from telemetry.schema.columns import arrow_schema
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from engine.observer import HOOK_NAMES, EngineObserver, MultiObserver, noop_hook, overrides
+from telemetry.contract.hooks import HOOK_NAMES, EngineObserver, MultiObserver, noop_hook, overrides
 
 log = logging.getLogger(__name__)
 

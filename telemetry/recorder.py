@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from engine.observer import EngineObserver
+from telemetry.contract.hooks import EngineObserver
 from telemetry.columnar import columns_to_arrow
-from telemetry.records import RECORD_TYPES, ReplicaRecord, RequestRecord, StepRecord
+from telemetry.contract.records import RECORD_TYPES, ReplicaRecord, RequestRecord, StepRecord
 from telemetry.schema.columns import arrow_schema
 from telemetry.spool import Spool
 from telemetry.store import Store, StoreError, is_remote, open_store

@@ -11,7 +11,7 @@ import json
 import random
 import time
 
-from telemetry.records import (
+from telemetry.contract.records import (
     EvalItemRecord,
     EvalRunRecord,
     FindingRecord,

@@ -25,8 +25,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Tracer, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-from engine.observer import EngineObserver
-from telemetry.records import RequestRecord
+from telemetry.contract.hooks import EngineObserver
+from telemetry.contract.records import RequestRecord
 from telemetry.tracing_spans import OPERATION_KEY, RecordTraceIds, build_span_tree
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from telemetry.records import RequestRecord
+from telemetry.contract.records import RequestRecord
 
 SYSTEM = "infersight"
 # optional carrier key: the API that made the request ("chat" | "text_completion"), set by the server

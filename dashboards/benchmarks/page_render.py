@@ -102,7 +102,7 @@ FROM numbers({{offset:UInt64}}, {{count:UInt64}})
 
 
 def seed(store, n_requests: int, n_steps: int) -> None:
-    from telemetry.records import EvalItemRecord, EvalRunRecord, FindingRecord, ProfileRecord, ReplicaRecord
+    from telemetry.contract.records import EvalItemRecord, EvalRunRecord, FindingRecord, ProfileRecord, ReplicaRecord
 
     start = time.time() - SPAN
     common = {"replicas": REPLICAS, "start": start, "span": SPAN}

@@ -15,8 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from diagnostics import drift, overhead, regression, replicas, speculative, tokenizer
+from diagnostics import output_drift, overhead, regression, replicas, speculative, tokenizer_divergence
 from diagnostics.findings import format_table
+from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 
 
@@ -60,11 +61,11 @@ def main() -> int:
         runs = {
             "regression (0.2.0 vs 0.1.0)": lambda: regression.compare(store, base, cand),
             "regression change points": lambda: regression.creep(store, scope),
-            "replicas": lambda: replicas.run(store, scope),
-            "tokenizer": lambda: tokenizer.run(store, scope),
-            "drift (evals + greedy)": lambda: drift.run(store, scope),
-            "speculative": lambda: speculative.run(store, scope),
-            "overhead": lambda: overhead.run(store, scope),
+            "replicas": lambda: replicas.run(store, DiagnosticRequest(scope)),
+            "tokenizer": lambda: tokenizer_divergence.run(store, DiagnosticRequest(scope)),
+            "drift (evals + greedy)": lambda: output_drift.run(store, DiagnosticRequest(scope)),
+            "speculative": lambda: speculative.run(store, DiagnosticRequest(scope)),
+            "overhead": lambda: overhead.run(store, DiagnosticRequest(scope)),
         }
         results = []
         for name, fn in runs.items():

@@ -13,7 +13,7 @@ import hashlib
 import json
 import time
 
-from telemetry.records import ReplicaRecord
+from telemetry.contract.records import ReplicaRecord
 
 REPLICAS = [f"r{i}" for i in range(8)]
 PROMPT_POOL = 20_011  # distinct prompt texts; prime, so each text reaches every replica (n % 8)
@@ -105,7 +105,7 @@ def replica_records(t0: float, model_dir: str, tokenizer_hash: str, chat_templat
 
 
 def eval_runs(t0: float, items: int):
-    from telemetry.records import EvalRunRecord
+    from telemetry.contract.records import EvalRunRecord
 
     return [EvalRunRecord(run_id=run, suite="arith", start_time=t0 + k, finish_time=t0 + k + 60, config_json="{}",
                           config_hash=cfg, model_name="tiny", weights_hash="w", quantization=q, speculative_mode="none",

@@ -69,7 +69,7 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 def infersight_command(*args: str) -> list[str]:
     """`infersight ARGS` with this interpreter (works without the console script on PATH)."""
-    return [sys.executable, "-m", "engine.cli", *args]
+    return [sys.executable, "-m", "dashboards.console.cli", *args]
 
 
 def spawn(cmd: list[str], log_path: Path, env: dict | None = None, append: bool = False) -> ProcessRef:

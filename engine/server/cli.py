@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _pin(args) -> None:
     if args.cpus is None and args.numa_node is None:
         return
-    from telemetry.placement import bind_replica
+    from engine.placement import bind_replica
 
     placement = bind_replica(cpus=args.cpus, numa_node=args.numa_node)
     log.info("pinned to CPUs %s (NUMA nodes %s)%s", placement.cpu_affinity, placement.cpu_numa_nodes,
@@ -61,7 +61,7 @@ def build_server(args):
     from engine.async_engine import AsyncLLM
     from engine.server.app import build_app
     from engine.server.model_info import ServedModel
-    from telemetry.setup import build_observer
+    from telemetry.replica_wiring import build_observer
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     config = engine_config_from_args(args.model, args)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from evals.reference.hf_generate import greedy_generate
-from evals.statistics import wilson_interval
+from evals.gate_statistics import wilson_interval
 from evals.suite import load_suite
 
 SUITE = Path(__file__).resolve().parents[1] / "suites" / "reference_heldout.jsonl"
@@ -140,7 +140,7 @@ def engine_acceptance(target_dir: Path, draft_dir: Path, suite) -> dict:
 def drift_rows(target_dir: Path, suite, base_run) -> dict:
     from engine.config import EngineConfig
     from evals.backends import EngineBackend
-    from evals.drift import compute_drift
+    from evals.logit_drift import compute_drift
     from evals.runner import run_suite
     from evals.teacher_forcing import EngineScorer
 

@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from engine.observer import NOOP_OBSERVER
+from telemetry.contract.hooks import NOOP_OBSERVER
 from telemetry.metrics import MetricsObserver
-from telemetry.records import RequestRecord, StepRecord
-from telemetry.setup import build_observer
+from telemetry.contract.records import RequestRecord, StepRecord
+from telemetry.replica_wiring import build_observer
 from telemetry.tracing import TracingObserver
 
 T0 = 1_700_000_000.0

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from engine.observer import EngineObserver
+from telemetry.contract.hooks import EngineObserver
 from telemetry.metrics.definitions import engine_metrics
-from telemetry.records import ReplicaRecord, RequestRecord, StepRecord
+from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 

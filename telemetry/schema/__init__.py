@@ -1,4 +1,4 @@
-"""The ClickHouse schema of the telemetry store: versioned migrations mirroring telemetry/records.py.
+"""The ClickHouse schema of the telemetry store: versioned migrations mirroring telemetry/contract/records.py.
 
 - `migrate(store)`: apply pending migrations (idempotent; versions recorded in schema_migrations);
 - `render(cluster=None, database="default")`: the DDL as text, for one node or for a cluster

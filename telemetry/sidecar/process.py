@@ -70,7 +70,7 @@ def start_sidecar(data_dir: str | os.PathLike, port: int = 0, host: str = "127.0
                   tls_cert: str | None = None, tls_key: str | None = None,
                   extra_args: tuple[str, ...] = (), timeout: float = 90) -> SidecarProcess:
     """Start `infersight sidecar` on `data_dir` (port 0: a free port) and wait until it serves."""
-    args = [sys.executable, "-m", "engine.cli", "sidecar", "--data-dir", str(data_dir), "--port", str(port),
+    args = [sys.executable, "-m", "dashboards.console.cli", "sidecar", "--data-dir", str(data_dir), "--port", str(port),
             "--host", host, "--log-level", "warning", *extra_args]
     env = dict(os.environ)
     if user:

@@ -45,7 +45,7 @@ class Store:
         raise NotImplementedError
 
     def insert_records(self, table: str, records: Sequence, dedup_token: str | None = None) -> int:
-        """Insert dataclass records of `telemetry.records` (RECORD_TYPES[table])."""
+        """Insert dataclass records of `telemetry.contract.records` (RECORD_TYPES[table])."""
         if not records:
             return 0
         return self.insert_arrow(table, records_to_arrow(table, records), dedup_token=dedup_token)

@@ -13,7 +13,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from telemetry.records import (
+from telemetry.contract.records import (
     EvalItemRecord, EvalRunRecord, FindingRecord, ProfileRecord, ReplicaRecord, RequestRecord, StepRecord,
 )
 

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.parser import text_string_to_metric_families
 
 from telemetry.metrics import MetricsObserver, ObserverFailuresCollector, RecorderStatsCollector
-from telemetry.records import FindingRecord, ReplicaRecord, RequestRecord, StepRecord
+from telemetry.contract.records import FindingRecord, ReplicaRecord, RequestRecord, StepRecord
 
 T0 = 1_700_000_000.0
 

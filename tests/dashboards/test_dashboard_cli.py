@@ -13,7 +13,7 @@ from dashboards import cli
 
 
 def dashboard(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine.cli", "dashboard", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dashboards.console.cli", "dashboard", *args], capture_output=True,
                           text=True, timeout=120)
 
 

@@ -60,7 +60,7 @@ def dashboard_url(tmp_path_factory, tokenizer_dir):
     log_path = directory.parent / "dashboard.log"
     log = open(log_path, "w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", "dashboard", "--store", str(directory), "--port", str(port),
+        [sys.executable, "-m", "dashboards.console.cli", "dashboard", "--store", str(directory), "--port", str(port),
          "--model", str(tokenizer_dir)],
         stdout=log, stderr=subprocess.STDOUT)  # same process group: Ctrl-C or a killed job reaches it
     url = f"http://127.0.0.1:{port}"

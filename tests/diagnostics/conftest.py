@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from telemetry.records import RECORD_TYPES
+from telemetry.contract.records import RECORD_TYPES
 from telemetry.schema import migrate
 from telemetry.store import open_store
 

@@ -7,7 +7,7 @@ import hashlib
 import json
 import random
 
-from telemetry.records import ReplicaRecord, RequestRecord, StepRecord
+from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 
 
 def replica(replica_id: str, start: float, *, model_dir: str = "/nonexistent", model_name: str = "tiny",

@@ -12,7 +12,7 @@ from diag_records import jittered, replica, request
 from diagnostics import run_all
 from diagnostics.findings import Finding, write_findings
 from diagnostics.scope import Scope
-from engine import cli
+from dashboards.console import cli
 from telemetry.schema import migrate
 from telemetry.store import open_store
 

@@ -26,9 +26,10 @@ from diag_faults import ALTERED_TEMPLATE, with_chat_template, with_normalizer
 from diagnostics import DIAGNOSTICS
 from diagnostics import run as run_diagnostics
 from diagnostics.findings import format_table
+from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from diagnostics.stack_groups import GROUPS
-from engine.demo_report import wait_for_rows
+from dashboards.console.demo_report import wait_for_rows
 from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
 from engine.fleet.fleet import fleet_down, fleet_up
 from engine.fleet.processes import infersight_command
@@ -117,7 +118,7 @@ def up(tmp_path, name: str, replicas: list[ReplicaSpec]):
 
 def diagnose(state, since: float) -> list:
     with open_store(state.store_url) as store:
-        return run_diagnostics(DIAGNOSTICS, store, Scope(start=since), write=True)
+        return run_diagnostics(DIAGNOSTICS, store, DiagnosticRequest(Scope(start=since)), write=True)
 
 
 def spec(rid: str, model, **kw) -> ReplicaSpec:

@@ -9,6 +9,7 @@ import pytest
 from diag_records import jittered, replica, request, step
 
 from diagnostics import regression
+from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 
 
@@ -93,7 +94,7 @@ def test_run_compares_versions_in_order_and_finds_the_creeping_change_point(clea
     reqs = [request("r0", j, t0 + j, ttft=jittered(rng, 0.02 * (1.8 if j >= 1000 else 1.0)),
                     itl=jittered(rng, 0.01)) for j in range(2000)]
     clean.insert_records("requests", reqs)
-    findings = regression.run(clean, Scope(start=t0 - 60))
+    findings = regression.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
     creep = [f for f in findings if f.kind == "latency_change_point"]
     ttft = next(f for f in creep if f.subject.startswith("ttft"))
     assert ttft.severity == "warning" and abs(ttft.evidence["change_at"] - (t0 + 1000)) < 60

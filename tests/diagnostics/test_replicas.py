@@ -8,6 +8,7 @@ import time
 from diag_records import jittered, replica, request
 
 from diagnostics import replicas
+from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 
 
@@ -30,7 +31,7 @@ def test_the_pinned_replica_is_named_and_its_cpu_count_explains_it(clean):
     t0 = time.time() - 3600
     serve(clean, t0, {"r0": (1.0, {}), "r1": (1.0, {}), "r2": (1.0, {}),
                       "r3": (2.2, {"cpus": (1,), "numa_mismatch": True})})
-    findings = replicas.run(clean, Scope(start=t0 - 60))
+    findings = replicas.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
     assert [f.subject for f in findings] == ["r3"]
     f = findings[0]
     assert f.kind == "lagging_replica" and f.severity == "critical"
@@ -44,7 +45,7 @@ def test_the_pinned_replica_is_named_and_its_cpu_count_explains_it(clean):
 def test_identical_replicas_yield_nothing(clean):
     t0 = time.time() - 3600
     serve(clean, t0, {f"r{i}": (1.0, {}) for i in range(4)}, seed=1)
-    assert replicas.run(clean, Scope(start=t0 - 60)) == []
+    assert replicas.run(clean, DiagnosticRequest(Scope(start=t0 - 60))) == []
 
 
 def test_a_replica_that_got_the_long_prompts_is_not_called_slow(clean):
@@ -58,13 +59,13 @@ def test_a_replica_that_got_the_long_prompts_is_not_called_slow(clean):
             reqs.append(request(rid, j, t0 + j, ttft=jittered(rng, 0.08 if batch else 0.02),
                                 workload="batch" if batch else "chat", prompt_ids=list(range(300 if batch else 20))))
     clean.insert_records("requests", reqs)
-    assert replicas.run(clean, Scope(start=t0 - 60)) == []
+    assert replicas.run(clean, DiagnosticRequest(Scope(start=t0 - 60))) == []
 
 
 def test_a_replica_with_few_requests_is_insufficient_data_and_other_models_are_separate(clean):
     t0 = time.time() - 3600
     serve(clean, t0, {"r0": (1.0, {}), "r1": (1.0, {}), "lone": (3.0, {"model_name": "other"})}, seed=3)
     clean.insert_records("requests", [request("new", j, t0 + j) for j in range(5)])
-    findings = {f.subject: f for f in replicas.run(clean, Scope(start=t0 - 60))}
+    findings = {f.subject: f for f in replicas.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))}
     assert set(findings) == {"new"}  # "lone" is the only replica of its model: no peers, no verdict
     assert findings["new"].severity == "info" and findings["new"].insufficient

@@ -9,8 +9,9 @@ import time
 from diag_records import jittered, replica, step
 
 from diagnostics import overhead, speculative
+from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from telemetry.records import ProfileRecord
+from telemetry.contract.records import ProfileRecord
 
 SPEC = {"speculative_mode": "draft", "config_json": json.dumps({"model": "/x", "num_speculative_tokens": 3})}
 
@@ -38,7 +39,7 @@ def test_a_replica_whose_later_positions_are_rejected_is_named(clean):
     clean.insert_records("steps", spec_steps("r0", t0, [0.8, 0.7, 0.6], seed=1)
                          + spec_steps("r1", t0, [0.8, 0.7, 0.6], seed=2)
                          + spec_steps("r2", t0, [0.8, 0.3, 0.3], seed=3))
-    findings = speculative.run(clean, Scope(start=t0 - 60))
+    findings = speculative.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
     assert [f.subject for f in findings] == ["r2"]
     f = findings[0]
     assert f.kind == "spec_acceptance_drop" and f.severity == "critical"
@@ -54,7 +55,7 @@ def test_equal_acceptance_and_too_few_drafts(clean):
     clean.insert_records("replicas", [replica(r, t0 - 10, **SPEC) for r in ("a", "b", "c")])
     clean.insert_records("steps", spec_steps("a", t0, [0.7] * 3, seed=4) + spec_steps("b", t0, [0.7] * 3, seed=5)
                          + spec_steps("c", t0, [0.7] * 3, n=3, seed=6))
-    findings = speculative.run(clean, Scope(start=t0 - 60))
+    findings = speculative.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
     assert [(f.subject, f.severity, f.insufficient) for f in findings] == [("c", "info", True)]
 
 
@@ -65,7 +66,8 @@ def test_versions_compared_with_explicit_sides(clean):
     clean.insert_records("steps", spec_steps("r0", t0, [0.8, 0.7, 0.6], seed=7)
                          + spec_steps("r1", t0, [0.5, 0.4, 0.3], seed=8))
     scope = Scope(start=t0 - 60)
-    (f,) = speculative.run(clean, scope, scope.with_side("version=1.0"), scope.with_side("version=1.1"))
+    (f,) = speculative.run(clean, DiagnosticRequest(scope, scope.with_side("version=1.0"),
+                                                     scope.with_side("version=1.1")))
     assert f.subject == "version=1.1 vs version=1.0" and f.evidence["overall_drop"]
 
 
@@ -81,7 +83,7 @@ def test_host_overhead_shares_and_the_outlier(clean):
     clean.insert_records("steps", steps)
     clean.insert_records("profiles", [ProfileRecord("p1", "r2", 1, t0, 10, "a;b", 30, "scheduler"),
                                       ProfileRecord("p1", "r2", 1, t0, 10, "a;c", 10, "forward")])
-    findings = overhead.run(clean, Scope(start=t0 - 60))
+    findings = overhead.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
     shares = {f.subject: f for f in findings if f.kind == "host_overhead"}
     assert set(shares) == {"r0", "r1", "r2", "gpu"}
     assert shares["gpu"].severity == "critical" and abs(shares["gpu"].evidence["host_share"] - 0.6) < 1e-6

@@ -7,7 +7,7 @@ import json
 import torch
 
 from engine.benchmarks.throughput import hf_batches, make_workload, run_engine
-from engine.cli import main
+from dashboards.console.cli import main
 
 torch.set_num_threads(1)  # tiny models on a shared 2-core machine
 

@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from engine.engine import LLMEngine
-from engine.observer import EngineObserver
+from telemetry.contract.hooks import EngineObserver
 from engine.sampling_params import SamplingParams
 
 # tiny models on a shared 2-core machine: more threads only add contention

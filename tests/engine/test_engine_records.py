@@ -10,7 +10,7 @@ import torch
 import engine.engine as engine_module
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.observer import EngineObserver
+from telemetry.contract.hooks import EngineObserver
 from engine.sampling_params import SamplingParams
 
 torch.set_num_threads(1)  # tiny models on a shared 2-core machine
@@ -136,7 +136,7 @@ def test_a_failing_observer_never_breaks_the_engine(tiny_llama):
 
     engine = LLMEngine(tiny_llama, Broken(), block_size=4, num_kv_blocks=64)
     drive(engine, ["hello"], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-    assert engine.observer.failures >= 5
+    assert telemetry.contract.hooks.failures >= 5
 
 
 def test_no_records_are_built_when_nobody_listens(tiny_llama, monkeypatch):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from engine.engine import LLMEngine
-from engine.observer import EngineObserver
+from telemetry.contract.hooks import EngineObserver
 from engine.sampling_params import SamplingParams
 
 MAX_TOKENS = 16

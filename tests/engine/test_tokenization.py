@@ -8,7 +8,7 @@ import shutil
 import pytest
 from transformers import AutoTokenizer
 
-from engine.observer import EngineObserver
+from telemetry.contract.hooks import EngineObserver
 from engine.tokenization import Tokenizer
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.cli import main
+from dashboards.console.cli import main
 from evals.results import EvalRun
 
 def _policy(tmp_path, suite, extra=""):

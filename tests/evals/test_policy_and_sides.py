@@ -11,7 +11,7 @@ from engine.config import EngineConfig
 from evals.policy import load_policy
 from evals.results import EvalRun
 from evals.sides import config_of_run, load_engine_config, parse_override, resolve_side
-from telemetry.records import EvalItemRecord, EvalRunRecord
+from telemetry.contract.records import EvalItemRecord, EvalRunRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 

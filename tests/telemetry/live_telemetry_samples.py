@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from telemetry.records import ReplicaRecord, RequestRecord, StepRecord
+from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 
 
 def replica_record(replica_id="r0", model="tiny-llama", numa_mismatch=False, **overrides) -> ReplicaRecord:

@@ -7,7 +7,7 @@ from live_telemetry_samples import queued_abort_record, replica_record, request_
 from live_telemetry_scrape import CONTRACT, scrape, value
 from prometheus_client import CollectorRegistry
 
-from engine.observer import EngineObserver, ObserverGuard
+from telemetry.contract.hooks import EngineObserver, ObserverGuard
 from telemetry.metrics import MetricsObserver, ObserverFailuresCollector, RecorderStatsCollector
 
 

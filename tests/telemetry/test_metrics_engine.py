@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.llm import LLM
-from engine.observer import EngineObserver, MultiObserver
+from telemetry.contract.hooks import EngineObserver, MultiObserver
 from engine.sampling_params import SamplingParams
 from telemetry.metrics import MetricsObserver
 from telemetry.tracing import TracingObserver

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engine.observer import EngineObserver, MultiObserver
+from telemetry.contract.hooks import EngineObserver, MultiObserver
 from telemetry import synthetic
 from telemetry.recorder import Recorder
 from telemetry.schema import migrate

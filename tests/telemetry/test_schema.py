@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from telemetry import synthetic
-from telemetry.records import RECORD_TYPES, record_fields
+from telemetry.contract.records import RECORD_TYPES, record_fields
 from telemetry.schema import MIGRATIONS_DIR, MigrationError, arrow_schema, migrate, render, render_statements
 from telemetry.schema.columns import table_columns
 from telemetry.store import open_store
@@ -169,7 +169,7 @@ def test_typing_of_records_module_is_what_the_check_expects():
 
 
 def test_migrate_cli_renders_and_applies(store, capsys):
-    from engine.cli import main
+    from dashboards.console.cli import main
 
     assert main(["migrate", "--render", "--cluster", "prod", "--database", "telemetry"]) == 0
     out = capsys.readouterr().out

@@ -18,7 +18,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 
 from telemetry import synthetic
 from telemetry.columnar import records_to_arrow
-from telemetry.records import StepRecord, record_fields
+from telemetry.contract.records import StepRecord, record_fields
 from telemetry.sidecar.process import start_sidecar
 from telemetry.store import StoreError, open_store
 

@@ -71,7 +71,7 @@ def live(tiny_llama, sidecar_url):
     from engine.config import EngineConfig
     from engine.server.app import build_app
     from engine.server.model_info import ServedModel
-    from telemetry.setup import build_observer
+    from telemetry.replica_wiring import build_observer
 
     torch.set_num_threads(1)
     config = EngineConfig(model=str(tiny_llama), max_model_len=MAX_MODEL_LEN, num_kv_blocks=80, block_size=16,

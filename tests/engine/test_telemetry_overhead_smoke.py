@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from telemetry.benchmarks.engine_overhead import bootstrap_median_ci, measure, round_order
+from engine.benchmarks.telemetry_overhead import bootstrap_median_ci, measure, round_order
 
 
 def test_rounds_alternate_abba_so_drift_hits_both_sides():

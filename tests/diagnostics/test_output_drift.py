@@ -8,10 +8,10 @@ import time
 
 from diag_records import replica, request
 
-from diagnostics import drift
+from diagnostics import output_drift
 from diagnostics.scope import Scope
 from engine.tokenization import Tokenizer
-from telemetry.records import EvalItemRecord, EvalRunRecord
+from telemetry.contract.records import EvalItemRecord, EvalRunRecord
 
 
 def eval_run(run_id, t, config_hash, correct: list[bool], outputs: list[list[int]]):
@@ -40,7 +40,7 @@ def test_a_significant_accuracy_drop_is_quality_drift_with_divergence(clean):
     cand_outputs = [o if ok == c else [5, 9, 9] for o, ok, c in zip(outputs, base_ok, cand_ok)]
     store_runs(clean, eval_run("base", t0, "cfg-base", base_ok, outputs),
                eval_run("cand", t0 + 100, "cfg-int4", cand_ok, cand_outputs))
-    findings = drift.eval_drift(clean, Scope(start=t0 - 60))
+    findings = output_drift.eval_drift(clean, Scope(start=t0 - 60))
     assert len(findings) == 1
     f = findings[0]
     assert f.kind == "quality_drift" and f.severity == "critical" and f.subject == "arith: cfg-int4 vs cfg-base"
@@ -56,12 +56,12 @@ def test_equal_accuracy_is_info_and_too_few_items_is_insufficient(clean):
     ok = [i % 4 != 0 for i in range(60)]
     outs = [[1, 2]] * 60
     store_runs(clean, eval_run("a", t0, "cfg-a", ok, outs), eval_run("b", t0 + 10, "cfg-b", ok, outs))
-    (f,) = drift.eval_drift(clean, Scope(start=t0 - 60))
+    (f,) = output_drift.eval_drift(clean, Scope(start=t0 - 60))
     assert f.severity == "info" and f.evidence["greedy"]["agreement"] == 1.0 and "accuracy holds" in f.summary
     clean.command("TRUNCATE TABLE eval_runs")
     clean.command("TRUNCATE TABLE eval_items")
     store_runs(clean, eval_run("a", t0, "cfg-a", ok[:5], outs[:5]), eval_run("b", t0 + 10, "cfg-b", ok[:5], outs[:5]))
-    (f,) = drift.eval_drift(clean, Scope(start=t0 - 60))
+    (f,) = output_drift.eval_drift(clean, Scope(start=t0 - 60))
     assert f.insufficient
 
 
@@ -71,7 +71,7 @@ def test_explicit_sides_pick_the_runs_by_config(clean):
     store_runs(clean, eval_run("x", t0, "cfg-x", ok, [[1]] * 30), eval_run("y", t0 + 1, "cfg-y", ok, [[1]] * 30),
                eval_run("z", t0 + 2, "cfg-z", [False] * 30, [[2]] * 30))
     scope = Scope(start=t0 - 60)
-    (f,) = drift.eval_drift(clean, scope, scope.with_side("config_hash=cfg-x"), scope.with_side("config_hash=cfg-y"))
+    (f,) = output_drift.eval_drift(clean, scope, scope.with_side("config_hash=cfg-x"), scope.with_side("config_hash=cfg-y"))
     assert f.evidence["runs"]["candidate"]["run_id"] == "y" and f.severity == "info"
 
 
@@ -96,7 +96,7 @@ def test_greedy_outputs_that_diverge_on_one_config_name_that_replica(clean, tiny
     # sampled requests are not compared, however different
     reqs.append(request("q", 99, t0 + 50, prompt_ids=[0, 10, 11, 12], output_ids=[7, 7], temperature=0.8))
     clean.insert_records("requests", reqs)
-    findings = drift.greedy_drift(clean, Scope(start=t0 - 60))
+    findings = output_drift.greedy_drift(clean, Scope(start=t0 - 60))
     above = [f for f in findings if f.severity != "info"]
     assert [f.subject for f in above] == ["q"]
     f = above[0]
@@ -112,5 +112,5 @@ def test_a_fleet_of_one_config_has_nothing_to_compare(clean):
     clean.insert_records("replicas", [replica("r0", t0), replica("r1", t0)])
     clean.insert_records("requests", [request(r, p, t0 + p, prompt_ids=[0, p])
                                       for r in ("r0", "r1") for p in range(20)])
-    findings = drift.greedy_drift(clean, Scope(start=t0 - 60))
+    findings = output_drift.greedy_drift(clean, Scope(start=t0 - 60))
     assert [(f.severity, f.insufficient) for f in findings] == [("info", True)]

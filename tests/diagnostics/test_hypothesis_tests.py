@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diagnostics import stats
+from diagnostics import hypothesis_tests
 
 
 def lognormal(n, median, seed, spread=0.3):
@@ -13,57 +13,57 @@ def lognormal(n, median, seed, spread=0.3):
 
 
 def test_a_30_percent_slowdown_is_significant_with_its_ratio_in_the_interval():
-    c = stats.compare_samples(lognormal(400, 0.1, 1), lognormal(400, 0.13, 2))
-    assert c.mwu_p < 1e-6 and c.ks_p < 1e-6 and c.cliffs_delta > stats.DELTA_SMALL
+    c = hypothesis_tests.compare_samples(lognormal(400, 0.1, 1), lognormal(400, 0.13, 2))
+    assert c.mwu_p < 1e-6 and c.ks_p < 1e-6 and c.cliffs_delta > hypothesis_tests.DELTA_SMALL
     assert c.ratio_ci[0] < 1.3 < c.ratio_ci[1] and c.ratio_ci[0] > 1.1
     assert c.difference_ci[0] > 0
 
 
 def test_the_same_distribution_is_not_flagged():
-    c = stats.compare_samples(lognormal(400, 0.1, 3), lognormal(400, 0.1, 4))
-    assert c.p_value > 0.01 and abs(c.cliffs_delta) < stats.DELTA_SMALL
+    c = hypothesis_tests.compare_samples(lognormal(400, 0.1, 3), lognormal(400, 0.1, 4))
+    assert c.p_value > 0.01 and abs(c.cliffs_delta) < hypothesis_tests.DELTA_SMALL
     assert c.ratio_ci[0] < 1 < c.ratio_ci[1]
 
 
 def test_too_few_samples_is_none_not_a_guess():
-    assert stats.compare_samples(lognormal(10, 0.1, 5), lognormal(400, 0.2, 6)) is None
-    assert stats.compare_samples([np.nan] * 50, lognormal(50, 0.2, 6)) is None
+    assert hypothesis_tests.compare_samples(lognormal(10, 0.1, 5), lognormal(400, 0.2, 6)) is None
+    assert hypothesis_tests.compare_samples([np.nan] * 50, lognormal(50, 0.2, 6)) is None
 
 
 def test_zero_median_baseline_has_no_ratio_but_a_difference():
-    c = stats.compare_samples(np.zeros(50), np.full(50, 0.01), bootstrap=True)
+    c = hypothesis_tests.compare_samples(np.zeros(50), np.full(50, 0.01), bootstrap=True)
     assert c.ratio is None and c.ratio_ci is None and c.difference == pytest.approx(0.01)
     assert c.cliffs_delta == 1.0
 
 
 def test_cliffs_delta_sign_follows_the_candidate():
     a, b = lognormal(200, 0.1, 7), lognormal(200, 0.2, 8)
-    assert stats.compare_samples(a, b, bootstrap=False).cliffs_delta > 0.5
-    assert stats.compare_samples(b, a, bootstrap=False).cliffs_delta < -0.5
+    assert hypothesis_tests.compare_samples(a, b, bootstrap=False).cliffs_delta > 0.5
+    assert hypothesis_tests.compare_samples(b, a, bootstrap=False).cliffs_delta < -0.5
 
 
 def test_holm_keeps_order_and_bounds():
-    adjusted = stats.holm([0.01, 0.04, 0.03, 0.5])
+    adjusted = hypothesis_tests.holm([0.01, 0.04, 0.03, 0.5])
     assert adjusted == pytest.approx([0.04, 0.09, 0.09, 0.5])
 
 
 def test_change_point_found_where_the_level_shifts_and_none_in_noise():
     rng = np.random.default_rng(0)
     series = np.r_[rng.normal(0, 0.05, 60), rng.normal(0.4, 0.05, 40)]
-    cps = stats.change_points(series)
+    cps = hypothesis_tests.change_points(series)
     assert len(cps) == 1 and abs(cps[0] - 60) <= 2
-    assert stats.change_points(rng.normal(0, 0.05, 100)) == []
+    assert hypothesis_tests.change_points(rng.normal(0, 0.05, 100)) == []
 
 
 def test_two_proportions_and_chi_square():
-    t = stats.two_proportions(800, 1000, 600, 1000)
+    t = hypothesis_tests.two_proportions(800, 1000, 600, 1000)
     assert t.difference == pytest.approx(-0.2) and t.p_value < 1e-10
-    assert stats.two_proportions(50, 100, 50, 100).p_value == pytest.approx(1.0)
-    stat, p = stats.chi_square_homogeneity([80, 79, 50], [100, 100, 100])
+    assert hypothesis_tests.two_proportions(50, 100, 50, 100).p_value == pytest.approx(1.0)
+    stat, p = hypothesis_tests.chi_square_homogeneity([80, 79, 50], [100, 100, 100])
     assert p < 1e-4
-    assert stats.chi_square_homogeneity([5], [10]) is None
+    assert hypothesis_tests.chi_square_homogeneity([5], [10]) is None
 
 
 def test_robust_z_names_the_outlier_even_among_near_identical_peers():
-    z, med, _ = stats.robust_z({"a": 1.0, "b": 1.01, "c": 0.99, "d": 2.0})
+    z, med, _ = hypothesis_tests.robust_z({"a": 1.0, "b": 1.01, "c": 0.99, "d": 2.0})
     assert z["d"] > 10 and abs(z["a"]) < 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from telemetry.records import ReplicaRecord, RequestRecord, StepRecord
+from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,10 @@ import pytest
 from diag_faults import ALTERED_TEMPLATE, with_chat_template, with_normalizer
 from diag_records import replica, request
 
-from diagnostics import tokenizer as tokdiag
+from diagnostics import tokenizer_divergence as tokdiag
+from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from diagnostics.tokenizers import TokenizerSource
+from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.unicode_corpus import corpus
 from engine.tokenization import Tokenizer
 
@@ -60,7 +61,7 @@ def test_a_lowercasing_replica_is_named_with_token_evidence(clean, model_dirs):
         reqs += serve_texts(rid, tok, t0)
     clean.insert_records("replicas", reps)
     clean.insert_records("requests", reqs)
-    found = by_kind(tokdiag.run(clean, Scope(start=t0 - 60)))
+    found = by_kind(tokdiag.run(clean, DiagnosticRequest(Scope(start=t0 - 60))))
 
     # every finding above info is about r2, and each check that should see it does
     assert {f.subject for fs in found.values() for f in fs if f.severity != "info"} == {"r2"}
@@ -107,7 +108,7 @@ def test_an_altered_chat_template_is_named(clean, model_dirs):
             (("a", "clean"), ("b", "template"), ("c", "clean"))]
     clean.insert_records("replicas", reps)
     clean.insert_records("requests", [request(r.replica_id, 0, t0 + 1) for r in reps])
-    found = by_kind(tokdiag.run(clean, Scope(start=t0 - 60)))
+    found = by_kind(tokdiag.run(clean, DiagnosticRequest(Scope(start=t0 - 60))))
     template = found["chat_template_mismatch"]
     assert [f.subject for f in template] == ["b"]
     diff = {d["file"] for d in template[0].evidence["file_differences"]}
@@ -132,7 +133,7 @@ def test_token_id_checks_double_bos_specials_out_of_vocab_and_stream(clean, mode
     ]
     assert reqs[0].prompt_token_ids[:2] == [bos, bos]
     clean.insert_records("requests", reqs)
-    found = by_kind(tokdiag.run(clean, Scope(start=t0 - 60)))
+    found = by_kind(tokdiag.run(clean, DiagnosticRequest(Scope(start=t0 - 60))))
 
     double = found["double_bos"][0].evidence
     assert double["count"] == 1 and double["examples"][0]["prompt_token_ids"][:2] == [bos, bos]
@@ -156,6 +157,6 @@ def test_without_the_model_directory_the_token_checks_say_why(clean):
     t0 = time.time() - 600
     clean.insert_records("replicas", [replica("gone", t0, model_dir="/no/such/dir")])
     clean.insert_records("requests", [request("gone", 0, t0 + 1)])
-    found = by_kind(tokdiag.run(clean, Scope(start=t0 - 60)))
+    found = by_kind(tokdiag.run(clean, DiagnosticRequest(Scope(start=t0 - 60))))
     assert list(found) == ["tokenizer_unavailable"]
     assert "--model-dir gone=DIR" in found["tokenizer_unavailable"][0].summary

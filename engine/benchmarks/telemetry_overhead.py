@@ -1,7 +1,7 @@
 """What full telemetry costs the engine: offline throughput with it off and on, interleaved in one run.
 
     infersight bench telemetry-overhead                  # 8 OFF/ON pairs of 16 prompts, random 4-layer Llama
-    python -m telemetry.benchmarks.engine_overhead --rounds 12 --flush-interval 5 --json out.json
+    python -m engine.benchmarks.telemetry_overhead --rounds 12 --flush-interval 5 --json out.json
 
 One LLM instance; its observer is swapped between rounds, so both sides run the same model,
 KV pool and prompts. OFF: no observer (the engine builds no records at all). ON: everything
@@ -146,7 +146,7 @@ class Telemetry:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        from telemetry.setup import build_observer
+        from telemetry.replica_wiring import build_observer
         from telemetry.sidecar.process import start_sidecar
 
         unknown = set(parts) - set(PARTS)
@@ -184,10 +184,10 @@ class Telemetry:
 
 def attach(engine, observer) -> None:
     """Swap the engine's observer between rounds (as LLMEngine.__init__ wires it)."""
-    from engine.observer import NOOP_OBSERVER, ObserverGuard
+    from telemetry.contract.hooks import NOOP_OBSERVER, ObserverGuard
 
-    engine.observer = ObserverGuard(observer or NOOP_OBSERVER)
-    engine.tokenizer.observer = engine.observer
+    telemetry.contract.hooks = ObserverGuard(observer or NOOP_OBSERVER)
+    engine.tokenizer.observer = telemetry.contract.hooks
 
 
 def round_order(pairs: int) -> list[str]:

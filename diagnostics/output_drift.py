@@ -2,7 +2,7 @@
 
 From eval runs: per suite, a candidate run against a baseline run of another configuration over
 the same items: accuracy with Wilson intervals, McNemar's test on the paired items, greedy
-agreement and where the outputs first diverge (the gate's statistics, from evals.statistics).
+agreement and where the outputs first diverge (the gate's statistics, from evals.gate_statistics).
 
 From production: greedy requests (temperature 0) with identical prompt token IDs and the same
 output limits, served by replicas of different configurations. Their outputs should be
@@ -19,8 +19,9 @@ from diagnostics.findings import Finding, insufficient
 from diagnostics.replicas import identity_differences
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence
-from diagnostics.tokenizers import TokenizerSource
-from evals.statistics import greedy_agreement, mcnemar, wilson_interval
+from diagnostics.replica_tokenizers import TokenizerSource
+from diagnostics.request import DiagnosticRequest
+from evals.gate_statistics import greedy_agreement, mcnemar, wilson_interval
 
 DIAGNOSTIC = "drift"
 MIN_ITEMS = 20  # paired eval items
@@ -138,7 +139,7 @@ def _eval_finding(subject, scope, base, cand, b_items, c_items, ids, runs, sourc
                            "median_first_divergence": agreement.median_first_divergence,
                            "min_first_divergence": agreement.min_first_divergence},
                 "examples": examples, "tests": "Wilson intervals, McNemar (exact and mid-p) on paired items, "
-                                               "greedy agreement (evals.statistics)"}
+                                               "greedy agreement (evals.gate_statistics)"}
     # no significant drop is an info outcome of its own kind (alerts key on quality_drift), same id
     kind = "quality_drift" if severity != "info" else "quality_unchanged"
     return Finding(kind, severity, subject, summary, DIAGNOSTIC, scope, evidence, id_kind="quality_drift")
@@ -279,7 +280,7 @@ def _replica_drift(scope, rid, s, identity, source, outputs, permille: int) -> l
     return [Finding("output_drift", severity, rid, summary, DIAGNOSTIC, scope, evidence)]
 
 
-def run(store, scope: Scope, baseline: Scope | None = None, candidate: Scope | None = None,
-        model_dirs: dict[str, str] | None = None) -> list[Finding]:
-    source = TokenizerSource(dict(model_dirs or {}))
-    return eval_drift(store, scope, baseline, candidate, source) + greedy_drift(store, scope, source)
+def run(store, request: DiagnosticRequest) -> list[Finding]:
+    source = TokenizerSource(dict(request.model_dirs))
+    return (eval_drift(store, request.scope, request.baseline, request.candidate, source)
+            + greedy_drift(store, request.scope, source))

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from telemetry.setup import build_observer
+from telemetry.replica_wiring import build_observer
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def test_with_a_store_the_recorder_is_a_part_and_its_rows_are_exported(tmp_path)
 
 
 def test_guarded_fan_out_calls_only_overriding_parts_in_order_and_isolates_failures(caplog):
-    from engine.observer import EngineObserver, MultiObserver
+    from telemetry.contract.hooks import EngineObserver, MultiObserver
     from telemetry.fan_out import GuardedFanOut
 
     calls = []

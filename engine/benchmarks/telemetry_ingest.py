@@ -1,7 +1,7 @@
 """Sidecar ingest rate: several writer processes insert request and step batches through
 clickhouse-connect (as recorders do: Arrow batches with dedup tokens) into one sidecar.
 
-    python -m telemetry.benchmarks.ingest [--writers 4] [--seconds 10] [--engine | --engine-tokens-per-s X]
+    python -m engine.benchmarks.telemetry_ingest [--writers 4] [--seconds 10] [--engine | --engine-tokens-per-s X]
 
 Prints rows/s and token IDs/s (prompt + output token ids stored). With --engine it first measures,
 in the same run, the token IDs per second the engine itself produces on this machine (a tiny

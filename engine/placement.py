@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from telemetry import mempolicy
+from engine import mempolicy
 
 
 @dataclass

@@ -11,7 +11,7 @@ Checks, each with the token IDs and decoded strings as evidence:
 - special-token strings in user text (text prompts) encoded as special tokens;
 - token IDs outside the model's vocabulary (critical), or inside it but without text in the tokenizer (info).
 The SQL checks scan the scope once each; the checks that need a tokenizer load the replica's own
-(see diagnostics.tokenizers) and say so when it is not available.
+(see diagnostics.replica_tokenizers) and say so when it is not available.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from pathlib import Path
 from diagnostics.findings import Finding
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence, tokens
-from diagnostics.tokenizers import LoadedTokenizer, TokenizerSource
+from diagnostics.replica_tokenizers import LoadedTokenizer, TokenizerSource
 from diagnostics.unicode_corpus import corpus
+from diagnostics.request import DiagnosticRequest
 
 DIAGNOSTIC = "tokenizer"
 MAX_EXAMPLES = 3
@@ -462,9 +463,10 @@ def _id_example(row, outside) -> dict:
 
 # -- all of it ------------------------------------------------------------------------------------
 
-def run(store, scope: Scope, model_dirs: dict[str, str] | None = None) -> list[Finding]:
+def run(store, request: DiagnosticRequest) -> list[Finding]:
+    scope = request.scope
     replicas = replicas_in(store, scope)
-    source = TokenizerSource(dict(model_dirs or {}))
+    source = TokenizerSource(dict(request.model_dirs))
     toks = {r["replica_id"]: source.for_replica(r) for r in replicas}
     identity = {r["replica_id"]: r for r in replicas}
     permille = text_sample_permille(store, scope)

@@ -81,7 +81,7 @@ def run_traffic(state: FleetState, args, run_id: str):
 
 def report(state: FleetState, load, run_id: str, since: float) -> None:
     """The store's view of the run, then the diagnostics' findings."""
-    from engine.demo_report import collect, format_report, wait_for_rows
+    from dashboards.console.demo_report import collect, format_report, wait_for_rows
     from telemetry.store import open_store
 
     store = open_store(state.store_url)
@@ -101,6 +101,7 @@ def findings(store, replicas: list[str], since: float) -> None:
     try:
         import diagnostics
         from diagnostics.findings import format_table
+        from diagnostics.request import DiagnosticRequest
         from diagnostics.scope import Scope
     except ImportError:
         say("findings: the diagnostics are not part of this build (`infersight diagnose` runs them)")
@@ -108,7 +109,8 @@ def findings(store, replicas: list[str], since: float) -> None:
     say("running the diagnostics over this run")
     errors: list = []
     try:
-        found = diagnostics.run_all(store, Scope(start=since, replicas=tuple(replicas)), errors=errors)
+        found = diagnostics.run_all(store, DiagnosticRequest(Scope(start=since, replicas=tuple(replicas))),
+                                      errors=errors)
     except Exception as e:  # noqa: BLE001 - the report must not fail on a diagnostic's bug
         say(f"findings: the diagnostics failed ({type(e).__name__}: {e})")
         return

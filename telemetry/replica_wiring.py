@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from engine.observer import EngineObserver
+from telemetry.contract.hooks import EngineObserver
 from telemetry.fan_out import GuardedFanOut
 from telemetry.metrics import MetricsObserver, ObserverFailuresCollector, RecorderStatsCollector
 from telemetry.tracing import TracingObserver

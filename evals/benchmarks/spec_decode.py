@@ -2,7 +2,7 @@
 
     infersight bench spec-decode                       # reference pair if trained, else random models
     infersight bench spec-decode --target T --draft D -k 4 --num-prompts 32 --max-tokens 64
-    python -m engine.benchmarks.spec_decode ...        # the same
+    python -m evals.benchmarks.spec_decode ...        # the same
 
 Same target model, same prompts, greedy, ignore-eos: plain decoding, n-gram
 prompt lookup, and the draft model (and, with --draft-is-target, the target

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from evals.results import EvalRun
-from evals.statistics import DriftStats, GreedyAgreement, drift_from_positions, greedy_agreement
+from evals.gate_statistics import DriftStats, GreedyAgreement, drift_from_positions, greedy_agreement
 
 if TYPE_CHECKING:  # torch is imported only by the callers that score (the dashboard reads reports)
     from evals.teacher_forcing import EngineScorer
