@@ -47,7 +47,7 @@ def parse_stack(stack: str) -> list[Frame]:
 # (group, path fragments, function names or substrings (None: any)), tried in order on each frame
 _PHASES: list[tuple[str, tuple[str, ...], tuple[str, ...] | None]] = [
     ("telemetry", ("/telemetry/", "/opentelemetry/", "/prometheus_client/", "/clickhouse_connect/",
-                   "/engine/engine_records.py", "/engine/observer.py"), None),
+                   "/engine/engine_records.py"), None),
     ("telemetry", ("/engine/engine.py",), ("_notify", "_report_step", "_report_finished")),
     ("scheduler", ("/engine/scheduler.py", "/engine/kv_cache.py"), None),
     ("input_preparation", ("/engine/model_runner.py",), ("prepare",)),

@@ -39,3 +39,16 @@ def tiny_model_factory(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_model_factory):
     return tiny_model_factory("llama")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A migrated embedded store per test module (chdb holds one data directory per process at a
+    time, so a module's store is closed before the next module opens its own)."""
+    from telemetry.schema import migrate
+    from telemetry.store import open_store
+
+    s = open_store(tmp_path_factory.mktemp("store"))
+    migrate(s)
+    yield s
+    s.close()

@@ -186,8 +186,8 @@ def attach(engine, observer) -> None:
     """Swap the engine's observer between rounds (as LLMEngine.__init__ wires it)."""
     from telemetry.contract.hooks import NOOP_OBSERVER, ObserverGuard
 
-    telemetry.contract.hooks = ObserverGuard(observer or NOOP_OBSERVER)
-    engine.tokenizer.observer = telemetry.contract.hooks
+    engine.observer = ObserverGuard(observer or NOOP_OBSERVER)
+    engine.tokenizer.observer = engine.observer
 
 
 def round_order(pairs: int) -> list[str]:

@@ -1,20 +1,10 @@
-"""A migrated embedded store per test module, emptied before each test that asks for `clean`."""
+"""`clean`: the module's migrated store (tests/conftest.py), emptied before each test that asks for it."""
 
 from __future__ import annotations
 
 import pytest
 
 from telemetry.contract.records import RECORD_TYPES
-from telemetry.schema import migrate
-from telemetry.store import open_store
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = open_store(tmp_path_factory.mktemp("diag_store"))
-    migrate(s)
-    yield s
-    s.close()
 
 
 @pytest.fixture

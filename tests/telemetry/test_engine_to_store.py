@@ -8,16 +8,6 @@ import pytest
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from telemetry.recorder import Recorder
-from telemetry.schema import migrate
-from telemetry.store import open_store
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = open_store(tmp_path_factory.mktemp("engine_store"))
-    migrate(s)
-    yield s
-    s.close()
 
 
 @pytest.mark.slow

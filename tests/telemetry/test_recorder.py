@@ -12,8 +12,6 @@ import pytest
 from telemetry.contract.hooks import EngineObserver, MultiObserver
 from telemetry import synthetic
 from telemetry.recorder import Recorder
-from telemetry.schema import migrate
-from telemetry.store import open_store
 
 
 def closed_port_url() -> str:
@@ -22,14 +20,6 @@ def closed_port_url() -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = open_store(tmp_path_factory.mktemp("recorder_store"))
-    migrate(s)
-    yield s
-    s.close()
 
 
 @pytest.fixture

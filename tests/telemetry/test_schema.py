@@ -17,14 +17,6 @@ from telemetry.schema.columns import table_columns
 from telemetry.store import open_store
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = open_store(tmp_path_factory.mktemp("schema_store"))
-    migrate(s)
-    yield s
-    s.close()
-
-
 def _expected_arrow(annotation: str, name: str) -> tuple:
     if annotation == "str":
         return (pa.types.is_string,)
@@ -78,8 +70,8 @@ def test_table_and_text_ttls_and_skip_indexes(store):
 def test_migrate_is_idempotent_and_recorded(store):
     assert migrate(store) == []
     rows = store.query_df("SELECT version, name FROM schema_migrations ORDER BY version")
-    assert list(rows["version"]) == [1, 2]
-    assert list(rows["name"]) == ["initial", "steps_spec_num_drafts"]
+    assert list(rows["version"]) == [1, 2, 3]
+    assert list(rows["name"]) == ["initial", "steps_spec_num_drafts", "requests_rendered_prompt_hash"]
 
 
 def test_new_migration_applies_once_and_a_changed_one_is_refused(store, tmp_path):

@@ -12,16 +12,7 @@ import pandas as pd
 import pytest
 
 from telemetry import synthetic
-from telemetry.schema import migrate
 from telemetry.store import StoreError, StoreLockedError, open_store
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = open_store(tmp_path_factory.mktemp("store"))
-    migrate(s)
-    yield s
-    s.close()
 
 
 def test_parameters_are_bound_server_side_never_spliced(store):
