@@ -1,19 +1,16 @@
-"""Token-level diff of two ID sequences (eval outputs of a baseline and a candidate)."""
+"""Token-level diff of two ID sequences (eval outputs of a baseline and a candidate).
+
+Where two outputs first diverge is the gate's own `evals.gate_statistics.first_divergence`;
+token strings are the engine tokenizer's `piece`s.
+"""
 
 from __future__ import annotations
 
 import difflib
 import html
 
-from dashboards.tokens import TokenDecoder, visible
-
-
-def first_divergence(a, b) -> int | None:
-    """Index of the first position where the sequences differ (None when equal)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+from dashboards.tokens import visible
+from engine.tokenization import Tokenizer
 
 
 def diff_ops(a, b) -> list[tuple[str, list[int], list[int]]]:
@@ -22,13 +19,13 @@ def diff_ops(a, b) -> list[tuple[str, list[int], list[int]]]:
     return [(op, list(a[i1:i2]), list(b[j1:j2])) for op, i1, i2, j1, j2 in matcher.get_opcodes()]
 
 
-def _label(ids, decoder: TokenDecoder | None) -> list[str]:
-    if decoder is None:
+def _label(ids, tokenizer: Tokenizer | None) -> list[str]:
+    if tokenizer is None:
         return [str(i) for i in ids]
-    return [visible(decoder.token(i)) for i in ids]
+    return [visible(piece) for piece in tokenizer.pieces(ids)]
 
 
-def diff_html(a, b, decoder: TokenDecoder | None = None) -> str:
+def diff_html(a, b, decoder: Tokenizer | None = None) -> str:
     """The diff as HTML: tokens only in the baseline struck through in red, tokens only in the
     candidate in green, shared tokens plain; every token in its own box (escaped)."""
     parts = []

@@ -1,16 +1,19 @@
 """Token IDs beside their strings, with whitespace and invisible characters made visible.
 
 Decoding needs the replica's tokenizer (a Hugging Face tokenizer directory with
-tokenizer.json); without one the dashboard shows the IDs only.
+tokenizer.json); without one the dashboard shows the IDs only. The tokenizer is the engine's
+own `engine.tokenization.Tokenizer`: a token's string here is `Tokenizer.piece`, a sequence's text
+`Tokenizer.decode(..., skip_special_tokens=False)`, exactly what the engine and the diagnostics use.
 """
 
 from __future__ import annotations
 
 import functools
 import unicodedata
-from pathlib import Path
 
 import pandas as pd
+
+from engine.tokenization import Tokenizer
 
 # what a person should see instead of characters that render as nothing (or as a blank)
 VISIBLE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍"}
@@ -33,43 +36,19 @@ def visible(text: str) -> str:
     return "".join(out)
 
 
-class TokenDecoder:
-    """Decodes IDs with a `tokenizers` tokenizer loaded from a Hugging Face directory."""
-
-    def __init__(self, tokenizer_dir: str | Path):
-        from tokenizers import Tokenizer
-
-        path = Path(tokenizer_dir)
-        file = path / "tokenizer.json" if path.is_dir() else path
-        if not file.exists():
-            raise FileNotFoundError(f"no tokenizer.json in {tokenizer_dir}")
-        self.source = str(path)
-        self.tokenizer = Tokenizer.from_file(str(file))
-        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def token(self, token_id: int) -> str:
-        """One token on its own (a partial UTF-8 sequence decodes to U+FFFD)."""
-        if not 0 <= token_id < self.vocab_size:
-            return f"<out of vocabulary: {token_id}>"
-        return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
-
-    def text(self, ids) -> str:
-        ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
-
-
 @functools.lru_cache(maxsize=16)
-def load_decoder(tokenizer_dir: str) -> TokenDecoder:
-    return TokenDecoder(tokenizer_dir)
+def load_tokenizer(tokenizer_dir: str) -> Tokenizer:
+    """The engine's tokenizer for a model or tokenizer directory (or a tokenizer.json file), loaded once."""
+    return Tokenizer(tokenizer_dir, cache_size=0)
 
 
-def token_frame(ids, decoder: TokenDecoder | None = None, times=None) -> pd.DataFrame:
-    """One row per token: position, id, its string made visible (when a decoder is given),
+def token_frame(ids, tokenizer: Tokenizer | None = None, times=None) -> pd.DataFrame:
+    """One row per token: position, id, its string made visible (when a tokenizer is given),
     and for output tokens the time offset from arrival and the gap to the previous token."""
     ids = [int(i) for i in ids]
     frame = pd.DataFrame({"position": range(len(ids)), "id": ids})
-    if decoder is not None:
-        frame["token"] = [visible(decoder.token(i)) for i in ids]
+    if tokenizer is not None:
+        frame["token"] = [visible(piece) for piece in tokenizer.pieces(ids)]
     if times is not None and len(times) == len(ids):
         t = pd.Series([float(x) for x in times])
         frame["t (s)"] = t.round(6)

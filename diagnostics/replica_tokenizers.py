@@ -5,6 +5,9 @@ A replica's identity names its model directory (config_json["model"]); `--model-
 host. A tokenizer is used only when the directory's tokenizer hash (computed the engine's way)
 equals the hash the replica recorded at start: a directory changed since then would make the
 checks accuse the wrong tokenizer.
+
+The tokenizer handed out is the engine's own `engine.tokenization.Tokenizer` (the class the replica
+served with), so encode, decode and per-token strings here are exactly the engine's.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from engine.tokenization import Tokenizer, TokenizerLoadError
 
 log = logging.getLogger(__name__)
 
@@ -26,57 +31,6 @@ def parse_model_dirs(items: list[str] | None) -> dict[str, str]:
             raise ValueError(f"--model-dir {item!r}: expected NAME=DIR (NAME: a replica id or a model name)")
         out[name.strip()] = path.strip()
     return out
-
-
-@dataclass
-class LoadedTokenizer:
-    directory: str
-    tokenizer: object  # engine.tokenization.Tokenizer
-    tokenizer_hash: str
-
-    @property
-    def hf(self):
-        return self.tokenizer.hf
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
-
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def piece(self, token_id: int) -> str:
-        """The text of one token as it decodes on its own ("" for an ID outside the vocabulary)."""
-        if token_id >= len(self.hf):
-            return ""
-        return self.hf.decode([int(token_id)], skip_special_tokens=False)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.hf)
-
-    @property
-    def model_vocab_size(self) -> int:
-        """Rows of the model's embedding (config.json vocab_size): often padded past the tokenizer's size."""
-        try:
-            config = json.loads((Path(self.directory) / "config.json").read_text())
-            return max(int(config.get("vocab_size") or 0), self.vocab_size)
-        except (OSError, ValueError, TypeError):
-            return self.vocab_size
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self.hf.bos_token_id
-
-    @property
-    def special_ids(self) -> list[int]:
-        return sorted(set(self.hf.all_special_ids))
-
-    @property
-    def post_processor_ids(self) -> list[int]:
-        """Specials the tokenizer adds around any text by itself (a BOS, maybe an EOS)."""
-        with_specials = self.encode("x", add_special_tokens=True)
-        plain = self.encode("x", add_special_tokens=False)
-        return sorted(set(with_specials) - set(plain))
 
 
 @dataclass
@@ -96,18 +50,15 @@ class TokenizerSource:
         except json.JSONDecodeError:
             return None
 
-    def _load(self, directory: str):
+    def _load(self, directory: str) -> Tokenizer | Exception:
         if directory not in self._cache:
-            from engine.tokenization import Tokenizer
-
             try:
-                tok = Tokenizer(directory, cache_size=0)
-                self._cache[directory] = LoadedTokenizer(directory, tok, tok.tokenizer_hash)
-            except Exception as e:  # noqa: BLE001 - a missing or broken directory is reported, not fatal
+                self._cache[directory] = Tokenizer(directory, cache_size=0)
+            except (TokenizerLoadError, OSError) as e:  # a missing or broken directory is reported, not fatal
                 self._cache[directory] = e
         return self._cache[directory]
 
-    def for_replica(self, replica: dict) -> LoadedTokenizer | None:
+    def for_replica(self, replica: dict) -> Tokenizer | None:
         rid = replica.get("replica_id", "?")
         directory = self.directory(replica)
         if not directory or not Path(directory).is_dir():

@@ -1,15 +1,26 @@
 """The tokenizer as the engine sees it: transformers' AutoTokenizer plus identity and a cache.
 
+The one tokenizer wrapper of the project: the engine serves with it, the diagnostics check a
+replica's tokens with it, the dashboard shows token strings with it, so the same IDs decode to
+the same text everywhere.
+
 - `tokenizer_hash` / `chat_template_hash`: sha256 of the files that decide how
   text becomes tokens, and of the chat template - part of a replica's identity,
   so that "same model, different answers" can be traced to a tokenizer change.
 - An LRU cache of encodings keyed by text (system prompts and agent loops
   repeat a lot), with hit / miss counts reported to the observer.
+- `piece(id)`: how one token renders on its own (special tokens as their text, a byte-level
+  piece of a multi-byte character as U+FFFD, an ID the tokenizer does not know as a marker);
+  `decode` drops IDs the tokenizer does not know instead of failing on them.
+- Loads from a model directory (only its tokenizer files are read, never the weights), a
+  directory holding only tokenizer files, or a tokenizer.json file; `TokenizerLoadError` when
+  none of these is there.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -27,11 +38,16 @@ def sha256_hex(data: bytes) -> str:
 
 
 def hash_tokenizer_files(directory: str | Path) -> str:
-    """sha256 over the (name, content) of every tokenizer file present, in a fixed order."""
+    """sha256 over the (name, content) of every tokenizer file present, in a fixed order
+    (`directory` may also be one tokenizer.json file: then the hash of a directory holding only it)."""
     directory = Path(directory)
+    if directory.is_file():
+        directory, names = directory.parent, (directory.name,)
+    else:
+        names = TOKENIZER_FILES
     h = hashlib.sha256()
     found = False
-    for name in TOKENIZER_FILES:
+    for name in names:
         path = directory / name
         if path.is_file():
             found = True
@@ -40,15 +56,28 @@ def hash_tokenizer_files(directory: str | Path) -> str:
     return h.hexdigest() if found else ""
 
 
+class TokenizerLoadError(ValueError):
+    """A path holds no tokenizer that can be loaded (the message names the path and the cause)."""
+
+
+def load_hf_tokenizer(path: str | Path):
+    """transformers' tokenizer for a model directory, a tokenizer-only directory or a tokenizer.json
+    file. Reads only the tokenizer files (and config.json, where the tokenizer class is named there)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(path)
+    try:
+        if path.is_file():  # a bare tokenizer.json: its vocabulary, added tokens, normalizer and decoder
+            return PreTrainedTokenizerFast(tokenizer_file=str(path))
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001 - name the directory, keep the cause
+        raise TokenizerLoadError(f"{path}: cannot load a tokenizer ({type(e).__name__}: {e})") from e
+
+
 class Tokenizer:
     def __init__(self, path: str | Path, cache_size: int = 4096, observer: EngineObserver = NOOP_OBSERVER):
-        from transformers import AutoTokenizer
-
         self.path = Path(path)
-        try:
-            self.hf = AutoTokenizer.from_pretrained(str(path))
-        except Exception as e:  # noqa: BLE001 - name the directory, keep the cause
-            raise ValueError(f"{path}: cannot load a tokenizer ({type(e).__name__}: {e})") from e
+        self.hf = load_hf_tokenizer(path)
         self.tokenizer_hash = hash_tokenizer_files(path)
         template = getattr(self.hf, "chat_template", None)
         if isinstance(template, dict):  # several named templates
@@ -78,7 +107,37 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """Tokens the tokenizer knows (added tokens included): the IDs that have text."""
         return len(self.hf)
+
+    @property
+    def directory(self) -> str:
+        return str(self.path)
+
+    @property
+    def model_vocab_size(self) -> int:
+        """Rows of the model's embedding (config.json vocab_size): often padded past the tokenizer's
+        size; the tokenizer's size where the directory has no config.json."""
+        base = self.path.parent if self.path.is_file() else self.path
+        try:
+            config = json.loads((base / "config.json").read_text())
+            return max(int(config.get("vocab_size") or 0), self.vocab_size)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return self.vocab_size
+
+    @property
+    def special_ids(self) -> list[int]:
+        return sorted(set(self.hf.all_special_ids))
+
+    @property
+    def post_processor_ids(self) -> list[int]:
+        """Specials the tokenizer adds around any text by itself (a BOS, maybe an EOS)."""
+        with_specials = self.hf.encode("x", add_special_tokens=True)
+        plain = self.hf.encode("x", add_special_tokens=False)
+        return sorted(set(with_specials) - set(plain))
+
+    def in_vocab(self, token_id: int) -> bool:
+        return 0 <= int(token_id) < self.vocab_size
 
     # --- text <-> tokens -------------------------------------------------------
 
@@ -104,9 +163,29 @@ class Tokenizer:
         return list(ids)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The text of `token_ids`; IDs the tokenizer does not know (padding rows of the embedding,
+        negative or corrupt values) add no text, as the Rust decoder treats unknown IDs."""
+        try:
+            return self._decode(token_ids, skip_special_tokens)
+        except (OverflowError, TypeError, ValueError):  # off the hot path: ints of any kind, out of range
+            ids = [int(i) for i in token_ids]
+            return self._decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens)
+
+    def _decode(self, token_ids, skip_special_tokens: bool) -> str:
         if self._fast_decode is not None:
             return self._fast_decode(token_ids, skip_special_tokens=skip_special_tokens)
         return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def piece(self, token_id: int) -> str:
+        """One token's text as it decodes on its own, special tokens shown (a byte-level piece of a
+        multi-byte character decodes to U+FFFD); `<out of vocabulary: N>` for an ID without text."""
+        token_id = int(token_id)
+        if not self.in_vocab(token_id):
+            return f"<out of vocabulary: {token_id}>"
+        return self.decode([token_id], skip_special_tokens=False)
+
+    def pieces(self, token_ids) -> list[str]:
+        return [self.piece(i) for i in token_ids]
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tokenize: bool = True, **kwargs) -> list[int] | str:

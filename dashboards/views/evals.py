@@ -6,8 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from dashboards import charts, data, gate_verdict, queries, widgets
-from dashboards.tokendiff import diff_html, first_divergence
+from dashboards.tokendiff import diff_html
 from dashboards.tokens import visible
+from evals.gate_statistics import first_divergence
 
 st.title("Evals")
 runs = data.query(queries.EVAL_RUNS)

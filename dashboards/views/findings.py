@@ -67,6 +67,6 @@ if evidence:
         for path, ids in lists:
             st.markdown(f"`{path}`")
             if decoder is not None:
-                st.code(visible(decoder.text(ids)), language=None)
+                st.code(visible(decoder.decode(ids, skip_special_tokens=False)), language=None)
             st.dataframe(token_frame(ids, decoder).T, key=f"fd_tokens_{path}")
 widgets.query_timings()

@@ -73,7 +73,7 @@ def token_panel(title: str, side: str, token_times=None):
     """The decoded text (or the stored text, without a tokenizer) above one row per token."""
     st.markdown(f"**{title}**")
     if decoder is not None:
-        st.code(visible(decoder.text(r[f"{side}_token_ids"])), language=None)
+        st.code(visible(decoder.decode(r[f"{side}_token_ids"], skip_special_tokens=False)), language=None)
     elif r[f"{side}_text"]:
         st.code(visible(r[f"{side}_text"]), language=None)
     frame = token_frame(r[f"{side}_token_ids"], decoder, token_times)

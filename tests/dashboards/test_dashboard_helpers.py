@@ -8,8 +8,9 @@ import pytest
 
 from dashboards import queries, settings
 from dashboards.flamegraph import tree
-from dashboards.tokendiff import diff_html, diff_ops, first_divergence
-from dashboards.tokens import TokenDecoder, token_frame, visible
+from dashboards.tokendiff import diff_html, diff_ops
+from dashboards.tokens import load_tokenizer, token_frame, visible
+from evals.gate_statistics import first_divergence
 
 
 def test_visible_makes_whitespace_and_invisible_characters_visible():
@@ -24,14 +25,14 @@ def test_decoder_round_trips_real_token_ids(tokenizer_dir):
 
     text = "  hello\n\tworld"
     ids = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).encode(text, add_special_tokens=False).ids
-    decoder = TokenDecoder(tokenizer_dir)
-    assert decoder.text(ids) == text
-    assert "".join(decoder.token(i) for i in ids) == text
+    decoder = load_tokenizer(str(tokenizer_dir))
+    assert decoder.decode(ids, skip_special_tokens=False) == text
+    assert "".join(decoder.piece(i) for i in ids) == text
     frame = token_frame(ids, decoder, times=[0.1 * k for k in range(len(ids))])
     assert list(frame["id"]) == ids
     assert "".join(frame["token"]) == visible(text)
     assert frame["gap (ms)"].iloc[1] == pytest.approx(100.0)
-    assert decoder.token(10**7) == "<out of vocabulary: 10000000>"
+    assert decoder.piece(10**7) == "<out of vocabulary: 10000000>"
 
 
 def test_token_frame_without_a_tokenizer_shows_ids_only():
@@ -48,7 +49,7 @@ def test_token_diff():
                               ("equal", [4, 5], [4, 5]), ("insert", [], [6])]
     html = diff_html([1, 2], [1, 3])
     assert "line-through" in html and "#dfd" in html
-    assert "&lt;" in diff_html([60], [60], decoder=type("D", (), {"token": lambda self, i: "<"})())
+    assert "&lt;" in diff_html([60], [60], decoder=type("D", (), {"pieces": lambda self, ids: ["<"] * len(ids)})())
 
 
 def test_flame_graph_tree_has_inclusive_counts():

@@ -77,3 +77,55 @@ def test_bad_inputs_give_clear_errors(tmp_path, tok):
         Tokenizer(tmp_path)
     with pytest.raises(ValueError, match="chat template"):
         tok.apply_chat_template("not a message list")
+
+
+def test_bad_directories_raise_the_load_error(tmp_path):
+    from engine.tokenization import TokenizerLoadError
+
+    with pytest.raises(TokenizerLoadError, match=str(tmp_path)):
+        Tokenizer(tmp_path)
+    with pytest.raises(TokenizerLoadError):
+        Tokenizer(tmp_path / "no" / "such" / "dir")
+
+
+def test_pieces_render_specials_byte_level_pieces_and_unknown_ids(tok):
+    text = "🚀 hi"
+    ids = [tok.bos_token_id, *tok.encode(text, add_special_tokens=False)]
+    pieces = tok.pieces(ids)
+    assert pieces[0] == "<|bos|>" == tok.piece(tok.bos_token_id)
+    assert "\ufffd" in "".join(pieces)  # the rocket's 4 bytes span several byte-level tokens
+    assert tok.decode(ids, skip_special_tokens=False) == "<|bos|>" + text
+    assert [tok.piece(i) for i in ids] == pieces
+    assert tok.piece(tok.vocab_size) == f"<out of vocabulary: {tok.vocab_size}>"
+    assert tok.piece(-1) == "<out of vocabulary: -1>"
+    # unknown ids add no text to a decode (as the Rust decoder skips them), negative ones too
+    plain = tok.encode("ok", add_special_tokens=False)
+    assert tok.decode([*plain, tok.vocab_size + 5, -3]) == tok.decode(plain) == "ok"
+    import numpy as np
+
+    assert tok.decode(np.array(plain, dtype=np.uint32)) == "ok"
+
+
+def test_vocabulary_numbers_and_specials(tok, tiny_llama):
+    config = json.loads((tiny_llama / "config.json").read_text())
+    assert tok.model_vocab_size == max(config["vocab_size"], tok.vocab_size)
+    assert tok.bos_token_id in tok.special_ids and tok.eos_token_id in tok.special_ids
+    assert tok.post_processor_ids == [tok.bos_token_id]  # the tiny tokenizer adds a BOS itself
+    assert tok.directory == str(tiny_llama)
+    assert tok.in_vocab(0) and not tok.in_vocab(tok.vocab_size) and not tok.in_vocab(-1)
+
+
+def test_loads_tokenizer_files_only_or_a_bare_tokenizer_json(tok, tiny_llama, tmp_path):
+    only = tmp_path / "only_tokenizer"
+    only.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny_llama / name, only / name)
+    a = Tokenizer(only)  # no config.json, no weights
+    text = "café 🚀 <|user|>"
+    assert a.encode(text) == tok.encode(text) and a.tokenizer_hash == tok.tokenizer_hash
+    assert a.model_vocab_size == a.vocab_size  # no config.json: the tokenizer's own size
+    b = Tokenizer(tiny_llama / "tokenizer.json")
+    ids = tok.encode(text)
+    assert b.decode(ids, skip_special_tokens=False) == tok.decode(ids, skip_special_tokens=False)
+    assert b.pieces(ids) == tok.pieces(ids)
+    assert b.tokenizer_hash and b.tokenizer_hash != tok.tokenizer_hash  # the hash of that one file
