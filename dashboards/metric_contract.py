@@ -1,59 +1,28 @@
 """The Prometheus metric names infersight exports: the contract dashboards and alerts use.
 
-Mirrors the list in the project's shared contract (engine: `telemetry.metrics`; sidecar:
-findings and its own health). Dashboards and alert rules may use these names only; the
-tests cross-check them against a live `/metrics` scrape where the exporters are available.
+Derived from the registry of names, `telemetry.metrics.definitions` (engine: its families and
+the collectors' counters; sidecar: findings and its own health), never listed again here.
+Dashboards and alert rules may use these names only; the tests cross-check them against a live
+`/metrics` scrape of the real exporters.
 """
 
 from __future__ import annotations
 
-ENGINE_HISTOGRAMS = (
-    "infersight_time_to_first_token_seconds",
-    "infersight_inter_token_latency_seconds",
-    "infersight_e2e_request_latency_seconds",
-    "infersight_request_queue_time_seconds",
-    "infersight_request_prefill_time_seconds",
-    "infersight_request_decode_time_seconds",
-    "infersight_step_duration_seconds",
-    "infersight_step_host_overhead_ratio",
-    "infersight_request_prompt_tokens",
-    "infersight_request_generation_tokens",
-)
-ENGINE_GAUGES = (
-    "infersight_num_requests_running",
-    "infersight_num_requests_waiting",
-    "infersight_kv_cache_usage_ratio",
-    "infersight_kv_cache_blocks",
-    "infersight_replica_info",
-)
-ENGINE_COUNTERS = (
-    "infersight_prompt_tokens_total",
-    "infersight_generation_tokens_total",
-    "infersight_request_success_total",
-    "infersight_num_preemptions_total",
-    "infersight_prefix_cache_queries_total",
-    "infersight_prefix_cache_hits_total",
-    "infersight_kv_cache_evictions_total",
-    "infersight_spec_decode_num_drafts_total",
-    "infersight_spec_decode_num_draft_tokens_total",
-    "infersight_spec_decode_num_accepted_tokens_total",
-    "infersight_spec_decode_num_accepted_tokens_per_pos_total",
-    "infersight_tokenization_cache_queries_total",
-    "infersight_tokenization_cache_hits_total",
-    "infersight_telemetry_rows_written_total",
-    "infersight_telemetry_rows_spooled_total",
-    "infersight_telemetry_rows_replayed_total",
-    "infersight_telemetry_rows_dropped_total",
-    "infersight_observer_failures_total",
-)
-SIDECAR_GAUGES = ("infersight_finding_active", "infersight_finding_severity_level")
-SIDECAR_COUNTERS = (
-    "infersight_findings_total",
-    "infersight_sidecar_insert_rows_total",
-    "infersight_sidecar_queries_total",
-    "infersight_sidecar_errors_total",
-)
-SIDECAR_HISTOGRAMS = ("infersight_sidecar_request_duration_seconds",)
+from telemetry.metrics.definitions import SIDECAR_FAMILIES, engine_families
+
+_ENGINE = engine_families()
+
+
+def _of(families: dict[str, str], kind: str) -> tuple[str, ...]:
+    return tuple(name for name, t in families.items() if t == kind)
+
+
+ENGINE_HISTOGRAMS = _of(_ENGINE, "histogram")
+ENGINE_GAUGES = _of(_ENGINE, "gauge")
+ENGINE_COUNTERS = _of(_ENGINE, "counter")
+SIDECAR_GAUGES = _of(SIDECAR_FAMILIES, "gauge")
+SIDECAR_COUNTERS = _of(SIDECAR_FAMILIES, "counter")
+SIDECAR_HISTOGRAMS = _of(SIDECAR_FAMILIES, "histogram")
 
 # Prometheus' own per-target metric: `up{job="infersight-replicas"} == 0` is a replica down.
 PROMETHEUS_BUILTINS = ("up",)

@@ -12,18 +12,22 @@ Conventions for the parameters most queries share:
 
 from __future__ import annotations
 
+from telemetry.contract import derived
 
-def _window(column: str) -> str:
-    return (f"{column} >= toDateTime64({{start:Float64}}, 6, 'UTC') "
-            f"AND {column} < toDateTime64({{end:Float64}}, 6, 'UTC')")
-
-
-REPLICA_FILTER = "(empty({replicas:Array(String)}) OR has({replicas:Array(String)}, replica_id))"
-REQUEST_WINDOW = _window("arrival_time")
-STEP_WINDOW = _window("start_time")
-# mean inter-token latency of one request (time per output token after the first)
-TPOT = "(e2e_seconds - ttft_seconds) / (output_tokens - 1)"
-QUANTILES = "0.5, 0.9, 0.99"
+# the definitions (window, replica filter, ITL, quantile set, latest replica start) are
+# telemetry.contract.derived's, shared with diagnostics, the demo report and the metrics
+REPLICA_FILTER = derived.REPLICA_FILTER_SQL
+REQUEST_WINDOW = derived.window_sql("arrival_time")
+STEP_WINDOW = derived.window_sql("start_time")
+TTFT = derived.TTFT_QUANTILES_SQL
+# per-gap ITL quantiles: the same numbers as Prometheus' inter-token-latency histogram and the demo report
+ITL = derived.ITL_PER_GAP_QUANTILES_SQL
+E2E = derived.quantiles_sql("e2e_seconds")
+REPLICA_COLUMNS = ("host", "pid", "engine_version", "model_name", "dtype", "quantization", "speculative_mode",
+                   "attention_backend", "device", "cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes",
+                   "gpu_numa_node", "numa_mismatch", "config_hash", "weights_hash", "tokenizer_hash",
+                   "chat_template_hash", "labels_json")
+GROUP_COLUMNS = ("engine_version", "config_hash", "quantization", "speculative_mode", "model_name")
 
 # -- window and fleet ------------------------------------------------------------------------------
 
@@ -32,14 +36,11 @@ SELECT count() AS requests, min(arrival_time) AS first, max(arrival_time) AS las
 FROM requests
 """
 
-REPLICAS_LATEST = """
-SELECT replica_id, start_time, host, pid, engine_version, model_name, dtype, quantization,
-       speculative_mode, attention_backend, device, cpu_affinity, cpu_numa_nodes, mem_policy_nodes,
-       gpu_numa_node, numa_mismatch, config_hash, weights_hash, tokenizer_hash, chat_template_hash,
-       labels_json
-FROM replicas
+# each replica as of its latest start
+REPLICAS_LATEST = f"""
+SELECT replica_id, started AS start_time, {', '.join(REPLICA_COLUMNS)}
+FROM ({derived.latest_starts_sql(REPLICA_COLUMNS)})
 ORDER BY start_time DESC
-LIMIT 1 BY replica_id
 LIMIT 1000
 """
 
@@ -47,9 +48,9 @@ REPLICA_HEALTH = f"""
 SELECT replica_id,
        count() AS requests,
        countIf(finish_reason IN ('error', 'abort')) AS failed,
-       quantilesIf({QUANTILES})(ttft_seconds, output_tokens > 0) AS ttft,
-       quantilesIf({QUANTILES})({TPOT}, output_tokens > 1) AS itl,
-       quantiles({QUANTILES})(e2e_seconds) AS e2e,
+       {TTFT} AS ttft,
+       {ITL} AS itl,
+       {E2E} AS e2e,
        sum(output_tokens) AS generated_tokens,
        max(finish_time) AS last_finish
 FROM requests
@@ -63,9 +64,9 @@ LATENCY_OVER_TIME = f"""
 SELECT toStartOfInterval(arrival_time, toIntervalMillisecond({{bucket_ms:UInt32}})) AS t,
        replica_id,
        count() AS requests,
-       quantilesIf({QUANTILES})(ttft_seconds, output_tokens > 0) AS ttft,
-       quantilesIf({QUANTILES})({TPOT}, output_tokens > 1) AS itl,
-       quantiles({QUANTILES})(e2e_seconds) AS e2e
+       {TTFT} AS ttft,
+       {ITL} AS itl,
+       {E2E} AS e2e
 FROM requests
 WHERE {REQUEST_WINDOW} AND {REPLICA_FILTER}
 GROUP BY t, replica_id
@@ -137,11 +138,10 @@ LIMIT 2000
 # -- compare ---------------------------------------------------------------------------------------
 
 # which replicas share a version / config: the Compare page's groups
-REPLICA_GROUPS = """
-SELECT replica_id, engine_version, config_hash, quantization, speculative_mode, model_name
-FROM replicas
-ORDER BY start_time DESC
-LIMIT 1 BY replica_id
+REPLICA_GROUPS = f"""
+SELECT replica_id, {', '.join(GROUP_COLUMNS)}
+FROM ({derived.latest_starts_sql(GROUP_COLUMNS)})
+ORDER BY started DESC
 LIMIT 1000
 """
 
@@ -149,10 +149,10 @@ COMPARE_SUMMARY = f"""
 SELECT if(has({{a:Array(String)}}, replica_id), 'A', 'B') AS side,
        count() AS requests,
        countIf(finish_reason IN ('error', 'abort')) AS failed,
-       quantilesIf({QUANTILES})(ttft_seconds, output_tokens > 0) AS ttft,
-       quantilesIf({QUANTILES})({TPOT}, output_tokens > 1) AS itl,
-       quantiles({QUANTILES})(e2e_seconds) AS e2e,
-       quantiles({QUANTILES})(queue_seconds) AS queue,
+       {TTFT} AS ttft,
+       {ITL} AS itl,
+       {E2E} AS e2e,
+       {derived.quantiles_sql('queue_seconds')} AS queue,
        avg(prompt_tokens) AS mean_prompt_tokens,
        avg(output_tokens) AS mean_output_tokens
 FROM requests
@@ -165,7 +165,7 @@ LIMIT 2
 # the TTFT distribution of each side as 99 quantiles (a quantile plot instead of raw rows)
 COMPARE_TTFT_CURVE = f"""
 SELECT if(has({{a:Array(String)}}, replica_id), 'A', 'B') AS side,
-       quantilesIf({', '.join(f'{q / 100:.2f}' for q in range(1, 100))})(ttft_seconds, output_tokens > 0) AS q
+       {derived.quantiles_sql('ttft_seconds', derived.HAS_FIRST_TOKEN_SQL, [q / 100 for q in range(1, 100)])} AS q
 FROM requests
 WHERE {REQUEST_WINDOW} AND (has({{a:Array(String)}}, replica_id) OR has({{b:Array(String)}}, replica_id))
 GROUP BY side

@@ -8,7 +8,9 @@ import pandas as pd
 import streamlit as st
 
 from dashboards import data, queries, settings
-from dashboards.tokens import TokenDecoder, load_decoder
+from dashboards.tokens import load_tokenizer
+from engine.tokenization import Tokenizer, TokenizerLoadError
+from telemetry.contract.derived import QUANTILE_NAMES
 
 WINDOWS = {"last 15 min": 900, "last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400,
            "last 7 days": 7 * 86400, "everything": None}
@@ -75,14 +77,15 @@ def pick_replica(key: str, options: list[str] | None = None) -> str | None:
     return st.selectbox("Replica", options, key=key)
 
 
-def decoder_for(model_name: str) -> TokenDecoder | None:
-    """The tokenizer configured for this model (or for every model), None when none is."""
+def decoder_for(model_name: str) -> Tokenizer | None:
+    """The tokenizer configured for this model (or for every model), None when none is: the
+    engine's own Tokenizer, so token strings here are those the engine and the diagnostics use."""
     directory = settings.from_env().tokenizer_dir(model_name)
     if not directory:
         return None
     try:
-        return load_decoder(directory)
-    except Exception as e:  # a wrong path must not take the page down: show IDs only
+        return load_tokenizer(directory)
+    except (TokenizerLoadError, OSError) as e:  # a wrong path must not take the page down: show IDs only
         st.warning(f"cannot load the tokenizer at {directory}: {e}. Showing token IDs only.")
         return None
 
@@ -100,7 +103,7 @@ def window_or_stop() -> Window:
     return chosen
 
 
-def expand_quantiles(frame: pd.DataFrame, column: str, names=("p50", "p90", "p99")) -> pd.DataFrame:
+def expand_quantiles(frame: pd.DataFrame, column: str, names=QUANTILE_NAMES) -> pd.DataFrame:
     """An Array column of quantiles (as ClickHouse returns them) -> one column per quantile."""
     values = frame[column].map(lambda v: list(v) if v is not None and len(v) else [float("nan")] * len(names))
     for i, name in enumerate(names):

@@ -18,6 +18,7 @@ from diagnostics.regression import BATCH_BUCKET
 from diagnostics.replicas import identity_differences
 from diagnostics.scope import Scope, replicas_in, steps_in
 from diagnostics.request import DiagnosticRequest
+from telemetry.contract import derived
 
 DIAGNOSTIC = "overhead"
 WARN_SHARE, CRITICAL_SHARE = 0.30, 0.50  # accelerators only
@@ -38,7 +39,7 @@ _SHARES = """
 SELECT replica_id, any(model_name) AS model_name, count() AS steps, sum(duration) AS total,
        sum(forward) AS forward_total,
        {parts},
-       quantiles(0.5, 0.9, 0.99)(greatest(duration - forward, 0)) AS host_q
+       {host_q} AS host_q
 FROM {source}
 WHERE phase != 'idle'
 GROUP BY replica_id
@@ -72,7 +73,9 @@ WHERE has({ids:Array(String)}, profile_id) GROUP BY profile_id, `group`
 
 
 def shares(store, scope: Scope) -> list[dict]:
-    sql = _SHARES.replace("{parts}", ", ".join(f"sum({p}) AS {p}_total" for p in PARTS)).replace("{source}", _source())
+    sql = (_SHARES.replace("{parts}", ", ".join(f"sum({p}) AS {p}_total" for p in PARTS))
+           .replace("{host_q}", derived.quantiles_sql("greatest(duration - forward, 0)"))
+           .replace("{source}", _source()))
     rows = store.query_arrow(sql, scope.parameters()).to_pylist()
     for r in rows:
         total = r["total"] or 0.0
@@ -129,7 +132,7 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
         split = ", ".join(f"{p} {v:.0%}" for p, v in r["split"].items() if v is not None)
         evidence = {"replica": rid, "model_name": r["model_name"], "device": device, "steps": r["steps"],
                     "host_share": share, "split_of_step_time": r["split"],
-                    "host_seconds_per_step": {"p50": r["host_q"][0], "p90": r["host_q"][1], "p99": r["host_q"][2]},
+                    "host_seconds_per_step": dict(zip(derived.QUANTILE_NAMES, r["host_q"])),
                     "profile": profiles.get(rid)}
         findings.append(Finding("host_overhead", severity, rid, f"{rid}: {what} ({split})", DIAGNOSTIC, scope,
                                 evidence))

@@ -24,6 +24,7 @@ from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding, insufficient
 from diagnostics.scope import Scope, requests_in, steps_in
 from diagnostics.request import DiagnosticRequest
+from telemetry.contract import derived
 
 DIAGNOSTIC = "regression"
 # per stratum and side, drawn in ClickHouse; aggregate-function parameters must be literals in the SQL
@@ -39,17 +40,18 @@ PROMPT_BUCKET = ("multiIf(t.prompt_tokens < 64, 'prompt<64', t.prompt_tokens < 2
 BATCH_BUCKET = ("multiIf(t.num_tokens < 2, 'tokens 1', t.num_tokens < 8, 'tokens 2-7', t.num_tokens < 64, "
                 "'tokens 8-63', t.num_tokens < 512, 'tokens 64-511', 'tokens>=512')")
 
-# metric -> (table, SQL expression over `t.`, higher is worse)
+# metric -> (table, SQL expression over `t.`, higher is worse). Request metrics are one value per
+# request (the unit of resampling), so ITL here is each request's mean of its per-gap ITLs
+# (telemetry.contract.derived), not the per-gap ITL the dashboards' p50 / p99 charts show.
 METRICS = {
     "ttft": ("requests", "t.ttft_seconds", True),
-    "itl": ("requests", "if(t.output_tokens > 1, (t.e2e_seconds - t.ttft_seconds) / (t.output_tokens - 1), nan)",
-            True),
+    "itl": ("requests", derived.mean_itl_sql("t.token_times"), True),
     "e2e": ("requests", "t.e2e_seconds", True),
     "queue": ("requests", "t.queue_seconds", True),
     "step_host": ("steps", "greatest(t.duration_seconds - t.forward_seconds, 0)", True),
     "step_throughput": ("steps", "t.num_tokens / greatest(t.duration_seconds, 1e-9)", False),
 }
-LABELS = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end-to-end latency",
+LABELS = {"ttft": "time to first token", "itl": "inter-token latency (mean per request)", "e2e": "end-to-end latency",
           "queue": "queue time", "step_host": "per-step host time (outside the forward pass)",
           "step_throughput": "step throughput (tokens/s)"}
 

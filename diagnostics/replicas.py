@@ -1,6 +1,6 @@
 """Replicas: which replica of a model is slower than its peers, and what about it is different.
 
-Each request's TTFT, inter-token latency and end-to-end latency is divided by the median of its
+Each request's TTFT, mean inter-token latency and end-to-end latency is divided by the median of its
 stratum (model, workload, prompt-length bucket) over the whole scope, so a replica that happened
 to get longer prompts is not called slow. Per replica, the median of those relative latencies;
 among the replicas of one model, a robust outlier (median / MAD z-score, with the MAD floored at
@@ -22,6 +22,7 @@ from diagnostics.findings import Finding, insufficient
 from diagnostics.regression import METRICS, PROMPT_BUCKET
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.request import DiagnosticRequest
+from telemetry.contract import derived
 
 DIAGNOSTIC = "replicas"
 KIND = "lagging_replica"
@@ -54,13 +55,12 @@ FROM {source} WHERE {filter}
 GROUP BY stratum
 """
 
+# itl is each request's mean ITL (diagnostics.regression.METRICS): requests are what is compared
 _PER_REPLICA = """
 SELECT model_name, replica_id, count() AS n,
        medianIf(rel_ttft, isFinite(rel_ttft)) AS ttft_rel, medianIf(rel_itl, isFinite(rel_itl)) AS itl_rel,
        medianIf(rel_e2e, isFinite(rel_e2e)) AS e2e_rel,
-       quantilesIf(0.5, 0.9, 0.99)(ttft, isFinite(ttft)) AS ttft_q,
-       quantilesIf(0.5, 0.9, 0.99)(itl, isFinite(itl)) AS itl_q,
-       quantilesIf(0.5, 0.9, 0.99)(e2e, isFinite(e2e)) AS e2e_q,
+       {quantiles},
        groupArraySample(1000, 1)((rel_ttft, rel_itl, rel_e2e)) AS sample
 FROM (
     SELECT model_name, replica_id, ttft, itl, e2e,
@@ -92,7 +92,9 @@ def per_replica(store, scope: Scope) -> list[dict]:
             for m in LATENCIES}
     params = {**scope.parameters(), "keys": [s["stratum"] for s in strata],
               **{f"{m}_meds": meds[m] for m in LATENCIES}}
-    rows = store.query_arrow(_PER_REPLICA.replace("{source}", source).replace("{filter}", _FILTER),
+    quantiles = ",\n       ".join(f"{derived.quantiles_sql(m, f'isFinite({m})')} AS {m}_q" for m in LATENCIES)
+    rows = store.query_arrow(_PER_REPLICA.replace("{quantiles}", quantiles).replace("{source}", source)
+                             .replace("{filter}", _FILTER),
                              params).to_pylist()
     for r in rows:
         sample = np.array([list(t.values()) if isinstance(t, dict) else list(t) for t in r.pop("sample")],
@@ -179,8 +181,7 @@ def _outliers(model: str, group: list[dict], identity: dict, scope: Scope) -> li
             entry["metrics"][metric] = {
                 "relative_median": values[rid], "peers_relative_median": peer_median, "ratio_to_peers": ratio,
                 "robust_z": z[rid] if len(values) > 2 else None, "mad": mad,
-                "quantiles_seconds": {"p50": r[f"{metric}_q"][0], "p90": r[f"{metric}_q"][1],
-                                      "p99": r[f"{metric}_q"][2]},
+                "quantiles_seconds": dict(zip(derived.QUANTILE_NAMES, r[f"{metric}_q"])),
                 "peers_p50_seconds": {p["replica_id"]: p[f"{metric}_q"][0] for p in peers},
                 "test_vs_peers": c.to_dict()}
     for rid, entry in flagged.items():

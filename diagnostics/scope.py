@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from telemetry.contract.derived import latest_starts_sql, replica_filter_sql, selected_sql, window_sql
+
 FAR_FUTURE = 7.0e9  # inside DateTime64(6)'s range (year 2191)
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -153,15 +155,12 @@ class Scope:
 
 
 def _filters(time_column: str, p: str, model_column: str | None, identity: bool = True) -> str:
-    model = (f" AND (empty({{{p}models:Array(String)}}) OR has({{{p}models:Array(String)}}, {model_column}))"
-             if model_column else "")
-    ident = (f"AND (empty({{{p}versions:Array(String)}}) OR has({{{p}versions:Array(String)}}, ri.engine_version)) "
-             f"AND (empty({{{p}configs:Array(String)}}) OR has({{{p}configs:Array(String)}}, ri.config_hash))"
+    # the window and list filters are telemetry.contract.derived's (the dashboards use the same)
+    model = f" AND {selected_sql(model_column, f'{p}models')}" if model_column else ""
+    ident = (f"AND {selected_sql('ri.engine_version', f'{p}versions')} "
+             f"AND {selected_sql('ri.config_hash', f'{p}configs')}"
              if identity else "")
-    return (f"{time_column} >= toDateTime64({{{p}start:Float64}}, 6, 'UTC') "
-            f"AND {time_column} < toDateTime64({{{p}end:Float64}}, 6, 'UTC') "
-            f"AND (empty({{{p}replicas:Array(String)}}) OR has({{{p}replicas:Array(String)}}, t.replica_id)) "
-            + ident + model)
+    return (f"{window_sql(time_column, p)} AND {replica_filter_sql('t.replica_id', p)} " + ident + model)
 
 
 _IDENTITY = ("ri.engine_version AS engine_version, ri.config_hash AS config_hash, "
@@ -191,33 +190,19 @@ def steps_in(columns: str, prefix: str = "") -> str:
 
 
 # the latest start of every replica that ran in the window (started in it, or served / stepped in it)
-_REPLICAS = """
-SELECT replica_id, argMax(host, start_time) AS host, argMax(pid, start_time) AS pid,
-       max(start_time) AS started, argMax(engine_version, start_time) AS engine_version,
-       argMax(model_name, start_time) AS model_name, argMax(weights_hash, start_time) AS weights_hash,
-       argMax(tokenizer_hash, start_time) AS tokenizer_hash,
-       argMax(chat_template_hash, start_time) AS chat_template_hash,
-       argMax(config_json, start_time) AS config_json, argMax(config_hash, start_time) AS config_hash,
-       argMax(dtype, start_time) AS dtype, argMax(quantization, start_time) AS quantization,
-       argMax(speculative_mode, start_time) AS speculative_mode,
-       argMax(attention_backend, start_time) AS attention_backend, argMax(device, start_time) AS device,
-       argMax(cpu_affinity, start_time) AS cpu_affinity, argMax(cpu_numa_nodes, start_time) AS cpu_numa_nodes,
-       argMax(mem_policy_nodes, start_time) AS mem_policy_nodes, argMax(gpu_numa_node, start_time) AS gpu_numa_node,
-       argMax(numa_mismatch, start_time) AS numa_mismatch
-FROM (SELECT * FROM replicas
-      WHERE start_time < toDateTime64({end:Float64}, 6, 'UTC')
-        AND (empty({replicas:Array(String)}) OR has({replicas:Array(String)}, replica_id))
-        AND (empty({models:Array(String)}) OR has({models:Array(String)}, model_name)))
-GROUP BY replica_id
-HAVING (empty({versions:Array(String)}) OR has({versions:Array(String)}, engine_version))
-   AND (empty({configs:Array(String)}) OR has({configs:Array(String)}, config_hash))
-   AND (started >= toDateTime64({start:Float64}, 6, 'UTC')
-        OR replica_id IN (SELECT DISTINCT replica_id FROM requests
-                          WHERE arrival_time >= toDateTime64({start:Float64}, 6, 'UTC')
-                            AND arrival_time < toDateTime64({end:Float64}, 6, 'UTC'))
-        OR replica_id IN (SELECT DISTINCT replica_id FROM steps
-                          WHERE start_time >= toDateTime64({start:Float64}, 6, 'UTC')
-                            AND start_time < toDateTime64({end:Float64}, 6, 'UTC')))
+_IDENTITY_COLUMNS = ("host", "pid", "engine_version", "model_name", "weights_hash", "tokenizer_hash",
+                     "chat_template_hash", "config_json", "config_hash", "dtype", "quantization", "speculative_mode",
+                     "attention_backend", "device", "cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes",
+                     "gpu_numa_node", "numa_mismatch")
+_REPLICAS = latest_starts_sql(
+    _IDENTITY_COLUMNS,
+    where=f"start_time < toDateTime64({{end:Float64}}, 6, 'UTC') AND {replica_filter_sql()} "
+          f"AND {selected_sql('model_name', 'models')}") + f"""
+HAVING {selected_sql('engine_version', 'versions')}
+   AND {selected_sql('config_hash', 'configs')}
+   AND (started >= toDateTime64({{start:Float64}}, 6, 'UTC')
+        OR replica_id IN (SELECT DISTINCT replica_id FROM requests WHERE {window_sql('arrival_time')})
+        OR replica_id IN (SELECT DISTINCT replica_id FROM steps WHERE {window_sql('start_time')}))
 ORDER BY model_name, replica_id
 """
 

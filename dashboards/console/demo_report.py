@@ -9,36 +9,31 @@ from __future__ import annotations
 
 import time
 
-PER_REPLICA = """
+from telemetry.contract import derived
+
+# latencies as the dashboards define them (telemetry.contract.derived): ITL per gap between
+# consecutive output tokens, so "itl p99" here is the Streamlit and the Grafana "ITL p99"
+PER_REPLICA = f"""
 SELECT replica_id,
        count() AS requests,
        countIf(finish_reason IN ('abort', 'error')) AS failed,
        sum(prompt_tokens) AS prompt_tok,
        sum(output_tokens) AS output_tok,
        sum(cached_tokens) / greatest(sum(prompt_tokens), 1) AS prefix_hit_rate,
-       quantiles(0.5, 0.95, 0.99)(ttft_seconds) AS ttft,
-       quantiles(0.5, 0.95, 0.99)(e2e_seconds) AS e2e,
-       quantiles(0.5, 0.95)(queue_seconds) AS queue
+       {derived.TTFT_QUANTILES_SQL} AS ttft,
+       {derived.ITL_PER_GAP_QUANTILES_SQL} AS itl,
+       {derived.quantiles_sql("e2e_seconds")} AS e2e
 FROM requests
-WHERE request_id LIKE {prefix:String}
+WHERE request_id LIKE {{prefix:String}}
 GROUP BY replica_id ORDER BY replica_id
 """
 
-# inter-token latency: gaps between consecutive output tokens (token_times are offsets from arrival)
-ITL = """
-SELECT replica_id, quantiles(0.5, 0.95, 0.99)(gap) AS itl
-FROM requests
-ARRAY JOIN arrayPopFront(arrayDifference(token_times)) AS gap
-WHERE request_id LIKE {prefix:String}
-GROUP BY replica_id ORDER BY replica_id
-"""
-
-PER_WORKLOAD = """
+PER_WORKLOAD = f"""
 SELECT workload, count() AS requests, sum(output_tokens) AS output_tok,
        sum(cached_tokens) / greatest(sum(prompt_tokens), 1) AS prefix_hit_rate,
-       quantiles(0.5, 0.95, 0.99)(ttft_seconds) AS ttft
+       {derived.TTFT_QUANTILES_SQL} AS ttft
 FROM requests
-WHERE request_id LIKE {prefix:String}
+WHERE request_id LIKE {{prefix:String}}
 GROUP BY workload ORDER BY workload
 """
 
@@ -72,7 +67,6 @@ def collect(store, run_id: str, replicas: list[str], since: float) -> dict:
     prefix = {"prefix": run_id + "-%"}
     return {
         "replicas": store.query_df(PER_REPLICA, prefix),
-        "itl": store.query_df(ITL, prefix),
         "workloads": store.query_df(PER_WORKLOAD, prefix),
         "steps": store.query_df(STEPS, {"since": since, "replicas": replicas}),
     }
@@ -93,25 +87,25 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def format_report(data: dict) -> str:
-    reps, itl, steps = data["replicas"], data["itl"].set_index("replica_id"), data["steps"].set_index("replica_id")
+    reps, steps = data["replicas"], data["steps"].set_index("replica_id")
+    q = derived.QUANTILE_NAMES
     rows = []
     for _, r in reps.iterrows():
         rid = r["replica_id"]
-        i = itl.loc[rid, "itl"] if rid in itl.index else None
         s = steps.loc[rid] if rid in steps.index else None
         rows.append([rid, int(r["requests"]), int(r["failed"]), int(r["prompt_tok"]), int(r["output_tok"]),
-                     _ms(r["ttft"], 0), _ms(r["ttft"], 1), _ms(r["ttft"], 2), _ms(i, 0), _ms(i, 1), _ms(i, 2),
-                     _ms(r["e2e"], 1), f"{r['prefix_hit_rate']:.0%}",
+                     *(_ms(r["ttft"], i) for i in range(len(q))), *(_ms(r["itl"], i) for i in range(len(q))),
+                     _ms(r["e2e"], q.index("p90")), f"{r['prefix_hit_rate']:.0%}",
                      "-" if s is None else f"{s['kv_mean']:.0%}/{s['kv_peak']:.0%}",
                      "-" if s is None else f"{s['host_share']:.0%}"])
-    out = ["per replica (from the store; latencies in ms)",
-           _table(["replica", "req", "fail", "prompt tok", "output tok", "ttft p50", "p95", "p99", "itl p50", "p95",
-                   "p99", "e2e p95", "prefix hit", "kv mean/peak", "host share"], rows)]
+    out = ["per replica (from the store; latencies in ms; itl per gap between consecutive tokens)",
+           _table(["replica", "req", "fail", "prompt tok", "output tok", f"ttft {q[0]}", *q[1:], f"itl {q[0]}",
+                   *q[1:], "e2e p90", "prefix hit", "kv mean/peak", "host share"], rows)]
     w = data["workloads"]
     if len(w):
         out += ["", "per workload",
-                _table(["workload", "req", "output tok", "prefix hit", "ttft p50", "p95", "p99"],
+                _table(["workload", "req", "output tok", "prefix hit", f"ttft {q[0]}", *q[1:]],
                        [[r["workload"] or "-", int(r["requests"]), int(r["output_tok"]),
-                         f"{r['prefix_hit_rate']:.0%}", _ms(r["ttft"], 0), _ms(r["ttft"], 1), _ms(r["ttft"], 2)]
+                         f"{r['prefix_hit_rate']:.0%}", *(_ms(r["ttft"], i) for i in range(len(q)))]
                         for _, r in w.iterrows()])]
     return "\n".join(out)

@@ -17,8 +17,13 @@ from dashboards.grafana.panels import (
     CLICKHOUSE, RATE, SEL, dashboard, prom, prometheus_variables, quantiles, sql, stat, table,
     timeseries,
 )
+from telemetry.contract.derived import ITL_GAPS_SQL
 
 HERE = Path(__file__).resolve().parent
+ITL = "infersight_inter_token_latency_seconds"
+# which ITL the panels show: telemetry.contract.derived's per-gap definition, also the Streamlit pages'
+ITL_PER_GAP = ("Per gap between consecutive output tokens of a request (a request with n tokens has n - 1), "
+               "the same definition as the Streamlit dashboard's and the demo report's ITL quantiles.")
 REPLICAS_UP = 'up{job="infersight-replicas", replica=~"$replica"}'
 IDENTITY_LABELS = ("replica, model, version, config_hash, quantization, speculative_mode, "
                    "attention_backend, tokenizer_hash, chat_template_hash, numa_mismatch")
@@ -37,8 +42,8 @@ def overview() -> dict:
         stat("Requests / s", prom(rate("infersight_request_success_total")), unit="reqps"),
         stat("TTFT p99", quantiles(h, qs=(0.99,))[0], unit="s",
              thresholds=[(None, "green"), (2, "red")]),
-        stat("ITL p99", quantiles("infersight_inter_token_latency_seconds", qs=(0.99,))[0], unit="s",
-             thresholds=[(None, "green"), (0.2, "red")]),
+        stat("ITL p99", quantiles(ITL, qs=(0.99,))[0], unit="s",
+             thresholds=[(None, "green"), (0.2, "red")], description=ITL_PER_GAP),
         stat("Active findings", prom("count(infersight_finding_active == 1) or vector(0)"),
              thresholds=[(None, "green"), (1, "orange")]),
         stat("Telemetry rows dropped", prom(
@@ -50,7 +55,7 @@ def overview() -> dict:
             prom(rate("infersight_prompt_tokens_total"), "prompt"),
             prom(rate("infersight_generation_tokens_total"), "generation")], unit="short"),
         timeseries("Time to first token", quantiles(h), unit="s"),
-        timeseries("Inter-token latency", quantiles("infersight_inter_token_latency_seconds"), unit="s"),
+        timeseries("Inter-token latency", quantiles(ITL), unit="s", description=ITL_PER_GAP),
         timeseries("End-to-end latency", quantiles("infersight_e2e_request_latency_seconds"), unit="s"),
         timeseries("Queue time p99 by replica",
                    quantiles("infersight_request_queue_time_seconds", by="replica", qs=(0.99,)), unit="s"),
@@ -165,7 +170,7 @@ def speculative_decoding() -> dict:
         timeseries("Generation tokens / s", [prom(rate("infersight_generation_tokens_total", "replica"),
                                                   "{{replica}}")]),
         timeseries("Inter-token latency p50 by replica",
-                   quantiles("infersight_inter_token_latency_seconds", by="replica", qs=(0.5,)), unit="s"),
+                   quantiles(ITL, by="replica", qs=(0.5,)), unit="s", description=ITL_PER_GAP),
     ]
     return dashboard("infersight-speculative", "infersight / Speculative decoding", panels,
                      prometheus_variables(), "Does speculation pay? Acceptance, per-position acceptance, speed.")
@@ -237,11 +242,11 @@ FROM requests
 WHERE $__timeFilter(arrival_time) AND {replicas} AND e2e_seconds >= ${{min_e2e:raw}}
 ORDER BY e2e_seconds DESC
 LIMIT 50""")], hide=()),
-        table("Request: token IDs and per-token timing", [sql("""
+        table("Request: token IDs and per-token timing", [sql(f"""
 SELECT request_id, replica_id, finish_reason, prompt_token_ids, output_token_ids,
-       token_times, arrayDifference(token_times) AS inter_token_seconds, sampling_params_json
+       token_times, {ITL_GAPS_SQL} AS inter_token_seconds, sampling_params_json
 FROM requests
-WHERE request_id = ${request_id:sqlstring}
+WHERE request_id = ${{request_id:sqlstring}}
 LIMIT 1""")], hide=()),
         table("Request: the steps it took part in", [sql("""
 WITH (SELECT tuple(replica_id, arrival_time, finish_time) FROM requests

@@ -7,6 +7,8 @@ variable, laid out left to right in rows of 24 grid units.
 
 from __future__ import annotations
 
+from telemetry.contract.derived import QUANTILES
+
 PROMETHEUS = {"type": "prometheus", "uid": "${datasource}"}
 CLICKHOUSE = {"type": "grafana-clickhouse-datasource", "uid": "${datasource}"}
 
@@ -29,7 +31,7 @@ def sql(query: str, table: bool = True) -> dict:
             "format": 1 if table else 0, "queryType": "table" if table else "timeseries"}
 
 
-def quantiles(metric: str, by: str = "", qs=(0.5, 0.9, 0.99), sel: str = SEL) -> list[dict]:
+def quantiles(metric: str, by: str = "", qs=QUANTILES, sel: str = SEL) -> list[dict]:
     """histogram_quantile targets for a histogram, one per quantile (optionally per label)."""
     group = f"{by}, le" if by else "le"
     return [

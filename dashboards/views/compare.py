@@ -51,6 +51,8 @@ else:
     if {"A", "B"} <= set(table.columns):
         table["B / A"] = (table["B"].astype(float) / table["A"].astype(float).where(table["A"] != 0)).round(3)
     st.dataframe(widgets.rounded(table.astype(float), 4), key="cmp_summary")
+    st.caption("itl: per gap between consecutive output tokens. The regression verdict below compares each "
+               "request's mean ITL instead: the request is its unit of resampling.")
 
 curves = data.query(queries.COMPARE_TTFT_CURVE, **window.params, a=a_ids, b=b_ids)
 if not curves.empty:

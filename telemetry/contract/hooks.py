@@ -31,10 +31,10 @@ class EngineObserver:
         """A request entered the waiting queue. `trace_context` carries e.g. a W3C traceparent."""
 
     def on_request_scheduled(self, request_id: str, when: float) -> None:
-        """The scheduler ran the first chunk of the request's prompt."""
+        """The scheduler ran the first chunk of the request's prompt (the metrics observe queue time here)."""
 
     def on_first_token(self, request_id: str, when: float) -> None:
-        """The first output token of a request was sampled."""
+        """The first output token of a request was sampled (the metrics observe TTFT here)."""
 
     def on_step(self, record: StepRecord) -> None:
         """One scheduler step finished."""
@@ -50,6 +50,19 @@ class EngineObserver:
 
 
 NOOP_OBSERVER = EngineObserver()
+
+
+def replay_request(observer: EngineObserver, record: RequestRecord) -> None:
+    """Call the request hooks a finished record implies, in the engine's order (arrival, scheduled,
+    first token, finished), for sources that see a request only once it has ended: an adapter for
+    another engine's finished-request stats, a recording proxy, tests."""
+    observer.on_request_arrival(record.request_id, record.arrival_time, record.prompt_tokens, record.workload,
+                                {"trace_id": record.trace_id} if record.trace_id else None)
+    if record.scheduled_time:
+        observer.on_request_scheduled(record.request_id, record.scheduled_time)
+    if record.first_token_time:
+        observer.on_first_token(record.request_id, record.first_token_time)
+    observer.on_request_finished(record)
 
 # every hook a wrapper forwards
 HOOK_NAMES = tuple(name for name in vars(EngineObserver) if name.startswith("on_")) + ("close",)

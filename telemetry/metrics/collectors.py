@@ -12,19 +12,9 @@ from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.metrics_core import CounterMetricFamily
 
-from telemetry.metrics.definitions import LABELS
+from telemetry.metrics.definitions import LABELS, OBSERVER_FAILURES, RECORDER_ROW_COUNTERS
 
 log = logging.getLogger(__name__)
-
-# Recorder.stats() key -> (metric name, help)
-ROW_COUNTERS = {
-    "written": ("infersight_telemetry_rows_written_total", "Telemetry rows the recorder stored"),
-    "spooled": ("infersight_telemetry_rows_spooled_total",
-                "Telemetry rows the recorder spooled to disk because the store was unreachable"),
-    "replayed": ("infersight_telemetry_rows_replayed_total", "Spooled telemetry rows replayed into the store"),
-    "dropped": ("infersight_telemetry_rows_dropped_total",
-                "Telemetry rows dropped (buffer or spool full, unrecoverable error)"),
-}
 
 
 class RecorderStatsCollector:
@@ -40,7 +30,7 @@ class RecorderStatsCollector:
 
     def _families(self) -> dict[str, CounterMetricFamily]:
         return {key: CounterMetricFamily(name, doc, labels=LABELS + ("table",))
-                for key, (name, doc) in ROW_COUNTERS.items()}
+                for key, (name, doc) in RECORDER_ROW_COUNTERS.items()}
 
     def describe(self) -> Iterator[CounterMetricFamily]:
         yield from self._families().values()  # names only: registering must not call stats()
@@ -61,7 +51,7 @@ class RecorderStatsCollector:
 class ObserverFailuresCollector:
     """Exports `failures() -> int` (exceptions swallowed by observer guards) as a counter."""
 
-    NAME = "infersight_observer_failures_total"
+    NAME = OBSERVER_FAILURES
 
     def __init__(self, failures: Callable[[], int], replica_id: str, model: str):
         self._failures = failures

@@ -1,4 +1,9 @@
-"""The engine's Prometheus metric families (the names are a contract: see COMMON.md / METRICS.md).
+"""The Prometheus metric families infersight exports: the registry of their names (the contract).
+
+Every `infersight_*` name is written here once: the engine's families in `EngineMetrics`, the
+counters the collectors read at scrape time, and the sidecar's families. `engine_families()` and
+`SIDECAR_FAMILIES` are the lists everything else derives its own from (the dashboards' metric
+contract, the alert and scrape tests); telemetry/METRICS.md documents each one.
 
 One `EngineMetrics` per registry: several replicas in one process (tests, a local
 fleet) share the families and tell themselves apart by the `replica` label.
@@ -23,6 +28,31 @@ REPLICA_INFO_LABELS = LABELS + (
     "version", "config_hash", "quantization", "speculative_mode", "attention_backend",
     "tokenizer_hash", "chat_template_hash", "numa_mismatch",
 )
+
+# counters exported by the collectors (collectors.py), not by EngineMetrics:
+# Recorder.stats() key -> (metric name, help)
+RECORDER_ROW_COUNTERS = {
+    "written": ("infersight_telemetry_rows_written_total", "Telemetry rows the recorder stored"),
+    "spooled": ("infersight_telemetry_rows_spooled_total",
+                "Telemetry rows the recorder spooled to disk because the store was unreachable"),
+    "replayed": ("infersight_telemetry_rows_replayed_total", "Spooled telemetry rows replayed into the store"),
+    "dropped": ("infersight_telemetry_rows_dropped_total",
+                "Telemetry rows dropped (buffer or spool full, unrecoverable error)"),
+}
+OBSERVER_FAILURES = "infersight_observer_failures_total"
+
+# the sidecar's own /metrics (telemetry/sidecar/metrics.py): findings as gauges, its request counters
+FINDING_ACTIVE = "infersight_finding_active"
+FINDING_SEVERITY_LEVEL = "infersight_finding_severity_level"
+FINDINGS = "infersight_findings_total"
+SIDECAR_INSERT_ROWS = "infersight_sidecar_insert_rows_total"
+SIDECAR_QUERIES = "infersight_sidecar_queries_total"
+SIDECAR_ERRORS = "infersight_sidecar_errors_total"
+SIDECAR_REQUEST_DURATION = "infersight_sidecar_request_duration_seconds"
+SIDECAR_FAMILIES = {  # name -> type
+    FINDING_ACTIVE: "gauge", FINDING_SEVERITY_LEVEL: "gauge", FINDINGS: "counter", SIDECAR_INSERT_ROWS: "counter",
+    SIDECAR_QUERIES: "counter", SIDECAR_ERRORS: "counter", SIDECAR_REQUEST_DURATION: "histogram",
+}
 
 
 class EngineMetrics:
@@ -97,6 +127,18 @@ class EngineMetrics:
                                             "Prompts looked up in the tokenization cache")
         self.tokenization_hits = counter("infersight_tokenization_cache_hits_total",
                                          "Prompts served from the tokenization cache")
+
+
+def engine_families() -> dict[str, str]:
+    """name -> type ("histogram" | "gauge" | "counter", counters with `_total`) of every family a
+    replica's /metrics shows: EngineMetrics' own, read off a throwaway registry (so the list cannot
+    drift from what is registered), then the collectors' counters."""
+    registry = CollectorRegistry()
+    EngineMetrics(registry)
+    families = {f.name + ("_total" if f.type == "counter" else ""): f.type for f in registry.collect()}
+    families.update({name: "counter" for name, _ in RECORDER_ROW_COUNTERS.values()})
+    families[OBSERVER_FAILURES] = "counter"
+    return families
 
 
 _by_registry: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

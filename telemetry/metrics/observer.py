@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from telemetry.contract.derived import decode_seconds, itl_gaps, ttft_split
 from telemetry.contract.hooks import EngineObserver
-from telemetry.metrics.definitions import engine_metrics
 from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
+from telemetry.metrics.definitions import engine_metrics
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
@@ -29,6 +30,7 @@ class MetricsObserver(EngineObserver):
         self.metrics = m = engine_metrics(self.registry)
         self._info_labels: tuple | None = None
         self._last_state: tuple | None = None
+        self._arrivals: dict[str, float] = {}  # request id -> arrival, until its first token
         ids = (replica_id, model)
 
         self._ttft = m.ttft.labels(*ids)
@@ -100,6 +102,21 @@ class MetricsObserver(EngineObserver):
         if r.spec_proposed:
             self._on_spec(r)
 
+    def on_request_arrival(self, request_id, arrival_time, prompt_tokens, workload, trace_context) -> None:
+        self._arrivals[request_id] = arrival_time
+
+    def on_request_scheduled(self, request_id: str, when: float) -> None:
+        # queue time and TTFT are observed when they happen, not when the request finishes (as vLLM
+        # does): a TTFT alert does not wait for long generations to end
+        arrival = self._arrivals.get(request_id)
+        if arrival is not None:
+            self._queue.observe(ttft_split(arrival, when, 0.0)[0])
+
+    def on_first_token(self, request_id: str, when: float) -> None:
+        arrival = self._arrivals.pop(request_id, None)
+        if arrival is not None:
+            self._ttft.observe(ttft_split(arrival, 0.0, when)[2])
+
     def on_request_finished(self, r: RequestRecord) -> None:
         success = self._success.get(r.finish_reason)
         if success is None:  # an unexpected reason still counts, under its own name
@@ -111,16 +128,13 @@ class MetricsObserver(EngineObserver):
         self._generation_tokens.inc(r.output_tokens)
         self._request_generation_tokens.observe(r.output_tokens)
         self._e2e.observe(r.e2e_seconds)
-        if r.scheduled_time > 0:
-            self._queue.observe(r.queue_seconds)
+        self._arrivals.pop(r.request_id, None)  # finished before its first token (aborted, or an error)
         if r.first_token_time > 0:
-            self._ttft.observe(r.ttft_seconds)
             if r.scheduled_time > 0:
                 self._prefill.observe(r.prefill_seconds)
-            self._decode.observe(max(0.0, r.finish_time - r.first_token_time))
-        times = r.token_times
-        if len(times) > 1:
-            self._itl.observe_many([b - a if b > a else 0.0 for a, b in zip(times, times[1:])])
+            self._decode.observe(decode_seconds(r.first_token_time, r.finish_time))
+        if len(r.token_times) > 1:  # per gap, as the dashboards and the demo report define ITL
+            self._itl.observe_many(itl_gaps(r.token_times))
 
     def on_tokenization(self, cache_hit: bool) -> None:
         self._tok_queries.inc()

@@ -12,6 +12,11 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 
+from telemetry.metrics.definitions import (
+    FINDING_ACTIVE, FINDING_SEVERITY_LEVEL, FINDINGS, SIDECAR_ERRORS, SIDECAR_INSERT_ROWS, SIDECAR_QUERIES,
+    SIDECAR_REQUEST_DURATION,
+)
+
 log = logging.getLogger(__name__)
 
 # no `*_created` companion series: they are off the metric contract (telemetry/METRICS.md)
@@ -42,12 +47,12 @@ class FindingsCollector:
         self.store, self.sidecar, self.window = store, sidecar, int(active_window_seconds)
 
     def collect(self):
-        active = GaugeMetricFamily("infersight_finding_active", "1 per finding seen within the active window",
+        active = GaugeMetricFamily(FINDING_ACTIVE, "1 per finding seen within the active window",
                                    labels=FINDING_LABELS)
-        level = GaugeMetricFamily("infersight_finding_severity_level",
+        level = GaugeMetricFamily(FINDING_SEVERITY_LEVEL,
                                   "Severity of each active finding: 0 info, 1 warning, 2 critical",
                                   labels=FINDING_LABELS)
-        total = CounterMetricFamily("infersight_findings", "Distinct findings recorded",
+        total = CounterMetricFamily(FINDINGS, "Distinct findings recorded",
                                     labels=("sidecar", "kind", "severity"))
         try:
             rows = self.store.query_arrow(_ACTIVE_FINDINGS, {"window": self.window}).to_pylist()
@@ -66,13 +71,13 @@ class SidecarMetrics:
     def __init__(self, store, name: str, finding_active_window_seconds: float):
         self.registry = CollectorRegistry()
         self.name = name
-        self.insert_rows = Counter("infersight_sidecar_insert_rows", "Rows inserted through the sidecar",
+        self.insert_rows = Counter(SIDECAR_INSERT_ROWS, "Rows inserted through the sidecar",
                                    ("sidecar", "table"), registry=self.registry)
-        self.queries = Counter("infersight_sidecar_queries", "Queries and inserts served", ("sidecar",),
+        self.queries = Counter(SIDECAR_QUERIES, "Queries and inserts served", ("sidecar",),
                                registry=self.registry)
-        self.errors = Counter("infersight_sidecar_errors", "Requests answered with an error", ("sidecar",),
+        self.errors = Counter(SIDECAR_ERRORS, "Requests answered with an error", ("sidecar",),
                               registry=self.registry)
-        self.duration = Histogram("infersight_sidecar_request_duration_seconds", "Time to serve a request",
+        self.duration = Histogram(SIDECAR_REQUEST_DURATION, "Time to serve a request",
                                   ("sidecar",), registry=self.registry,
                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
         self.queries.labels(name)

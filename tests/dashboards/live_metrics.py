@@ -14,6 +14,7 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from telemetry.contract.hooks import replay_request
 from telemetry.metrics import MetricsObserver, ObserverFailuresCollector, RecorderStatsCollector
 from telemetry.contract.records import FindingRecord, ReplicaRecord, RequestRecord, StepRecord
 
@@ -65,7 +66,7 @@ def engine_registry() -> CollectorRegistry:
     for i in range(3):
         observer.on_tokenization(cache_hit=i > 0)
         observer.on_step(step(i))
-        observer.on_request_finished(request(i))
+        replay_request(observer, request(i))
     return registry
 
 

@@ -66,7 +66,9 @@ def test_request_panels(run, seeded):
     assert slow.iloc[0]["request_id"] == info.slowest_request and len(slow) == 50
     one = run("clickhouse_deep_dive.json: panel 'Request: token IDs and per-token timing'")
     assert one["request_id"].tolist() == [info.special_request]
-    assert list(one.iloc[0]["inter_token_seconds"][1:]) == pytest.approx([0.05] * (len(one.iloc[0]["token_times"]) - 1), abs=1e-5)
+    # per-gap ITL (telemetry.contract.derived): n tokens, n - 1 gaps, the seeded 50 ms each
+    gaps, times = one.iloc[0]["inter_token_seconds"], one.iloc[0]["token_times"]
+    assert list(gaps) == pytest.approx([0.05] * (len(times) - 1), abs=1e-5)
     steps = run("clickhouse_deep_dive.json: panel 'Request: the steps it took part in'")
     assert steps["step_id"].tolist() == [1000, 1001, 1002, 1003, 1004]
 

@@ -5,42 +5,11 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-# the engine half of the metric-name contract in COMMON.md: name -> type
-CONTRACT = {
-    "infersight_time_to_first_token_seconds": "histogram",
-    "infersight_inter_token_latency_seconds": "histogram",
-    "infersight_e2e_request_latency_seconds": "histogram",
-    "infersight_request_queue_time_seconds": "histogram",
-    "infersight_request_prefill_time_seconds": "histogram",
-    "infersight_request_decode_time_seconds": "histogram",
-    "infersight_step_duration_seconds": "histogram",
-    "infersight_step_host_overhead_ratio": "histogram",
-    "infersight_request_prompt_tokens": "histogram",
-    "infersight_request_generation_tokens": "histogram",
-    "infersight_num_requests_running": "gauge",
-    "infersight_num_requests_waiting": "gauge",
-    "infersight_kv_cache_usage_ratio": "gauge",
-    "infersight_kv_cache_blocks": "gauge",
-    "infersight_replica_info": "gauge",
-    "infersight_prompt_tokens_total": "counter",
-    "infersight_generation_tokens_total": "counter",
-    "infersight_request_success_total": "counter",
-    "infersight_num_preemptions_total": "counter",
-    "infersight_prefix_cache_queries_total": "counter",
-    "infersight_prefix_cache_hits_total": "counter",
-    "infersight_kv_cache_evictions_total": "counter",
-    "infersight_spec_decode_num_drafts_total": "counter",
-    "infersight_spec_decode_num_draft_tokens_total": "counter",
-    "infersight_spec_decode_num_accepted_tokens_total": "counter",
-    "infersight_spec_decode_num_accepted_tokens_per_pos_total": "counter",
-    "infersight_tokenization_cache_queries_total": "counter",
-    "infersight_tokenization_cache_hits_total": "counter",
-    "infersight_telemetry_rows_written_total": "counter",
-    "infersight_telemetry_rows_spooled_total": "counter",
-    "infersight_telemetry_rows_replayed_total": "counter",
-    "infersight_telemetry_rows_dropped_total": "counter",
-    "infersight_observer_failures_total": "counter",
-}
+from telemetry.metrics.definitions import engine_families
+
+# the engine half of the metric-name contract, name -> type, from the registry of names
+# (telemetry/metrics/definitions.py): the tests check a scrape shows exactly these
+CONTRACT = engine_families()
 
 
 def scrape(registry) -> dict:

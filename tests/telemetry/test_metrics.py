@@ -7,7 +7,7 @@ from live_telemetry_samples import queued_abort_record, replica_record, request_
 from live_telemetry_scrape import CONTRACT, scrape, value
 from prometheus_client import CollectorRegistry
 
-from telemetry.contract.hooks import EngineObserver, ObserverGuard
+from telemetry.contract.hooks import EngineObserver, ObserverGuard, replay_request
 from telemetry.metrics import MetricsObserver, ObserverFailuresCollector, RecorderStatsCollector
 
 
@@ -36,7 +36,7 @@ def test_every_contract_metric_is_exported_with_its_type_and_labels():
     registry, observer = full_registry()
     observer.on_replica_start(replica_record())
     observer.on_step(step_record(spec_proposed=4, spec_accepted=2, spec_per_pos=(1, 1, 0, 0)))
-    observer.on_request_finished(request_record())
+    replay_request(observer, request_record())
     observer.on_tokenization(True)
     s = scrape(registry)
     for name, kind in CONTRACT.items():
@@ -59,7 +59,7 @@ def test_request_histograms_and_counters_agree_with_the_records():
         queued_abort_record("d"),
     ]
     for r in finished:
-        observer.on_request_finished(r)
+        replay_request(observer, r)
     s = scrape(registry)
     ids = dict(replica="r0", model="m")
 
@@ -176,13 +176,36 @@ def test_replica_info_carries_identity_and_a_restart_replaces_it():
     assert [lbls["config_hash"] for lbls, _ in info] == ["cfg456"]
 
 
+def test_queue_time_and_ttft_are_observed_when_they_happen_not_at_finish():
+    registry = CollectorRegistry()
+    observer = MetricsObserver("r0", "m", registry=registry)
+    r = request_record("long", queue=0.25, prefill=0.5, itls=(0.01,) * 50)
+    ids = dict(replica="r0", model="m")
+    observer.on_request_arrival(r.request_id, r.arrival_time, r.prompt_tokens, r.workload, None)
+    assert value(scrape(registry), "infersight_request_queue_time_seconds_count", **ids) == 0
+    observer.on_request_scheduled(r.request_id, r.scheduled_time)
+    s = scrape(registry)
+    assert value(s, "infersight_request_queue_time_seconds_count", **ids) == 1
+    assert value(s, "infersight_request_queue_time_seconds_sum", **ids) == pytest.approx(0.25)
+    assert value(s, "infersight_time_to_first_token_seconds_count", **ids) == 0
+    observer.on_first_token(r.request_id, r.first_token_time)  # 50 tokens before the request ends
+    s = scrape(registry)
+    assert value(s, "infersight_time_to_first_token_seconds_count", **ids) == 1
+    assert value(s, "infersight_time_to_first_token_seconds_sum", **ids) == pytest.approx(0.75)
+    observer.on_request_finished(r)  # observed once, not again at finish
+    s = scrape(registry)
+    assert value(s, "infersight_time_to_first_token_seconds_count", **ids) == 1
+    assert value(s, "infersight_request_queue_time_seconds_count", **ids) == 1
+    assert observer._arrivals == {}  # nothing kept per request once it has its first token
+
+
 def test_replicas_sharing_a_registry_keep_separate_series():
     registry = CollectorRegistry()
     a = MetricsObserver("r0", "m", registry=registry)
     b = MetricsObserver("r1", "m", registry=registry)
-    a.on_request_finished(request_record("x"))
-    b.on_request_finished(request_record("y"))
-    b.on_request_finished(request_record("z", finish_reason="stop"))
+    replay_request(a, request_record("x"))
+    replay_request(b, request_record("y"))
+    replay_request(b, request_record("z", finish_reason="stop"))
     s = scrape(registry)
     assert value(s, "infersight_e2e_request_latency_seconds_count", replica="r0", model="m") == 1
     assert value(s, "infersight_e2e_request_latency_seconds_count", replica="r1", model="m") == 2
@@ -191,7 +214,7 @@ def test_replicas_sharing_a_registry_keep_separate_series():
 def test_an_unexpected_finish_reason_is_counted_under_its_name():
     registry = CollectorRegistry()
     observer = MetricsObserver("r0", "m", registry=registry)
-    observer.on_request_finished(request_record(finish_reason="timeout"))
+    replay_request(observer, request_record(finish_reason="timeout"))
     assert value(scrape(registry), "infersight_request_success_total",
                  replica="r0", model="m", finished_reason="timeout") == 1
 
@@ -282,7 +305,7 @@ def test_scraping_while_the_engine_thread_writes_is_safe():
     t.start()
     try:
         for i in range(300):
-            observers[i % 2].on_request_finished(request_record(f"q{i}", itls=(0.01,) * 20))
+            replay_request(observers[i % 2], request_record(f"q{i}", itls=(0.01,) * 20))
             observers[i % 2].on_step(step_record(i, running=i % 7))
     finally:
         stop.set()
