@@ -24,9 +24,11 @@ from pathlib import Path
 from diagnostics.findings import Finding
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence, tokens
-from diagnostics.replica_tokenizers import LoadedTokenizer, TokenizerSource
+from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.unicode_corpus import corpus
 from diagnostics.request import DiagnosticRequest
+from engine.tokenization import Tokenizer
+from evals.gate_statistics import first_divergence
 
 DIAGNOSTIC = "tokenizer"
 MAX_EXAMPLES = 3
@@ -215,12 +217,12 @@ def same_text_different_ids(store, scope: Scope, replicas: list[dict], toks: dic
 
 # -- round trips ----------------------------------------------------------------------------------
 
-def roundtrip_failure(tok: LoadedTokenizer, text: str) -> dict | None:
+def roundtrip_failure(tok: Tokenizer, text: str) -> dict | None:
     ids = tok.encode(text, add_special_tokens=False)
     back = tok.decode(ids, skip_special_tokens=False)
     if back == text:
         return None
-    at = next((i for i, (x, y) in enumerate(zip(text, back)) if x != y), min(len(text), len(back)))
+    at = first_divergence(text, back)
     return {"text": text, "decoded": back, "token_ids": ids, "first_differing_char": at,
             "text_at": text[at:at + 12], "decoded_at": back[at:at + 12]}
 
@@ -301,7 +303,7 @@ GROUP BY replica_id
 """
 
 
-def expected_stream_text(tok: LoadedTokenizer, ids: list[int], params: dict, finish_reason: str,
+def expected_stream_text(tok: Tokenizer, ids: list[int], params: dict, finish_reason: str,
                          streamed: str) -> tuple[str, bool]:
     """The full decode the stream should equal, and whether a stop string may have cut it short."""
     stop_ids = set(params.get("stop_token_ids") or [])
@@ -329,7 +331,7 @@ def streamed_vs_full(store, scope: Scope, toks: dict) -> list[Finding]:
             full, may_be_cut = expected_stream_text(tok, list(out_ids), params, reason, streamed)
             if streamed == full or (may_be_cut and full.startswith(streamed)):
                 continue
-            at = next((i for i, (x, y) in enumerate(zip(streamed, full)) if x != y), min(len(streamed), len(full)))
+            at = first_divergence(streamed, full)
             bad.append({"output_token_ids": list(out_ids), "streamed_text": streamed, "full_decode": full,
                         "first_differing_char": at, "streamed_at": streamed[at:at + 16], "full_at": full[at:at + 16]})
         if bad:
@@ -365,7 +367,7 @@ FROM (
            t.prompt_text AS prompt_text, arrayMax(t.prompt_token_ids) AS pmax, arrayMax(t.output_token_ids) AS omax,
            length(t.prompt_token_ids) >= 2 AND t.prompt_token_ids[1] = {bos:Int64}
                AND t.prompt_token_ids[2] = {bos:Int64} AS is_double_bos,
-           t.prompt_text_hash != '' AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}
+           t.prompt_text_hash != '' AND t.rendered_prompt_hash = '' AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}
                AND hasAny(arraySlice(t.prompt_token_ids, 2), {specials:Array(UInt32)}) AS is_special
     FROM requests AS t
     WHERE {filters}
@@ -399,7 +401,7 @@ def token_id_checks(store, scope: Scope, toks: dict, identity: dict, permille: i
     return findings
 
 
-def _token_findings(r: dict, tok: LoadedTokenizer, identity: dict, scope: Scope, permille: int) -> list[Finding]:
+def _token_findings(r: dict, tok: Tokenizer, identity: dict, scope: Scope, permille: int) -> list[Finding]:
     rid = r["replica_id"]
     model = identity.get(rid, {}).get("model_name", "")
     findings = []

@@ -10,9 +10,10 @@
 The forward pass runs on its own thread so the event loop (an HTTP server)
 stays responsive. Callers validate and tokenize on their side
 (`LLMEngine.make_sequence`, so bad input raises ValueError right in
-`generate`), then hand the sequence over through a queue; the loop thread
-adds it, steps, and posts each output to the caller's asyncio queue. A
-caller that stops iterating (client went away) aborts its request.
+`generate`; a `Prompt` comes tokenized already), then hand the sequence
+over through a queue; the loop thread adds it, steps, and posts each output
+to the caller's asyncio queue. A caller that stops iterating (client went
+away) aborts its request.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from telemetry.contract.hooks import EngineObserver
 from engine.outputs import RequestOutput
+from engine.prompt import Prompt
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -92,10 +94,13 @@ class AsyncLLM:
 
     # --- requests --------------------------------------------------------------------
 
-    async def generate(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
+    async def generate(self, prompt: str | list[int] | Prompt, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, *, workload: str = "", trace_context: dict | None = None,
                        arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
-        """Yield this request's outputs as they come (the last one has `finished=True`)."""
+        """Yield this request's outputs as they come (the last one has `finished=True`).
+
+        `prompt`: a text, token IDs, or a `Prompt` (engine.prompt) its caller already tokenized and
+        checked (the server's admission): the engine does not encode or check it again."""
         if self.error is not None:
             raise EngineDeadError(f"the engine loop died: {self.error!r}")
         if self._draining:

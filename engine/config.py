@@ -39,7 +39,8 @@ class EngineConfig:
     # identity
     replica_id: str = "replica-0"
     served_model_name: str | None = None  # defaults to the model directory's name
-    store_text: bool = False  # may prompt/output text be stored in telemetry
+    # (whether prompt / output text may be stored is the Recorder's decision, not the engine's:
+    # `infersight serve --store-text`, telemetry.recorder.Recorder(store_text=...))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -1,6 +1,7 @@
 """LLMEngine: requests in, one scheduler step at a time, outputs out.
 
-    add_request(...)  tokenize, validate, queue          (ValueError on bad input)
+    add_request(...)  tokenize, validate, queue          (ValueError on bad input; a Prompt,
+                      engine.prompt, comes tokenized and checked: taken as it is)
     step()            schedule -> prepare -> forward -> sample -> postprocess
     abort(...)        drop a request wherever it is
 
@@ -25,8 +26,10 @@ from engine.engine_records import build_replica_record, build_request_record, bu
 from engine.kv_cache import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
+from telemetry.contract import derived
 from telemetry.contract.hooks import NOOP_OBSERVER, EngineObserver, ObserverGuard
 from engine.outputs import RequestMetrics, RequestOutput
+from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, is_token_ids, text_prompt
 from engine.sampler import Sampler, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
@@ -107,29 +110,43 @@ class LLMEngine:
 
     # --- requests --------------------------------------------------------------
 
-    def make_sequence(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                      arrival_time: float | None = None, workload: str = "", trace_context: dict | None = None,
-                      stream: bool = True) -> Sequence:
+    def prepare_prompt(self, prompt: str | list[int] | Prompt) -> Prompt:
+        """Any prompt as a `Prompt`, checked: text is tokenized (once, through the tokenization cache),
+        token IDs are checked against the vocabulary, both against the context. A `Prompt` is taken as
+        it is: whoever made it (the server's admission, `chat_prompt`) tokenized and checked it already."""
+        if isinstance(prompt, Prompt):
+            return prompt
+        if isinstance(prompt, str):
+            prepared = text_prompt(self.tokenizer, prompt)
+        elif isinstance(prompt, (list, tuple)):
+            if not is_token_ids(prompt):
+                raise ValueError("a token-ID prompt must be a list of ints")
+            bad = invalid_token_ids(prompt, self.vocab_size)
+            if bad:
+                raise ValueError(f"token id {bad[0]} is out of the vocabulary [0, {self.vocab_size})")
+            prepared = ids_prompt(prompt)
+        else:
+            raise ValueError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+        self.scheduler.check_prompt(len(prepared.token_ids))
+        return prepared
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> Prompt:
+        """A conversation as a `Prompt`: rendered with the chat template, tokenized once, its hashes made."""
+        return chat_prompt(self.tokenizer, messages, add_generation_prompt, **template_kwargs)
+
+    def make_sequence(self, request_id: str, prompt: str | list[int] | Prompt,
+                      sampling_params: SamplingParams | None = None, arrival_time: float | None = None,
+                      workload: str = "", trace_context: dict | None = None, stream: bool = True) -> Sequence:
         """Tokenize and validate a request without touching engine state (safe from another thread)."""
         params = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         params.validate()
-        if isinstance(prompt, str):
-            prompt_text, token_ids = prompt, self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)):
-            prompt_text, token_ids = None, list(prompt)
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
-                raise ValueError("a token-ID prompt must be a list of ints")
-            if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
-                bad = next(t for t in token_ids if not 0 <= t < self.vocab_size)
-                raise ValueError(f"token id {bad} is out of the vocabulary [0, {self.vocab_size})")
-        else:
-            raise ValueError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
-        self.scheduler.check_prompt(len(token_ids))
-        seq = Sequence(str(request_id), token_ids, params,
+        prompt = self.prepare_prompt(prompt)
+        seq = Sequence(str(request_id), prompt.token_ids, params,
                        arrival_time if arrival_time is not None else time.time(),
-                       prompt_text=prompt_text, workload=workload, trace_context=trace_context, stream=stream)
+                       prompt_text=prompt.text, workload=workload, trace_context=trace_context, stream=stream,
+                       prompt_text_hash=prompt.text_hash, rendered_prompt_hash=prompt.rendered_hash)
         if params.seed is not None:
             seq.generator = self.sampler.make_generator(params.seed)
         if stream or params.stop:
@@ -145,10 +162,11 @@ class LLMEngine:
             self._notify("on_request_arrival", seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
                          seq.workload, seq.trace_context)
 
-    def add_request(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                    arrival_time: float | None = None, workload: str = "", trace_context: dict | None = None,
-                    stream: bool = True) -> None:
-        """Queue a request. `stream=False`: `step()` returns its output only once, when it finishes."""
+    def add_request(self, request_id: str, prompt: str | list[int] | Prompt,
+                    sampling_params: SamplingParams | None = None, arrival_time: float | None = None,
+                    workload: str = "", trace_context: dict | None = None, stream: bool = True) -> None:
+        """Queue a request: a prompt text, token IDs, or a `Prompt` (engine.prompt) already tokenized.
+        `stream=False`: `step()` returns its output only once, when it finishes."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         self.add_sequence(self.make_sequence(request_id, prompt, sampling_params, arrival_time, workload,
@@ -342,12 +360,13 @@ class LLMEngine:
     @staticmethod
     def _metrics(seq: Sequence) -> RequestMetrics:
         arrival, first, finish = seq.arrival_time, seq.first_token_time, seq.finish_time
-        n = seq.num_output_tokens
+        queue, _, ttft = derived.ttft_split(arrival, seq.scheduled_time, first)
         return RequestMetrics(
             arrival_time=arrival, scheduled_time=seq.scheduled_time, first_token_time=first,
-            finish_time=finish, queue_seconds=seq.scheduled_time - arrival if seq.scheduled_time else 0.0,
-            ttft_seconds=first - arrival if first else 0.0, e2e_seconds=finish - arrival,
-            mean_itl_seconds=(seq.token_times[-1] - first) / (n - 1) if n > 1 else 0.0,
+            finish_time=finish, queue_seconds=queue, ttft_seconds=ttft,
+            e2e_seconds=derived.e2e_seconds(arrival, finish),
+            # the per-request mean of the per-gap ITLs (0.0, not nan, in the API with fewer than two tokens)
+            mean_itl_seconds=derived.mean_itl(seq.token_times, empty=0.0),
             cached_tokens=seq.num_cached_tokens, preemptions=seq.num_preemptions,
             spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted)
 
@@ -360,7 +379,7 @@ class LLMEngine:
 
     def _report_finished(self, seq: Sequence, text: str) -> None:
         record = build_request_record(seq, replica_id=self.config.replica_id, model_name=self.model_name,
-                                      output_text=text, store_text=self.config.store_text)
+                                      output_text=text)
         self.observer.on_request_finished(record)
 
     def _report_step(self, batch: ScheduledBatch, start_wall: float, t0: float, split: tuple,

@@ -7,7 +7,6 @@ replica identity, built once at start).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import time
@@ -15,6 +14,7 @@ import time
 from engine.config import EngineConfig
 from engine.placement import discover_placement
 from engine.sequence import Sequence
+from telemetry.contract.derived import e2e_seconds, ttft_split
 from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 
 ENGINE_DISTRIBUTION = "infersight"
@@ -79,19 +79,17 @@ def trace_id_of(trace_context: dict | None) -> str:
     return parts[1] if len(parts) >= 4 and len(parts[1]) == 32 else ""
 
 
-def build_request_record(seq: Sequence, *, replica_id: str, model_name: str, output_text: str,
-                         store_text: bool) -> RequestRecord:
+def build_request_record(seq: Sequence, *, replica_id: str, model_name: str, output_text: str) -> RequestRecord:
+    """The finished request, its prompt and output text included: the record is in memory only; the
+    Recorder alone decides whether the text is stored (its store_text, `serve --store-text`)."""
     arrival = seq.arrival_time
     scheduled, first, finish = seq.scheduled_time, seq.first_token_time, seq.finish_time
-    prompt_text = seq.prompt_text or ""
+    queue, prefill, ttft = ttft_split(arrival, scheduled, first)
     return RequestRecord(
         replica_id=replica_id, request_id=seq.request_id, trace_id=trace_id_of(seq.trace_context),
         model_name=model_name, workload=seq.workload,
         arrival_time=arrival, scheduled_time=scheduled, first_token_time=first, finish_time=finish,
-        queue_seconds=scheduled - arrival if scheduled else 0.0,
-        prefill_seconds=first - scheduled if first and scheduled else 0.0,
-        ttft_seconds=first - arrival if first else 0.0,
-        e2e_seconds=finish - arrival,
+        queue_seconds=queue, prefill_seconds=prefill, ttft_seconds=ttft, e2e_seconds=e2e_seconds(arrival, finish),
         prompt_tokens=seq.num_prompt_tokens, output_tokens=seq.num_output_tokens,
         cached_tokens=seq.num_cached_tokens,
         prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids,
@@ -99,9 +97,8 @@ def build_request_record(seq: Sequence, *, replica_id: str, model_name: str, out
         sampling_params_json=seq.sampling_params.to_json(),
         finish_reason=seq.finish_reason or "abort", error=seq.error or "",
         preemptions=seq.num_preemptions, spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted,
-        prompt_text_hash=hashlib.sha256(prompt_text.encode()).hexdigest() if seq.prompt_text is not None else "",
-        prompt_text=prompt_text if store_text else "",
-        output_text=output_text if store_text else "",
+        prompt_text_hash=seq.prompt_text_hash, rendered_prompt_hash=seq.rendered_prompt_hash,
+        prompt_text=seq.prompt_text or "", output_text=output_text,
     )
 
 

@@ -15,9 +15,10 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from telemetry.contract.hooks import EngineObserver
 from engine.outputs import RequestOutput
+from engine.prompt import Prompt
 from engine.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+PromptInput = str | list[int] | Prompt
 
 
 def _is_token_ids(x) -> bool:
@@ -31,10 +32,10 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
-    def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list | None = None,
+    def generate(self, prompts: PromptInput | list[PromptInput], sampling_params: SamplingParams | list | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Outputs in the order of `prompts` (a single prompt is a list of one)."""
-        if isinstance(prompts, str) or _is_token_ids(prompts):
+        if isinstance(prompts, (str, Prompt)) or _is_token_ids(prompts):
             prompts = [prompts]
         prompts = list(prompts)
         if isinstance(sampling_params, (list, tuple)):
@@ -81,11 +82,12 @@ class LLM:
 
     def chat(self, conversations: list[dict] | list[list[dict]], sampling_params: SamplingParams | list | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True, **template_kwargs) -> list[RequestOutput]:
-        """Apply the chat template to each conversation (a list of {"role", "content"}) and generate."""
+        """Apply the chat template to each conversation (a list of {"role", "content"}) and generate
+        (each request keeps what it came as: the hash of its messages, its rendered text)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]
-        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
-                                                      **template_kwargs) for c in conversations]
+        prompts = [self.engine.chat_prompt(c, add_generation_prompt=add_generation_prompt, **template_kwargs)
+                   for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def score(self, prompt_ids: list[int] | list[list[int]], continuation_ids: list[int] | list[list[int]],

@@ -31,12 +31,16 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  arrival_time: float, *, prompt_text: str | None = None, workload: str = "",
-                 trace_context: dict | None = None, stream: bool = True):
+                 trace_context: dict | None = None, stream: bool = True, prompt_text_hash: str = "",
+                 rendered_prompt_hash: str = ""):
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.sampling_params = sampling_params
+        # what the request came as (engine.prompt.Prompt): the text the tokenizer encoded and the hashes
         self.prompt_text = prompt_text
+        self.prompt_text_hash = prompt_text_hash
+        self.rendered_prompt_hash = rendered_prompt_hash
         self.workload = workload
         self.trace_context = trace_context
         self.stream = stream  # streaming callers get an output every step, others only at the end

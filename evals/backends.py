@@ -66,10 +66,11 @@ class EngineBackend:
                         weights_hash=r.weights_hash, quantization=r.quantization,
                         speculative_mode=r.speculative_mode)
 
-    def prompt_ids(self, item: SuiteItem) -> list[int]:
+    def prompt(self, item: SuiteItem):
+        """The item as the engine's `Prompt` (chat items keep their messages' hashes, as served requests do)."""
         if item.messages is not None:
-            return self.engine.tokenizer.apply_chat_template(item.messages, add_generation_prompt=True)
-        return self.engine.tokenizer.encode(item.prompt)
+            return self.engine.chat_prompt(item.messages)
+        return self.engine.prepare_prompt(item.prompt)
 
     def generate(self, items: list[SuiteItem], max_tokens: int, progress: bool = True) -> list[Generation]:
         from engine.sampling_params import SamplingParams
@@ -81,9 +82,9 @@ class EngineBackend:
             rid = f"eval-{i}"
             params = SamplingParams(temperature=0.0, max_tokens=item.max_tokens or max_tokens, logprobs=0)
             try:
-                ids = self.prompt_ids(item)
+                prompt = self.prompt(item)
                 started[rid] = time.perf_counter()
-                eng.add_request(rid, ids, params, stream=False)
+                eng.add_request(rid, prompt, params, stream=False)
             except ValueError as e:  # admission error: recorded on the item, the run goes on
                 results[rid] = Generation([], [], "", error=str(e))
         with _progress(len(items), progress, "eval") as bar:

@@ -11,6 +11,11 @@ original tokens, once it is back: a batch is never stored twice, and never silen
                         "dropped": lost (buffer or spool full, data the store refuses)}}
 
 After `close()` with the store up, every row appended is in `written` or `dropped`.
+
+Redaction has one owner, here: the engine's request records always carry the prompt and output
+text; `store_text` (False unless the operator allows it: `infersight serve --store-text`) decides
+whether it reaches the store. Without it the text columns are written empty, before a batch is
+formed, so no text reaches the store nor the disk spool. The hashes are always kept.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ COUNTERS = ("written", "spooled", "replayed", "dropped")
 # insert), CPU that holds the GIL the engine thread needs: every 2 s keeps that under 0.3% of a core
 # (telemetry/benchmarks/flush_cost.py) while the dashboards stay a few seconds behind at most.
 DEFAULT_FLUSH_INTERVAL = 2.0
-TEXT_COLUMNS = ("prompt_text", "output_text")
+TEXT_COLUMNS = ("prompt_text", "output_text")  # of `requests`: written empty unless store_text
 
 
 class ColumnBuffer:

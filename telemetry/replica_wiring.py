@@ -37,20 +37,26 @@ class TelemetryParts:
         self.observer.close()
 
 
-def build_observer(replica_id: str, model: str, *, store_target=None, metrics: bool = True, tracing: str = "none",
-                   otlp_endpoint: str | None = None, registry: CollectorRegistry | None = None,
+def build_observer(replica_id: str, model: str, *, store_target=None, store_text: bool = False, metrics: bool = True,
+                   tracing: str = "none", otlp_endpoint: str | None = None, registry: CollectorRegistry | None = None,
                    recorder_kwargs: dict | None = None, tracer_provider=None) -> tuple[EngineObserver, TelemetryParts]:
     """(observer for the engine, its parts).
 
     store_target: a data directory or a ClickHouse URL for the Recorder (None: no recorder).
+    store_text: may the Recorder store prompt and output text (`serve --store-text`)? The records
+      carry the text; the Recorder is the one place that decides whether it reaches the store
+      (metrics and tracing never export it).
     tracing: "none" | "console" | "otlp" (or pass an SDK `tracer_provider`).
     registry: where the metrics go (a new CollectorRegistry by default; see parts.registry).
     """
+    recorder_kwargs = dict(recorder_kwargs or {})
+    if "store_text" in recorder_kwargs:
+        raise ValueError("pass store_text to build_observer itself, not in recorder_kwargs")
     parts = TelemetryParts(registry=registry if registry is not None else CollectorRegistry())
     if store_target is not None:
         from telemetry.recorder import Recorder  # lazily: it pulls in the store client
 
-        parts.recorder = Recorder(store_target, replica_id, **(recorder_kwargs or {}))
+        parts.recorder = Recorder(store_target, replica_id, store_text=store_text, **recorder_kwargs)
         parts.registry.register(RecorderStatsCollector(parts.recorder, replica_id, model))
     if metrics:
         parts.metrics = MetricsObserver(replica_id, model, registry=parts.registry)

@@ -1,15 +1,23 @@
-"""Turn an API request into what the engine takes (a prompt and SamplingParams), or a 400.
+"""Turn an API request into what the engine takes (a Prompt and SamplingParams), or a 400.
 
 Everything a client can get wrong is checked here, before the engine sees
 the request, so the message names the parameter and the limit: unsupported
 options, token IDs outside the vocabulary, a prompt longer than the context,
 max_tokens that does not fit beside the prompt.
+
+The border with the engine is crossed once: a text prompt is tokenized here,
+once, through the engine's tokenization cache (a chat's messages rendered by
+the chat template first), and the engine is handed an `engine.prompt.Prompt`
+holding those token IDs and what the request came as (the text, the hash of a
+completion's text or of a chat's messages, a chat's rendered text and its hash).
+The engine neither encodes it again nor checks its vocabulary again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, text_prompt
 from engine.sampling_params import SamplingParams
 from engine.server.errors import APIError
 from engine.server.model_info import ServedModel
@@ -20,9 +28,18 @@ MAX_STOP_STRINGS = 16
 
 @dataclass
 class Admitted:
-    prompt: str | list[int]  # text (the engine tokenizes and hashes it) or token IDs
-    prompt_len: int  # in tokens
+    engine_prompt: Prompt  # what the engine is given: the token IDs made here, and what the request came as
     sampling_params: SamplingParams
+
+    @property
+    def prompt(self) -> str | list[int]:
+        """The client's prompt text, or the token IDs (a chat's: as its template rendered them)."""
+        p = self.engine_prompt
+        return p.text if p.kind == "text" else p.token_ids
+
+    @property
+    def prompt_len(self) -> int:  # in tokens
+        return len(self.engine_prompt.token_ids)
 
 
 def _unsupported(param: str, why: str) -> APIError:
@@ -64,7 +81,7 @@ def _stop_strings(stop: str | list[str] | None) -> list[str]:
 def _check_token_ids(ids: list[int], served: ServedModel, param: str) -> None:
     if not ids:
         raise APIError(f"{param} must not be empty", param=param)
-    bad = [t for t in ids if t >= served.vocab_size]
+    bad = invalid_token_ids(ids, served.vocab_size)
     if bad:
         raise APIError(f"{param}: token IDs {bad[:5]} are outside the vocabulary (valid: 0..{served.vocab_size - 1})",
                        param=param, code="invalid_token_id")
@@ -116,32 +133,33 @@ def admit_completion(req: CompletionRequest, served: ServedModel) -> Admitted:
                                          "send one prompt per request")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        prompt_len = served.count_prompt_tokens(prompt)
+        engine_prompt = text_prompt(served.tokenizer, prompt)  # the one tokenization of this text
     else:
         _check_token_ids(prompt, served, "prompt")
-        prompt_len = len(prompt)
-    max_tokens = _max_tokens(req.max_tokens, prompt_len, served, "max_tokens")
-    return Admitted(prompt, prompt_len, _sampling_params(req, max_tokens, req.logprobs))
+        engine_prompt = ids_prompt(prompt)
+    max_tokens = _max_tokens(req.max_tokens, len(engine_prompt), served, "max_tokens")
+    return Admitted(engine_prompt, _sampling_params(req, max_tokens, req.logprobs))
 
 
 def tokenize(req, served: ServedModel) -> list[int]:
-    """What /tokenize answers: the token IDs the engine would be given for this prompt or conversation."""
+    """What /tokenize answers: the token IDs the engine would be given for this prompt or conversation
+    (made the way admission makes them)."""
     _check_model(req.model, served)
     if (req.prompt is None) == (req.messages is None):
         raise APIError("give either prompt or messages", param="prompt")
     if req.prompt is not None:
-        return list(served.tokenizer.hf.encode(req.prompt, add_special_tokens=True))
-    return _render_chat(req.messages, req.add_generation_prompt, served)
+        return text_prompt(served.tokenizer, req.prompt).token_ids
+    return _render_chat(req.messages, req.add_generation_prompt, served).token_ids
 
 
 def _message_text(content) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
 
 
-def _render_chat(messages, add_generation_prompt: bool, served: ServedModel) -> list[int]:
+def _render_chat(messages, add_generation_prompt: bool, served: ServedModel) -> Prompt:
     plain = [{"role": m.role, "content": _message_text(m.content)} for m in messages]
     try:
-        return served.apply_chat_template(plain, add_generation_prompt=add_generation_prompt)
+        return chat_prompt(served.tokenizer, plain, add_generation_prompt=add_generation_prompt)
     except Exception as e:  # a template may reject a conversation (e.g. roles out of order)
         raise APIError(f"messages: the chat template rejected the conversation: {e}", param="messages") from None
 
@@ -159,9 +177,9 @@ def admit_chat(req: ChatCompletionRequest, served: ServedModel) -> Admitted:
     if req.max_tokens is not None and req.max_completion_tokens is not None:
         raise APIError("give max_completion_tokens or max_tokens, not both", param="max_tokens")
 
-    prompt_ids = _render_chat(req.messages, req.add_generation_prompt, served)
+    engine_prompt = _render_chat(req.messages, req.add_generation_prompt, served)
     param = "max_tokens" if req.max_tokens is not None else "max_completion_tokens"
     max_tokens = _max_tokens(req.max_completion_tokens if req.max_tokens is None else req.max_tokens,
-                             len(prompt_ids), served, param)
+                             len(engine_prompt), served, param)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return Admitted(prompt_ids, len(prompt_ids), _sampling_params(req, max_tokens, logprobs))
+    return Admitted(engine_prompt, _sampling_params(req, max_tokens, logprobs))

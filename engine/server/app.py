@@ -5,9 +5,10 @@ Routes: POST /v1/completions, POST /v1/chat/completions (SSE when
 (as vLLM has it: what a prompt or a conversation becomes, and the context length).
 
 A request's life here: headers -> RequestContext (id, workload, trace
-context); body -> admission (prompt + SamplingParams, or a 400); the engine
-generates; outputs -> OpenAI JSON or SSE chunks. A client that goes away
-aborts its request, so the engine frees its KV blocks at once.
+context); body -> admission (a Prompt, tokenized there once, + SamplingParams,
+or a 400); the engine generates; outputs -> OpenAI JSON or SSE chunks. A
+client that goes away aborts its request, so the engine frees its KV blocks
+at once.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class Server:
             raise APIError(f"a request with id {ctx.request_id!r} is already in flight; request ids must be unique",
                            status=409, param=REQUEST_ID_HEADER, code="duplicate_request_id")
         self.in_flight[ctx.request_id] = time.time()
-        return self.served.engine.generate(admitted.prompt, admitted.sampling_params, ctx.request_id,
+        return self.served.engine.generate(admitted.engine_prompt, admitted.sampling_params, ctx.request_id,
                                            workload=ctx.workload, trace_context=ctx.trace_context)
 
     async def _abort(self, request_id: str, gen) -> None:

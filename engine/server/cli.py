@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=None, metavar="TARGET",
                         help="telemetry store: the sidecar's URL (http://host:port) or a data directory; "
                              "default: no recorder (metrics and tracing only)")
+    parser.add_argument("--store-text", action=argparse.BooleanOptionalAction, default=False,
+                        help="store the prompt and output text of requests in telemetry (default: only their "
+                             "hashes and token IDs; the recorder writes empty text)")
     parser.add_argument("--api-key", default=os.environ.get("INFERSIGHT_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on /v1/* (default: $INFERSIGHT_API_KEY)")
     parser.add_argument("--tracing", choices=("none", "console", "otlp"), default="none")
@@ -67,7 +70,8 @@ def build_server(args):
     config = engine_config_from_args(args.model, args)
     model_name = config.served_model_name or Path(config.model).resolve().name
     observer, parts = build_observer(config.replica_id, model_name, store_target=args.store,
-                                     tracing=args.tracing, otlp_endpoint=args.otlp_endpoint)
+                                     store_text=args.store_text, tracing=args.tracing,
+                                     otlp_endpoint=args.otlp_endpoint)
     engine = AsyncLLM(config, observer)
     served = ServedModel.from_engine(engine, created=int(time.time()))
     app = build_app(served, api_key=args.api_key, metrics_registry=parts.registry)

@@ -18,7 +18,7 @@ class ServedModel:
     replica_id: str
     max_model_len: int
     vocab_size: int
-    tokenizer: Any  # engine.tokenization.Tokenizer
+    tokenizer: Any  # engine.tokenization.Tokenizer: the engine's own (its tokenization cache, its observer)
     created: int = 0
     root: str = ""
     extra: dict = field(default_factory=dict)
@@ -34,16 +34,8 @@ class ServedModel:
             tokenizer=core.tokenizer, created=created, root=str(config.model),
         )
 
-    def count_prompt_tokens(self, text: str) -> int:
-        """Tokens the engine will make of `text` (the engine itself tokenizes the text it is given;
-        this bypasses its tokenization cache so the cache's hit rate is not skewed by this count)."""
-        return len(self.tokenizer.hf.encode(text, add_special_tokens=True))
-
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)
-
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
 
     def engine_state(self) -> dict:
         """Queues and KV blocks right now (read without locking: a monitoring snapshot)."""

@@ -17,6 +17,8 @@ Conventions:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,9 +86,21 @@ class RequestRecord:
     preemptions: int = 0
     spec_proposed: int = 0  # draft tokens proposed for this request
     spec_accepted: int = 0  # of which accepted
-    prompt_text_hash: str = ""  # sha256 of the prompt text, "" for token-ID prompts
-    prompt_text: str = ""  # only when the operator allows storing text
-    output_text: str = ""  # only when the operator allows storing text
+    # what the request came as (see `text_sha256` / `chat_messages_hash` below for exactly what is hashed):
+    # a completion: sha256 of its prompt text; a chat: sha256 of its canonical messages JSON;
+    # "" for a token-ID prompt. The same input has the same hash on every replica, whatever its
+    # tokenizer or chat template (the tokenizer diagnostic groups requests by it).
+    prompt_text_hash: str = ""
+    # the text the tokenizer encoded (its token IDs are prompt_token_ids): a completion's prompt
+    # text, a chat's prompt as the chat template rendered it. Stored only where the operator allows
+    # it (`infersight serve --store-text`): the engine's records always carry it, the Recorder alone
+    # decides what reaches the store, and writes "" otherwise (telemetry/recorder.py, store_text).
+    prompt_text: str = ""
+    output_text: str = ""  # the output text as streamed; stored like prompt_text, only where allowed
+    # chat only: sha256 of the prompt text the chat template rendered ("" for completions and token-ID
+    # prompts, whose text is not rendered): same messages (prompt_text_hash) with a different
+    # rendered_prompt_hash on two replicas means their chat templates differ
+    rendered_prompt_hash: str = ""
 
 
 @dataclass(slots=True)
@@ -203,6 +217,45 @@ RECORD_TYPES: dict[str, type] = {
     "findings": FindingRecord,
     "profiles": ProfileRecord,
 }
+
+
+# -- the prompt hashes: every writer (engine, proxies, tests) computes them with these ---------------
+
+def text_sha256(text: str) -> str:
+    """sha256 (hex) of `text` encoded as UTF-8: a completion's `prompt_text_hash`, and a chat's
+    `rendered_prompt_hash` (of the rendered prompt text)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    # content parts ({"type": "text", "text": ...} or objects with a .text): their text, joined
+    return "".join(part.get("text", "") if isinstance(part, dict) else str(getattr(part, "text", ""))
+                   for part in content)
+
+
+def canonical_chat_json(messages: list, add_generation_prompt: bool = True) -> str:
+    """A chat request's messages as one canonical JSON text, the input of its `prompt_text_hash`.
+
+    The list of {"content": text, "role": role} objects in the order given (content parts joined
+    into one string; any other key, e.g. "name", left out), as `json.dumps(..., sort_keys=True,
+    separators=(",", ":"), ensure_ascii=False)` writes it. With `add_generation_prompt` false (the
+    prompt does not end with the assistant's turn marker) it is the object
+    {"add_generation_prompt": false, "messages": [...]} instead, so that the two renderings of one
+    conversation never share a hash.
+    """
+    plain = [{"content": _content_text(m.get("content") if isinstance(m, dict) else getattr(m, "content", None)),
+              "role": str(m.get("role") if isinstance(m, dict) else getattr(m, "role", ""))} for m in messages]
+    document: Any = plain if add_generation_prompt else {"add_generation_prompt": False, "messages": plain}
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def chat_messages_hash(messages: list, add_generation_prompt: bool = True) -> str:
+    """A chat request's `prompt_text_hash`: sha256 of `canonical_chat_json(messages, add_generation_prompt)`."""
+    return text_sha256(canonical_chat_json(messages, add_generation_prompt))
 
 
 def record_fields(record_type: type) -> list[str]:

@@ -12,6 +12,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from telemetry.contract.hooks import EngineObserver
 from engine.sampling_params import SamplingParams
+from telemetry.contract.records import canonical_chat_json, chat_messages_hash, text_sha256
 
 torch.set_num_threads(1)  # tiny models on a shared 2-core machine
 
@@ -43,7 +44,7 @@ def drive(engine, prompts, params):
 def test_replica_request_and_step_records(tiny_llama):
     observer = Recording()
     engine = LLMEngine(EngineConfig(model=str(tiny_llama), block_size=4, num_kv_blocks=10,
-                                    max_num_batched_tokens=16, replica_id="rep-7", store_text=True), observer)
+                                    max_num_batched_tokens=16, replica_id="rep-7"), observer)
     (replica,), = observer.of("on_replica_start")
     assert replica is engine.replica_record and replica.replica_id == "rep-7"
     assert replica.config_hash == engine.config.config_hash()
@@ -88,6 +89,9 @@ def test_replica_request_and_step_records(tiny_llama):
         assert json.loads(r.sampling_params_json)["max_tokens"] == 10
     assert requests["r0"].prompt_text == "The quick brown fox jumps" and requests["r0"].output_text
     assert len(requests["r0"].prompt_text_hash) == 64 and requests["r2"].prompt_text_hash == ""
+    # the records always carry the text (the Recorder alone decides what is stored); completions have no rendering
+    assert requests["r0"].prompt_text_hash == text_sha256("The quick brown fox jumps")
+    assert requests["r2"].prompt_text == "" and {r.rendered_prompt_hash for r in requests.values()} == {""}
     assert sum(r.preemptions for r in requests.values()) == engine.scheduler.total_preemptions
 
     lifecycle = [name for name, args in observer.events if args and args[0] == "r1"]
@@ -174,3 +178,31 @@ def test_a_failing_forward_fails_only_that_batch(tiny_llama, monkeypatch):
     assert record.finish_reason == "error" and "device fell over" in record.error
     drive(engine, ["second"], params)  # and the engine keeps serving
     assert observer.of("on_request_finished")[-1][0].finish_reason == "length"
+
+
+def test_a_chat_keeps_its_messages_hash_and_rendered_text_and_is_encoded_once(tiny_llama, monkeypatch):
+    observer = Recording()
+    engine = LLMEngine(tiny_llama, observer, block_size=4, num_kv_blocks=64)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hello there"}]
+    encodes = []
+    real_encode = engine.tokenizer.hf.encode
+    monkeypatch.setattr(engine.tokenizer.hf, "encode", lambda *a, **k: encodes.append(a) or real_encode(*a, **k))
+    prompt = engine.chat_prompt(messages)
+    assert len(encodes) == 1 and prompt.kind == "chat"
+    engine.add_request("c", prompt, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert len(encodes) == 1  # the engine took the Prompt as it was
+    (record,), = observer.of("on_request_finished")
+    rendered = engine.tokenizer.apply_chat_template(messages, tokenize=False)
+    assert record.prompt_token_ids == engine.tokenizer.apply_chat_template(messages) == prompt.token_ids
+    assert record.prompt_text == rendered and record.rendered_prompt_hash == text_sha256(rendered)
+    # the canonical messages JSON: role and content (parts joined, other keys left out), keys sorted, compact
+    assert canonical_chat_json(messages) == ('[{"content":"be brief","role":"system"},'
+                                             '{"content":"Hello there","role":"user"}]')
+    parts = [{"role": "system", "content": "be brief", "name": "ops"},
+             {"content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}], "role": "user"}]
+    assert canonical_chat_json(parts) == canonical_chat_json(messages)
+    assert record.prompt_text_hash == chat_messages_hash(messages) == text_sha256(canonical_chat_json(messages))
+    assert chat_messages_hash(messages, add_generation_prompt=False) != record.prompt_text_hash
+    assert len(observer.of("on_tokenization")) == 2  # one cache lookup for the chat, one in apply_chat_template above

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 from live_telemetry_samples import replica_record, request_record, step_record
@@ -125,3 +126,37 @@ def test_guarded_fan_out_calls_only_overriding_parts_in_order_and_isolates_failu
     assert calls == [("steps", 0), ("steps", 1), ("steps", 2), ("broken", "close")]
     assert fan.failures == 3
     assert sum("Broken.on_step failed" in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
+@pytest.mark.parametrize("store_text", [False, True])
+def test_store_text_reaches_the_recorder_the_one_place_that_decides(tmp_path, spans, store_text):
+    from telemetry.store import open_store
+
+    provider, exporter = spans
+    data_dir = tmp_path / "store"
+    observer, parts = build_observer("r0", "m", store_target=str(data_dir), store_text=store_text,
+                                     tracer_provider=provider)
+    sample = request_record("with-text")
+    now = time.time() - sample.arrival_time  # a recent request (older rows are past the table's TTL)
+    record = dataclasses.replace(sample, prompt_text="a secret prompt", output_text="a secret answer",
+                                 prompt_text_hash="h" * 64, **{name: getattr(sample, name) + now for name in (
+                                     "arrival_time", "scheduled_time", "first_token_time", "finish_time")})
+    try:
+        assert parts.recorder.store_text is store_text
+        observer.on_request_finished(record)
+        parts.recorder.flush()
+        parts.tracing.flush()
+    finally:
+        parts.close()
+    with open_store(data_dir) as store:
+        row = store.query_df("SELECT prompt_text, output_text, prompt_text_hash FROM requests").iloc[0]
+    stored = ("a secret prompt", "a secret answer") if store_text else ("", "")
+    assert (row["prompt_text"], row["output_text"]) == stored and row["prompt_text_hash"] == "h" * 64
+    # tracing never exports the text, whatever the recorder may store
+    exported = [str(v) for sp in exporter.get_finished_spans() for v in sp.attributes.values()]
+    assert exported and not [v for v in exported if "secret" in v]
+
+
+def test_store_text_has_one_way_in():
+    with pytest.raises(ValueError, match="store_text"):
+        build_observer("r0", "m", store_target="/nonexistent", recorder_kwargs={"store_text": True})

@@ -10,6 +10,7 @@ from engine.server.headers import parse_traceparent, request_context
 from engine.server.model_info import ServedModel
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from engine.tokenization import Tokenizer
+from telemetry.contract.records import chat_messages_hash, text_sha256
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,39 @@ def test_chat_renders_the_template_once(served):
     assert (a.sampling_params.max_tokens, a.sampling_params.logprobs) == (5, 3)
     # no max_tokens: whatever room the context leaves
     assert admit_chat(_chat(), served).sampling_params.max_tokens == 64 - len(expected)
+
+
+def test_the_engine_is_handed_the_token_ids_made_here_and_what_the_request_came_as(served):
+    text = admit_completion(_completion(prompt="what the client sent"), served).engine_prompt
+    assert (text.kind, text.text, text.token_ids) == ("text", "what the client sent",
+                                                       served.tokenizer.encode("what the client sent"))
+    assert text.text_hash == text_sha256("what the client sent") and text.rendered_hash == ""
+    ids = admit_completion(_completion(prompt=[5, 6, 7]), served).engine_prompt
+    assert (ids.kind, ids.text, ids.text_hash, ids.rendered_hash) == ("token_ids", None, "", "")
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    chat = admit_chat(_chat(messages=messages), served).engine_prompt
+    rendered = served.tokenizer.apply_chat_template(messages, tokenize=False)
+    assert (chat.kind, chat.text, chat.token_ids) == ("chat", rendered, served.tokenizer.apply_chat_template(messages))
+    assert chat.text_hash == chat_messages_hash(messages) and chat.rendered_hash == text_sha256(rendered)
+    # content parts are the same conversation as their joined text
+    parts = _chat(messages=[messages[0], {"role": "user", "content": [{"type": "text", "text": "h"},
+                                                                      {"type": "text", "text": "i"}]}])
+    assert admit_chat(parts, served).engine_prompt == chat
+
+
+def test_a_text_prompt_is_tokenized_once_through_the_cache(tiny_llama):
+    tok = Tokenizer(tiny_llama)
+    lookups = []
+    real = tok.hf.encode
+    tok.hf.encode = lambda *a, **k: lookups.append(a) or real(*a, **k)
+    served = ServedModel(engine=None, name="tiny", replica_id="r0", max_model_len=64, vocab_size=tok.vocab_size,
+                         tokenizer=tok)
+    admit_completion(_completion(prompt="tokenize me once"), served)
+    assert len(lookups) == 1 and tok.cache_info()["misses"] == 1
+    admit_completion(_completion(prompt="tokenize me once"), served)  # the same text again: from the cache
+    admit_chat(_chat(), served)
+    assert len(lookups) == 2 and tok.cache_info() | {"size": 0} == {"hits": 1, "misses": 2, "size": 0,
+                                                                      "capacity": tok.cache_size}
 
 
 @pytest.mark.parametrize("make, param, words", [
