@@ -14,6 +14,7 @@ import unicodedata
 import pandas as pd
 
 from engine.tokenization import Tokenizer
+from telemetry.contract import derived
 
 # what a person should see instead of characters that render as nothing (or as a blank)
 VISIBLE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍"}
@@ -52,5 +53,6 @@ def token_frame(ids, tokenizer: Tokenizer | None = None, times=None) -> pd.DataF
     if times is not None and len(times) == len(ids):
         t = pd.Series([float(x) for x in times])
         frame["t (s)"] = t.round(6)
-        frame["gap (ms)"] = (t.diff() * 1000).round(3)
+        # the per-gap ITL as telemetry.contract.derived defines it (the first token has none: its latency is TTFT)
+        frame["gap (ms)"] = pd.Series([float("nan")] + [g * 1000 for g in derived.itl_gaps(list(t))]).round(3)
     return frame

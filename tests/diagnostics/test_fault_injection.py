@@ -36,6 +36,7 @@ from engine.fleet.processes import infersight_command
 from engine.loadgen.arrivals import Arrival
 from engine.loadgen.runner import run_load
 from engine.loadgen.workloads import RequestSpec, Workload
+from telemetry.contract import derived
 from telemetry.store import open_store
 
 pytestmark = pytest.mark.slow
@@ -135,11 +136,11 @@ FAULTS = {
     "altered chat template": ("r3", {"chat_template_mismatch"}),
     CPU_FAULT: ("r4", {"lagging_replica"}),
 }
-LATENCIES = """
+LATENCIES = f"""
 SELECT replica_id, count() AS requests, round(median(ttft_seconds) * 1000, 1) AS ttft_p50_ms,
-       round(median((e2e_seconds - ttft_seconds) / greatest(output_tokens - 1, 1)) * 1000, 1) AS itl_p50_ms,
+       round({derived.itl_per_gap_quantiles_sql(levels=(0.5,))}[1] * 1000, 1) AS itl_p50_ms,
        round(median(e2e_seconds) * 1000, 1) AS e2e_p50_ms
-FROM requests WHERE request_id LIKE {prefix:String} GROUP BY replica_id ORDER BY replica_id
+FROM requests WHERE request_id LIKE {{prefix:String}} GROUP BY replica_id ORDER BY replica_id
 """
 # findings above info that are true consequences of a fault (not false positives) though not its detector
 CONSEQUENCES = {
