@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from telemetry.contract.records import chat_messages_hash, text_sha256
+from store_polling import stored_request
 
 
 def tokenization_queries(live) -> float:
@@ -28,15 +29,6 @@ def raw_encodes(live, monkeypatch):
     real = hf.encode
     monkeypatch.setattr(hf, "encode", lambda *a, **k: calls.append(a[0] if a else k.get("text")) or real(*a, **k))
     return calls
-
-
-def _stored(store, request_id: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        df = store.query_df("SELECT * FROM requests WHERE request_id = {id:String}", {"id": request_id})
-        if len(df) or time.monotonic() > deadline:
-            return df
-        time.sleep(0.2)
 
 
 def test_each_request_is_tokenized_once(client, live, raw_encodes):
@@ -68,13 +60,13 @@ def test_records_keep_what_each_request_came_as(client, live, store):
     assert chat.status_code == text.status_code == ids.status_code == 200
     live.flush()
     rendered = live.served.tokenizer.apply_chat_template(messages, tokenize=False)
-    row = _stored(store, "border-chat").iloc[0]
+    row = stored_request(store, "border-chat").iloc[0]
     assert row["prompt_text_hash"] == chat_messages_hash(messages) != ""
     assert row["rendered_prompt_hash"] == text_sha256(rendered)
     assert list(row["prompt_token_ids"]) == chat.json()["prompt_token_ids"]
-    row = _stored(store, "border-text").iloc[0]
+    row = stored_request(store, "border-text").iloc[0]
     assert (row["prompt_text_hash"], row["rendered_prompt_hash"]) == (text_sha256("which hash am I?"), "")
-    row = _stored(store, "border-ids").iloc[0]
+    row = stored_request(store, "border-ids").iloc[0]
     assert (row["prompt_text_hash"], row["rendered_prompt_hash"]) == ("", "")
     # this replica was not allowed to store text: none stored, whatever the records carried
     texts = store.query_df("SELECT prompt_text, output_text FROM requests WHERE request_id LIKE 'border-%'")

@@ -6,15 +6,7 @@ import socket
 import time
 
 import httpx
-
-
-def _stored(store, request_id: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        df = store.query_df("SELECT * FROM requests WHERE request_id = {id:String}", {"id": request_id})
-        if len(df) or time.monotonic() > deadline:
-            return df
-        time.sleep(0.2)
+from store_polling import stored_request
 
 
 def _long_request(live, stream: bool) -> dict:
@@ -34,7 +26,7 @@ def test_streaming_client_disconnect_aborts_and_frees_kv(live, store):
     idle = live.wait_idle()
     assert (idle["running"], idle["kv_blocks_used"], idle["in_flight"]) == (0, 0, 0)
     live.flush()
-    row = _stored(store, "gone-stream")
+    row = stored_request(store, "gone-stream")
     assert len(row) == 1 and row["finish_reason"][0] == "abort"
     assert 0 < row["output_tokens"][0] < 900
 
@@ -55,7 +47,7 @@ def test_non_streaming_client_disconnect_aborts_and_frees_kv(live, store):
     idle = live.wait_idle()
     assert (idle["running"], idle["kv_blocks_used"], idle["in_flight"]) == (0, 0, 0)
     live.flush()
-    row = _stored(store, "gone-full")
+    row = stored_request(store, "gone-full")
     assert len(row) == 1 and row["finish_reason"][0] == "abort" and row["output_tokens"][0] < 900
 
 
@@ -71,11 +63,11 @@ def test_traceparent_and_workload_are_recorded(live, store):
                           json={"model": live.served.name, "prompt": "x", "max_tokens": 2})
     assert untraced.status_code == 200
     live.flush()
-    row = _stored(store, "traced-1")
+    row = stored_request(store, "traced-1")
     assert row["trace_id"][0] == trace_id
     assert row["workload"][0] == "agent"
     assert list(row["output_token_ids"][0]) == r.json()["choices"][0]["token_ids"]
     assert list(row["prompt_token_ids"][0]) == r.json()["prompt_token_ids"]
-    other = _stored(store, "untraced-1")
+    other = stored_request(store, "untraced-1")
     assert len(other["trace_id"][0]) == 32 and other["trace_id"][0] != trace_id  # a trace of its own
     assert other["workload"][0] == ""
