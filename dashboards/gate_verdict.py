@@ -13,7 +13,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from evals import gate, policy as policy_module
+from evals import gate
+from evals import policy as policy_module
 from evals.results import EvalRun
 
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections import Counter
 
 from diagnostics.findings import Finding, insufficient
+from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.replicas import identity_differences
+from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence
-from diagnostics.replica_tokenizers import TokenizerSource
-from diagnostics.request import DiagnosticRequest
 from evals.gate_statistics import greedy_agreement, mcnemar, wilson_interval
 
 DIAGNOSTIC = "drift"

@@ -16,8 +16,8 @@ from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding
 from diagnostics.regression import BATCH_BUCKET
 from diagnostics.replicas import identity_differences
-from diagnostics.scope import Scope, replicas_in, steps_in
 from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope, replicas_in, steps_in
 from telemetry.contract import derived
 
 DIAGNOSTIC = "overhead"

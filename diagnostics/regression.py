@@ -22,8 +22,8 @@ import numpy as np
 
 from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding, insufficient
-from diagnostics.scope import Scope, requests_in, steps_in
 from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope, requests_in, steps_in
 from telemetry.contract import derived
 
 DIAGNOSTIC = "regression"

@@ -20,8 +20,8 @@ import numpy as np
 from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding, insufficient
 from diagnostics.regression import METRICS, PROMPT_BUCKET
-from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope, replicas_in, requests_in
 from telemetry.contract import derived
 
 DIAGNOSTIC = "replicas"

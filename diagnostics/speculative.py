@@ -15,8 +15,8 @@ import json
 
 from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding, insufficient
-from diagnostics.scope import Scope, replicas_in, requests_in, steps_in
 from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope, replicas_in, requests_in, steps_in
 
 DIAGNOSTIC = "speculative"
 KIND = "spec_acceptance_drop"

@@ -22,11 +22,11 @@ from collections import Counter
 from pathlib import Path
 
 from diagnostics.findings import Finding
+from diagnostics.replica_tokenizers import TokenizerSource
+from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence, tokens
-from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.unicode_corpus import corpus
-from diagnostics.request import DiagnosticRequest
 from engine.tokenization import Tokenizer
 from evals.gate_statistics import first_divergence
 

@@ -26,8 +26,6 @@ from engine.engine_records import build_replica_record, build_request_record, bu
 from engine.kv_cache import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
-from telemetry.contract import derived
-from telemetry.contract.hooks import NOOP_OBSERVER, EngineObserver, ObserverGuard
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, is_token_ids, text_prompt
 from engine.sampler import Sampler, token_logprobs
@@ -35,6 +33,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence, SequenceStatus
 from engine.tokenization import Tokenizer
+from telemetry.contract import derived
+from telemetry.contract.hooks import NOOP_OBSERVER, EngineObserver, ObserverGuard
 
 log = logging.getLogger(__name__)
 perf_counter = time.perf_counter

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from telemetry.contract.hooks import EngineObserver
 from engine.outputs import RequestOutput
 from engine.prompt import Prompt
 from engine.sampling_params import SamplingParams
+from telemetry.contract.hooks import EngineObserver
 
 PromptInput = str | list[int] | Prompt
 

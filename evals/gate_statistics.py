@@ -25,7 +25,6 @@ import numpy as np
 from scipy import stats
 from scipy.special import logsumexp
 
-
 # ---------------------------------------------------------------- accuracy
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:

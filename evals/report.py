@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from evals.logit_drift import DriftReport
 from evals.gate import GateResult
+from evals.logit_drift import DriftReport
 
 
 def _pct(x: float) -> str:

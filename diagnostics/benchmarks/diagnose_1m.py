@@ -33,12 +33,11 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
+    from diagnostics.benchmarks.synthetic_fleet import generate
     from engine.fleet.models import tiny_random_model
     from engine.tokenization import Tokenizer
     from telemetry.schema import migrate
     from telemetry.store import open_store
-
-    from diagnostics.benchmarks.synthetic_fleet import generate
 
     model = tiny_random_model("llama")  # the tokenizer the replicas "ran": token checks really run
     tok = Tokenizer(model)

@@ -107,9 +107,9 @@ def seeded(tmp_path_factory, tokenizer_dir):
 
     Module scope: chdb holds one data directory per process, so each module opens and closes
     its own rather than keeping one open across everyone's tests."""
+    from dashboard_seed import seed
     from tokenizers import Tokenizer
 
-    from dashboard_seed import seed
     from telemetry.schema import migrate
     from telemetry.store import open_store
 

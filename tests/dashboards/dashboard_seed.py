@@ -14,7 +14,13 @@ import time
 from dataclasses import dataclass
 
 from telemetry.contract.records import (
-    EvalItemRecord, EvalRunRecord, FindingRecord, ProfileRecord, ReplicaRecord, RequestRecord, StepRecord,
+    EvalItemRecord,
+    EvalRunRecord,
+    FindingRecord,
+    ProfileRecord,
+    ReplicaRecord,
+    RequestRecord,
+    StepRecord,
 )
 
 # recent, on a whole hour: the tables' TTLs drop rows older than their retention at insert time

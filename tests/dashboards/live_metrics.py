@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.parser import text_string_to_metric_families
 
 from telemetry.contract.hooks import replay_request
-from telemetry.metrics import MetricsObserver, ObserverFailuresCollector, RecorderStatsCollector
 from telemetry.contract.records import FindingRecord, ReplicaRecord, RequestRecord, StepRecord
+from telemetry.metrics import MetricsObserver, ObserverFailuresCollector, RecorderStatsCollector
 
 T0 = 1_700_000_000.0
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -43,9 +42,9 @@ VIEWPORT = {"width": 1400, "height": 1000}
 @pytest.fixture(scope="module")
 def dashboard_url(tmp_path_factory, tokenizer_dir):
     """A seeded data directory served by `infersight dashboard` (which starts its own sidecar)."""
+    from dashboard_seed import seed
     from tokenizers import Tokenizer
 
-    from dashboard_seed import seed
     from telemetry.schema import migrate
     from telemetry.store import open_store
 

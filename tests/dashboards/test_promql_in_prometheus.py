@@ -7,9 +7,9 @@ import time
 
 import httpx
 import pytest
+from live_metrics import LIVE_FINDINGS
 
 from dashboards.promql import alert_expressions, dashboard_expressions, selectors, substitute_grafana_variables
-from live_metrics import LIVE_FINDINGS
 
 EXPRESSIONS = alert_expressions() + dashboard_expressions()
 

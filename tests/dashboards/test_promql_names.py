@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from live_metrics import engine_exposition, series_names
 
 from dashboards.metric_contract import ALL_SERIES, ENGINE_SERIES, SIDECAR_SERIES
 from dashboards.promql import (
-    alert_expressions, dashboard_expressions, metric_names, selectors, substitute_grafana_variables,
+    alert_expressions,
+    dashboard_expressions,
+    metric_names,
+    selectors,
+    substitute_grafana_variables,
 )
-from live_metrics import engine_exposition, series_names
 
 EXPRESSIONS = alert_expressions() + dashboard_expressions()
 

@@ -9,10 +9,10 @@ import time
 import pytest
 from diag_records import jittered, replica, request
 
+from dashboards.console import cli
 from diagnostics import run_all
 from diagnostics.findings import Finding, write_findings
 from diagnostics.scope import Scope
-from dashboards.console import cli
 from telemetry.schema import migrate
 from telemetry.store import open_store
 

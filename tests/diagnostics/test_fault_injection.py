@@ -23,13 +23,13 @@ import time
 import pytest
 from diag_faults import ALTERED_TEMPLATE, with_chat_template, with_normalizer
 
+from dashboards.console.demo_report import wait_for_rows
 from diagnostics import DIAGNOSTICS
 from diagnostics import run as run_diagnostics
 from diagnostics.findings import format_table
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from diagnostics.stack_groups import GROUPS
-from dashboards.console.demo_report import wait_for_rows
 from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
 from engine.fleet.fleet import fleet_down, fleet_up
 from engine.fleet.processes import infersight_command

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from dashboards.console import cli
 from diagnostics import profile, pyspy
 from diagnostics.stack_groups import classify_stack, is_idle, parse_frame, parse_stack
-from dashboards.console import cli
 from telemetry.store import open_store
 
 E = "/work/engine"  # any prefix: classification looks at the path's package part

@@ -9,9 +9,9 @@ from diag_faults import ALTERED_TEMPLATE, with_chat_template, with_normalizer
 from diag_records import replica, request
 
 from diagnostics import tokenizer_divergence as tokdiag
+from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.unicode_corpus import corpus
 from engine.tokenization import Tokenizer
 

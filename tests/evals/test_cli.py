@@ -9,6 +9,7 @@ import pytest
 from dashboards.console.cli import main
 from evals.results import EvalRun
 
+
 def _policy(tmp_path, suite, extra=""):
     p = tmp_path / "policy.toml"
     p.write_text(f'[run]\nsuites = ["{suite}"]\nper_task = 2\n{extra}')

@@ -9,9 +9,18 @@ import pytest
 from scipy import stats
 from scipy.special import log_softmax as sp_log_softmax
 
-from evals.gate_statistics import (drift_from_positions, drift_statistics, first_divergence, greedy_agreement,
-                              kl_divergence, kl_divergence_topk, mcnemar, mean_and_se, paired_bootstrap,
-                              wilson_interval)
+from evals.gate_statistics import (
+    drift_from_positions,
+    drift_statistics,
+    first_divergence,
+    greedy_agreement,
+    kl_divergence,
+    kl_divergence_topk,
+    mcnemar,
+    mean_and_se,
+    paired_bootstrap,
+    wilson_interval,
+)
 
 
 def test_wilson_matches_textbook_values():

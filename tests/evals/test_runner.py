@@ -10,7 +10,7 @@ from evals.backends import EngineBackend
 from evals.results import EvalRun
 from evals.runner import run_suite, store_run, summarize
 from evals.scorers import score
-from evals.suite import SuiteItem, Suite
+from evals.suite import Suite, SuiteItem
 
 
 def test_items_carry_what_the_engine_saw_and_said(baseline_run, target_dir, heldout_subset):
