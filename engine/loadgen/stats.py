@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
-
 from engine.loadgen.client import RequestResult
+from telemetry.contract import derived
 
-PERCENTILES = (50, 95, 99)
+# the quantile set every view shows (telemetry.contract.derived), plus p95: the calibration SLOs are p95s
+LEVELS = tuple(sorted(set(derived.QUANTILES) | {0.95}))
+PERCENTILES = tuple(round(q * 100) for q in LEVELS)
 
 
 def percentiles(values: list[float]) -> dict:
+    """{"p50": ..., "p90": ..., "p95": ..., "p99": ...} (None without values), interpolated as derived.quantiles does."""
     if not values:
         return {f"p{p}": None for p in PERCENTILES}
-    arr = np.asarray(values, dtype=float)
-    return {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES}
+    return {f"p{p}": q for p, q in zip(PERCENTILES, derived.quantiles(values, LEVELS))}
 
 
 def summarize(results: list[RequestResult], wall_seconds: float) -> dict:
@@ -54,7 +55,7 @@ def _ms(value) -> str:
 
 
 def format_table(summary: dict, section: str = "by_workload_replica") -> str:
-    """A fixed-width table: one row per group, p50/p95/p99 of TTFT, ITL, e2e in milliseconds."""
+    """A fixed-width table: one row per group, the percentiles of TTFT, ITL, e2e in milliseconds."""
     header = ["group", "req", "err", "tok/s"] + [f"{m} p{p}" for m in ("ttft", "itl", "e2e") for p in PERCENTILES]
     rows = []
     for key, g in list(summary[section].items()) + [("all", summary["all"])]:
