@@ -30,6 +30,7 @@ class Check:
     op: str  # "<=" | ">=" | "not significantly worse"
     passed: bool
     detail: str = ""
+    skipped: bool = False  # not measured, and the policy allows that: it does not decide the verdict
 
 
 @dataclass
@@ -113,7 +114,13 @@ def accuracy_checks(c: SuiteComparison, policy: Policy) -> list[Check]:
     return checks
 
 
+# the checks that need the teacher-forced KL statistics (both sides' configurations loadable here)
+KL_CHECKS = ("mean KL divergence", "p99 KL divergence", "same top token")
+
+
 def drift_checks(d: DriftReport, policy: Policy) -> list[Check]:
+    """One check per drift threshold. A KL statistic that was not computed fails its check, unless the
+    policy says `require_logit_drift = false`: then the check is skipped (the gate decides on the rest)."""
     checks = []
     s = d.stats
     limits = [("mean KL divergence", policy.max_mean_kl, "<=", s.kl_mean if s else None,
@@ -127,7 +134,12 @@ def drift_checks(d: DriftReport, policy: Policy) -> list[Check]:
         if threshold is None:
             continue
         if value is None:
-            checks.append(Check(name, "all suites", None, threshold, op, False, "not measured"))
+            if name in KL_CHECKS and not policy.require_logit_drift:
+                checks.append(Check(name, "all suites", None, threshold, op, True,
+                                    "skipped: not measured, and the policy has require_logit_drift = false",
+                                    skipped=True))
+            else:
+                checks.append(Check(name, "all suites", None, threshold, op, False, "not measured"))
             continue
         ok = value <= threshold if op == "<=" else value >= threshold
         checks.append(Check(name, "all suites", value, threshold, op, ok, detail))

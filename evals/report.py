@@ -71,7 +71,8 @@ def gate_markdown(r: GateResult) -> str:
     for c in r.checks:
         value = "not measured" if c.value is None else f"{c.value:.4g}"
         thr = f"p < {c.threshold:g} and worse" if c.op == "not significantly worse" else f"{c.op} {c.threshold:g}"
-        out.append(f"| {c.name} | {c.scope} | {value} | {thr} | {'pass' if c.passed else '**FAIL**'} | {c.detail} |")
+        result = "skipped" if c.skipped else ("pass" if c.passed else "**FAIL**")
+        out.append(f"| {c.name} | {c.scope} | {value} | {thr} | {result} | {c.detail} |")
     if r.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in r.notes]
     return "\n".join(out) + "\n"

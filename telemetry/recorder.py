@@ -1,16 +1,27 @@
 """The recorder: the engine-side writer of telemetry records.
 
 An EngineObserver whose hooks only append a record's values (one tuple) to an in-memory buffer
-under a short lock; a background thread turns them into columns and Arrow batches (each with its
-own insert deduplication token, fixed when the batch is formed) and writes them to the store. When the
-store cannot be reached, batches go to a bounded disk spool and are replayed, under their
-original tokens, once it is back: a batch is never stored twice, and never silently lost:
+under a short lock; a background thread turns them into columns and Arrow batches and writes them
+to the store. Each batch gets an insert deduplication token from its identity when it is formed
+(telemetry/batch_token.py: replica, run start, table, batch number), never from its bytes, and
+keeps it: a batch sent again, by a retry, a spool replay in this or the next process, or encoded
+anew, is stored once. When the store cannot be reached, batches go to a bounded disk spool and
+are replayed, under their tokens, once it is back. Nothing is silently lost:
 
     stats() -> {table: {"written": stored (directly or by replay), "spooled": put in the spool,
                         "replayed": stored from the spool (also counted in written),
-                        "dropped": lost (buffer or spool full, data the store refuses)}}
+                        "dropped": lost (buffer or spool full, data the store refuses, and what a
+                                   previous run in the same spool directory is known to have lost)}}
 
-After `close()` with the store up, every row appended is in `written` or `dropped`.
+After `close()` with the store up, every row appended is in `written` or `dropped`. Drops are
+also logged (a line at most every DROP_LOG_INTERVAL seconds, from the flush thread).
+
+A process killed without its final flush loses what it held in memory (up to a flush interval of
+rows). The flush thread keeps a marker in the spool directory (telemetry/run_marker.py) with the
+rows buffered at its last checkpoint; the next recorder on that directory logs the abandoned run
+and counts those rows as dropped. Rows recorded after that checkpoint are lost uncounted (about
+`checkpoint_interval` seconds of them; more if a slow flush was under way): the engine thread
+never touches disk.
 
 Redaction has one owner, here: the engine's request records always carry the prompt and output
 text; `store_text` (False unless the operator allows it: `infersight serve --store-text`) decides
@@ -23,19 +34,19 @@ from __future__ import annotations
 import logging
 import operator
 import os
-import re
 import shutil
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
 
+from telemetry.batch_token import batch_token, run_prefix, safe_replica_id, unique_run_start_us
 from telemetry.contract.hooks import EngineObserver
-from telemetry.columnar import columns_to_arrow
+from telemetry.columnar import as_one_batch, columns_to_arrow
 from telemetry.contract.records import RECORD_TYPES, ReplicaRecord, RequestRecord, StepRecord
+from telemetry.run_marker import RunMarker, claim_abandoned
 from telemetry.schema.columns import arrow_schema
 from telemetry.spool import Spool
 from telemetry.store import Store, StoreError, is_remote, open_store
@@ -47,7 +58,18 @@ COUNTERS = ("written", "spooled", "replayed", "dropped")
 # insert), CPU that holds the GIL the engine thread needs: every 2 s keeps that under 0.3% of a core
 # (telemetry/benchmarks/flush_cost.py) while the dashboards stay a few seconds behind at most.
 DEFAULT_FLUSH_INTERVAL = 2.0
+# How far behind the marker may be: what a kill loses uncounted. A checkpoint is one pwrite of a
+# few hundred bytes, and only when the counts changed.
+DEFAULT_CHECKPOINT_INTERVAL = 0.5
+DROP_LOG_INTERVAL = 30.0
 TEXT_COLUMNS = ("prompt_text", "output_text")  # of `requests`: written empty unless store_text
+
+
+def _row_counts(counts) -> dict[str, int]:
+    """{table: rows} from a marker, keeping only known tables and positive whole counts."""
+    if not isinstance(counts, dict):
+        return {}
+    return {t: n for t, n in counts.items() if t in RECORD_TYPES and isinstance(n, int) and n > 0}
 
 
 class ColumnBuffer:
@@ -87,8 +109,7 @@ def default_spool_dir(replica_id: str) -> Path:
     """A fresh directory per recorder: nothing spooled by another run is replayed into this store.
     Pass `spool_dir` explicitly (e.g. per replica under the fleet's state directory) for a spool
     that survives a restart and is replayed by the next process."""
-    prefix = f"infersight-spool-{re.sub(r'[^A-Za-z0-9_.-]', '_', replica_id or 'replica')[:64]}-"
-    return Path(tempfile.mkdtemp(prefix=prefix))
+    return Path(tempfile.mkdtemp(prefix=f"infersight-spool-{safe_replica_id(replica_id)}-"))
 
 
 class Recorder(EngineObserver):
@@ -97,9 +118,11 @@ class Recorder(EngineObserver):
     def __init__(self, target_or_store, replica_id: str, flush_interval: float = DEFAULT_FLUSH_INTERVAL,
                  max_batch_rows: int = 5_000, max_buffer_rows: int = 50_000,
                  spool_dir: str | os.PathLike | None = None, spool_max_bytes: int = 256 << 20,
-                 store_text: bool = False, max_backoff: float = 10.0):
+                 store_text: bool = False, max_backoff: float = 10.0,
+                 checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL):
         self.replica_id = replica_id
         self.flush_interval, self.max_batch_rows, self.max_buffer_rows = flush_interval, max_batch_rows, max_buffer_rows
+        self.checkpoint_interval = min(checkpoint_interval, flush_interval)
         self.store_text = store_text
         self._own_spool_dir = spool_dir is None
         self.spool = Spool(spool_dir or default_spool_dir(replica_id), spool_max_bytes)
@@ -111,19 +134,31 @@ class Recorder(EngineObserver):
         elif not is_remote(target_or_store):
             self._store = self._open_store()  # embedded: a wrong or locked directory fails now, clearly
 
-        safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", replica_id)[:64]
-        self._token_prefix = f"{safe_id}.{uuid.uuid4().hex[:12]}"
-        self._batch_seq = 0
+        self.run_start_us = unique_run_start_us()
+        self._token_prefix = run_prefix(replica_id, self.run_start_us)
+        self._batch_seq = dict.fromkeys(RECORD_TYPES, 0)  # per table: the last batch number given out
+        self._in_flight: dict[str, int] = {}  # rows a flush has taken and not yet written, spooled or dropped
         self._lock = threading.Lock()  # buffers and counters
-        self._flush_lock = threading.Lock()  # one flush cycle at a time (thread, flush(), close())
+        self._flush_lock = threading.Lock()  # one flush cycle (or checkpoint) at a time
         self._buffers = {table: ColumnBuffer(table) for table in RECORD_TYPES}
         self._stats = {table: dict.fromkeys(COUNTERS, 0) for table in RECORD_TYPES}
         self.failures = 0  # exceptions swallowed in hooks
         self._closed = False
         self._retry_at = 0.0  # store considered down until then
         self._backoff, self._max_backoff = 0.5, max_backoff
+        self._spool_full_logged = False
+        self._drops_logged, self._drops_logged_at = 0, float("-inf")
+
+        self.abandoned_runs = self._account_abandoned_runs()  # before this run's own marker exists
+        self._marker = self._open_marker()
+        self._checkpoint()
         self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"infersight-recorder-{safe_id}", daemon=True)
+        if spooled := self.spool.files():
+            log.info("recorder: %d spooled batches (%d bytes) in %s, from an earlier run: replaying them once the "
+                     "store is reachable", len(spooled), self.spool.size_bytes, self.spool.directory)
+            self._wake.set()  # replay now rather than after the first interval
+        self._thread = threading.Thread(target=self._run, name=f"infersight-recorder-{safe_replica_id(replica_id)}",
+                                        daemon=True)
         self._thread.start()
 
     # engine hooks: append only -----------------------------------------------------------------
@@ -172,6 +207,10 @@ class Recorder(EngineObserver):
         with self._lock:
             return sum(b.rows for b in self._buffers.values())
 
+    def batch_token(self, table: str, seq: int) -> str:
+        """The dedup token of this run's `seq`-th batch of `table` (what a replay of it carries)."""
+        return batch_token(self._token_prefix, table, seq)
+
     def flush(self) -> None:
         """Write (or spool) everything buffered so far; replay the spool unless the store is known down."""
         with self._flush_lock:
@@ -186,8 +225,14 @@ class Recorder(EngineObserver):
             with self._lock:
                 self._closed = True
             self._cycle(final=True)
+            self._report_drops(force=True)
+            if self._marker is not None:  # the final flush is done: nothing of this run to report
+                self._marker.remove()
         self._thread.join(timeout=5)
-        if self._own_spool_dir and not self.spool.files():
+        if self.spool.files():
+            log.warning("recorder: %d batches (%d bytes) stay spooled in %s; the next start with this spool "
+                        "directory replays them", len(self.spool.files()), self.spool.size_bytes, self.spool.directory)
+        elif self._own_spool_dir:
             shutil.rmtree(self.spool.directory, ignore_errors=True)
         if self._owns_store and self._store is not None:
             try:
@@ -205,33 +250,47 @@ class Recorder(EngineObserver):
     # the background thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
+        next_flush = time.monotonic() + self.flush_interval
         while not self._closed:
-            self._wake.wait(self.flush_interval)
+            woken = self._wake.wait(max(0.0, min(self.checkpoint_interval, next_flush - time.monotonic())))
             self._wake.clear()
             if self._closed:
                 return
             try:
                 with self._flush_lock:
-                    if not self._closed:
+                    if self._closed:
+                        return
+                    if woken or time.monotonic() >= next_flush:
                         self._cycle()
+                        next_flush = time.monotonic() + self.flush_interval
+                    else:
+                        self._checkpoint()
+                    self._report_drops()
             except Exception:  # keep the thread alive whatever happens
                 log.exception("recorder: flush cycle failed")
 
     def _cycle(self, final: bool = False) -> None:
         with self._lock:
             taken = [(table, *buffer.take()) for table, buffer in self._buffers.items() if buffer.rows]
+            self._in_flight = {table: rows for table, _, rows in taken}
+        if taken:
+            self._checkpoint()  # before sending: a kill from here on leaves these rows "in flight", never counted lost
         for table, row_tuples, rows in taken:
             columns = self._columns(table, row_tuples)
             for start in range(0, rows, self.max_batch_rows):
                 part = {name: values[start:start + self.max_batch_rows] for name, values in columns.items()}
                 part_rows = min(self.max_batch_rows, rows - start)
+                self._batch_seq[table] += 1  # the token is fixed here, with the batch: every resend reuses it
+                token = self.batch_token(table, self._batch_seq[table])
                 try:
                     data = self._to_arrow(table, part)
-                    self._batch_seq += 1  # the token is fixed here, with the batch: replays reuse it
-                    self._deliver(table, data, f"{self._token_prefix}.{table}.{self._batch_seq}", data.num_rows)
+                    self._deliver(table, data, token, data.num_rows)
                 except Exception:  # whatever went wrong, the rows are accounted for
                     log.exception("recorder: %d %s rows lost", part_rows, table)
                     self._count(table, "dropped", part_rows)
+            with self._lock:
+                self._in_flight.pop(table, None)
+        self._checkpoint()
         # replay when the store is not known down (and once more at close, whatever the backoff says)
         if self.spool.size_bytes and (final or time.monotonic() >= self._retry_at):
             self._replay()
@@ -277,7 +336,9 @@ class Recorder(EngineObserver):
         self._count(table, "written", rows)
 
     def _insert(self, table: str, data: pa.Table, token: str) -> None:
-        self._get_store().insert_arrow(table, data, dedup_token=token)
+        if not token:  # without one, the store would deduplicate by bytes, and a re-formed batch twice
+            raise ValueError(f"a {table} batch without a dedup token")
+        self._get_store().insert_arrow(table, as_one_batch(data), dedup_token=token)
 
     def _to_spool(self, table: str, data: pa.Table, token: str, rows: int) -> None:
         try:
@@ -285,6 +346,11 @@ class Recorder(EngineObserver):
         except Exception as e:  # disk full, permissions ...: the rows are dropped, counted
             log.error("recorder: cannot write the spool (%s)", e)
             stored = False
+        if not stored and not self._spool_full_logged:
+            self._spool_full_logged = True
+            log.warning("recorder: the spool in %s is full (%d of %d bytes): new batches are dropped (counted in "
+                        "infersight_telemetry_rows_dropped_total) until the store takes the spooled ones",
+                        self.spool.directory, self.spool.size_bytes, self.spool.max_bytes)
         self._count(table, "spooled" if stored else "dropped", rows)
 
     def _replay(self) -> None:
@@ -335,6 +401,67 @@ class Recorder(EngineObserver):
         if self._retry_at:
             log.info("recorder: store reachable again")
         self._retry_at, self._backoff = 0.0, 0.5
+        self._spool_full_logged = False
+
+    # what a kill would lose: the marker, and the runs that ended without one removed ----------------
+
+    def _open_marker(self) -> RunMarker | None:
+        try:
+            return RunMarker(self.spool.directory, self._token_prefix)
+        except OSError as e:
+            log.error("recorder: cannot keep a run marker in %s (%s): a kill of this process will not be "
+                      "reported by the next start", self.spool.directory, e)
+            return None
+
+    def _checkpoint(self) -> None:
+        """Tell the marker what is in memory now (the flush thread, or whoever holds the flush lock)."""
+        if self._marker is None:
+            return
+        with self._lock:
+            buffered = {table: b.rows for table, b in self._buffers.items() if b.rows}
+            in_flight = dict(self._in_flight)
+        state = {"replica_id": self.replica_id, "pid": os.getpid(), "run_start_us": self.run_start_us,
+                 "checkpoint_interval": self.checkpoint_interval, "buffered": buffered, "in_flight": in_flight,
+                 "last_batch": {table: seq for table, seq in self._batch_seq.items() if seq}}
+        try:
+            self._marker.write(state)  # the file's mtime says when
+        except OSError as e:
+            log.error("recorder: cannot update the run marker %s (%s); no longer kept", self._marker.path, e)
+            self._marker = None
+
+    def _account_abandoned_runs(self) -> list[dict]:
+        """Earlier runs in this spool directory that ended without their final flush: log each one,
+        and count the rows its last checkpoint saw only in memory as dropped."""
+        try:
+            abandoned = claim_abandoned(self.spool.directory)
+        except OSError as e:
+            log.error("recorder: cannot look for abandoned runs in %s: %s", self.spool.directory, e)
+            return []
+        for run in abandoned:
+            lost, sending = _row_counts(run.get("buffered")), _row_counts(run.get("in_flight"))
+            for table, rows in lost.items():
+                self._stats[table]["dropped"] += rows
+            log.warning(
+                "recorder: an earlier run in %s (replica %s, pid %s, started %s us) ended without its final flush "
+                "(killed?). Lost, counted as dropped: %d rows it held only in memory at its last checkpoint %s. "
+                "Not known: %d rows it was sending or spooling then %s (stored once, replayed from the spool, or "
+                "lost). Lost and not counted: rows recorded after that checkpoint (about %s s of them).",
+                self.spool.directory, run.get("replica_id", "?"), run.get("pid", "?"), run.get("run_start_us", "?"),
+                sum(lost.values()), lost or "", sum(sending.values()), sending or "",
+                run.get("checkpoint_interval", "?"))
+        self._drops_logged = sum(counts["dropped"] for counts in self._stats.values())  # reported just now
+        return abandoned
+
+    def _report_drops(self, force: bool = False) -> None:
+        """A log line when rows were dropped since the last one, at most every DROP_LOG_INTERVAL seconds."""
+        with self._lock:
+            by_table = {table: counts["dropped"] for table, counts in self._stats.items() if counts["dropped"]}
+        total = sum(by_table.values())
+        now = time.monotonic()
+        if total > self._drops_logged and (force or now - self._drops_logged_at >= DROP_LOG_INTERVAL):
+            log.warning("recorder: %d telemetry rows dropped since the last report (%d in all: %s); see "
+                        "infersight_telemetry_rows_dropped_total", total - self._drops_logged, total, by_table)
+            self._drops_logged, self._drops_logged_at = total, now
 
     def _count(self, table: str, counter: str, rows: int) -> None:
         with self._lock:

@@ -2,8 +2,12 @@
 
 Each batch is one Arrow IPC file (zstd-compressed) carrying its table and its insert
 deduplication token in the schema metadata, so a replay, even by a later process, sends the
-exact batch under the exact token it was formed with: a batch the store did receive before
-the failure is recognised and not stored twice. Files appear atomically (write, then rename).
+batch under the token it was formed with: a batch the store did receive before the failure is
+recognised and not stored twice. Files appear atomically (write, then rename).
+
+A replica's spool outlives the process only in a directory that the next start uses again:
+`replica_spool_dir` (what `infersight serve` uses unless told `--spool-dir`), or one per replica
+under a fleet's run directory.
 """
 
 from __future__ import annotations
@@ -17,10 +21,19 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from telemetry.batch_token import safe_replica_id
+
 log = logging.getLogger(__name__)
 
 SUFFIX = ".arrow"
 _WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
+def replica_spool_dir(replica_id: str) -> Path:
+    """The replica's stable spool directory: `$XDG_STATE_HOME/infersight/spool/<replica id>`
+    (`~/.local/state/...` without XDG_STATE_HOME), the same at every start of that replica."""
+    state_home = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state_home) / "infersight" / "spool" / safe_replica_id(replica_id)
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,8 @@ class Spool:
         with pa.memory_map(str(path)) as source:
             data = pa.ipc.open_file(source).read_all()
         meta = {k.decode(): v.decode() for k, v in (data.schema.metadata or {}).items()}
+        if not meta.get("dedup_token"):  # without its token a replay could store the batch twice
+            raise KeyError(f"{path.name}: no dedup_token in its metadata")
         return SpooledBatch(path, meta["table"], meta["dedup_token"], data.replace_schema_metadata(None))
 
     def remove(self, path: Path) -> None:

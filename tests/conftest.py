@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# replicas started by tests without --spool-dir spool under $XDG_STATE_HOME: a directory of this
+# run's own, so a run cut short never leaves spool files that a later run would replay
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="infersight-test-state-")
 
 
 def pytest_configure(config):

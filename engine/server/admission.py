@@ -1,9 +1,13 @@
 """Turn an API request into what the engine takes (a Prompt and SamplingParams), or a 400.
 
 Everything a client can get wrong is checked here, before the engine sees
-the request, so the message names the parameter and the limit: unsupported
-options, token IDs outside the vocabulary, a prompt longer than the context,
-max_tokens that does not fit beside the prompt.
+the request, so the message names the parameter and the limit: invalid Unicode
+and text too long to ever fit (both before tokenizing: text_check.py),
+unsupported options, token IDs outside the vocabulary, a prompt longer than the
+context, max_tokens that does not fit beside the prompt.
+
+Admission tokenizes (and renders chat templates), which can take a while for a
+long prompt: the server runs it on a worker thread, never on the event loop.
 
 The border with the engine is crossed once: a text prompt is tokenized here,
 once, through the engine's tokenization cache (a chat's messages rendered by
@@ -21,9 +25,8 @@ from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, te
 from engine.sampling_params import SamplingParams
 from engine.server.errors import APIError
 from engine.server.model_info import ServedModel
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest
-
-MAX_STOP_STRINGS = 16
+from engine.server.protocol import MAX_STOP_STRINGS, ChatCompletionRequest, CompletionRequest
+from engine.server.text_check import check_countable, check_fits, check_unicode
 
 
 @dataclass
@@ -53,6 +56,7 @@ def _check_model(model: str, served: ServedModel) -> None:
 
 
 def _check_common(req: CompletionRequest | ChatCompletionRequest, served: ServedModel) -> None:
+    check_unicode(req)
     _check_model(req.model, served)
     if req.n != 1:
         raise _unsupported("n", f"only n=1 is supported, got {req.n}; send {req.n} requests with different seeds")
@@ -133,6 +137,7 @@ def admit_completion(req: CompletionRequest, served: ServedModel) -> Admitted:
                                          "send one prompt per request")
         prompt = prompt[0]
     if isinstance(prompt, str):
+        check_fits(len(prompt), "prompt", served.max_model_len, served.chars_per_token)
         engine_prompt = text_prompt(served.tokenizer, prompt)  # the one tokenization of this text
     else:
         _check_token_ids(prompt, served, "prompt")
@@ -144,20 +149,23 @@ def admit_completion(req: CompletionRequest, served: ServedModel) -> Admitted:
 def tokenize(req, served: ServedModel) -> list[int]:
     """What /tokenize answers: the token IDs the engine would be given for this prompt or conversation
     (made the way admission makes them)."""
+    check_unicode(req)
     _check_model(req.model, served)
     if (req.prompt is None) == (req.messages is None):
         raise APIError("give either prompt or messages", param="prompt")
     if req.prompt is not None:
+        check_countable(len(req.prompt), "prompt", served.max_model_len, served.chars_per_token)
         return text_prompt(served.tokenizer, req.prompt).token_ids
-    return _render_chat(req.messages, req.add_generation_prompt, served).token_ids
+    return _render_chat(req.messages, req.add_generation_prompt, served, check_countable).token_ids
 
 
 def _message_text(content) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
 
 
-def _render_chat(messages, add_generation_prompt: bool, served: ServedModel) -> Prompt:
+def _render_chat(messages, add_generation_prompt: bool, served: ServedModel, check_length=check_fits) -> Prompt:
     plain = [{"role": m.role, "content": _message_text(m.content)} for m in messages]
+    check_length(sum(len(m["content"]) for m in plain), "messages", served.max_model_len, served.chars_per_token)
     try:
         return chat_prompt(served.tokenizer, plain, add_generation_prompt=add_generation_prompt)
     except Exception as e:  # a template may reject a conversation (e.g. roles out of order)

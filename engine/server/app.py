@@ -5,10 +5,12 @@ Routes: POST /v1/completions, POST /v1/chat/completions (SSE when
 (as vLLM has it: what a prompt or a conversation becomes, and the context length).
 
 A request's life here: headers -> RequestContext (id, workload, trace
-context); body -> admission (a Prompt, tokenized there once, + SamplingParams,
-or a 400); the engine generates; outputs -> OpenAI JSON or SSE chunks. A
-client that goes away aborts its request, so the engine frees its KV blocks
-at once.
+context); a full replica refuses it at once (429 + Retry-After, load_shedding.py);
+body -> admission on a worker thread (a Prompt, tokenized there once, +
+SamplingParams, or a 400), so a long prompt never stalls the event loop; the
+engine generates; outputs -> OpenAI JSON or SSE chunks. A client that goes away
+aborts its request, so the engine frees its KV blocks at once (and /metrics,
+read from the engine's live state at every scrape, shows it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from engine.server.body_limit import BodyLimitMiddleware
 from engine.server.errors import APIError, install_error_handlers, sse_error
 from engine.server.formatting import ResponseOptions, StreamFormatter, full_response
 from engine.server.headers import REQUEST_ID_HEADER, RequestContext, request_context
+from engine.server.load_shedding import RETRY_AFTER_SECONDS, LoadShedder, default_max_queue, shed_counter
 from engine.server.model_info import ServedModel
 from engine.server.openapi import install_openapi
 from engine.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
@@ -45,17 +48,39 @@ _ERRORS = {400: {"model": ErrorResponse, "description": "invalid request"},
 _GENERATION_ERRORS = {**_ERRORS,
                       409: {"model": ErrorResponse, "description": "a request with this X-Request-Id is in flight"},
                       413: {"model": ErrorResponse, "description": "request body too large"},
+                      429: {"model": ErrorResponse, "description": "the replica's queue is full (see Retry-After)",
+                            "headers": {"Retry-After": {"description": "seconds to wait before retrying",
+                                                        "schema": {"type": "integer"}}}},
                       503: {"model": ErrorResponse, "description": "the engine is shutting down or failed"}}
-_STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
+# each server-sent event: `data: <a JSON chunk>` (a completion / chat.completion chunk, or an error), then
+# `data: [DONE]`
+_STREAM = {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "a JSON chunk, or [DONE] at the end"}}}}}
 
 
 class Server:
-    """State shared by the routes: the engine, the requests in flight."""
+    """State shared by the routes: the engine, the requests in flight, the bound on them."""
 
-    def __init__(self, served: ServedModel, metrics_registry=None):
+    def __init__(self, served: ServedModel, metrics_registry=None, max_queue: int | None = None,
+                 metrics_observer=None):
         self.served = served
         self.registry = metrics_registry
+        self.metrics_observer = metrics_observer  # telemetry.metrics.MetricsObserver: its gauges, set at scrape
         self.in_flight: dict[str, float] = {}  # request id -> arrival (duplicates are refused)
+        self.admitting = 0  # requests between the capacity check and the engine (tokenizing on a thread)
+        self.shedder = LoadShedder(served.max_num_seqs, default_max_queue(served.max_num_seqs)
+                                   if max_queue is None else max_queue,
+                                   shed_counter(metrics_registry, served.replica_id, served.name))
+
+    async def admit(self, admission, body) -> Admitted:
+        """Refuse at once when full (429); else run `admission` (it tokenizes) on a worker thread."""
+        self.shedder.check(self.admitting + len(self.in_flight))
+        self.admitting += 1
+        try:
+            return await anyio.to_thread.run_sync(admission, body, self.served)
+        finally:
+            self.admitting -= 1
 
     # -- the generation paths -----------------------------------------------------
 
@@ -111,7 +136,7 @@ class Server:
             if isinstance(e, ValueError):
                 raise APIError(str(e)) from None
             if isinstance(e, RuntimeError):  # shutting down, or the engine loop died
-                raise APIError(f"the engine cannot serve: {e}", status=503, type="service_unavailable") from None
+                raise _unavailable(e) from None
             raise
         formatter = StreamFormatter(self.served, opts)
         state = {"finished": first.finished}
@@ -149,7 +174,16 @@ class Server:
             state = s.engine_state()
         alive = getattr(s.engine, "is_running", True)
         return {"status": "ok" if alive else "error", "replica_id": s.replica_id, "model": s.name,
-                "in_flight": len(self.in_flight), **state}
+                "in_flight": len(self.in_flight), "max_in_flight": self.shedder.limit, **state}
+
+    def refresh_gauges(self) -> None:
+        """Queue and KV gauges from the engine's live state: aborts between steps change them too."""
+        if self.metrics_observer is None:
+            return
+        with contextlib.suppress(Exception):  # a monitoring read must never fail the scrape
+            state, kv = self.served.engine_state(), self.served.kv_state()
+            self.metrics_observer.set_engine_state(state["running"], state["waiting"], kv["used"], kv["free"],
+                                                   kv["cached"], kv["total"])
 
 
 class _StreamWithCleanup(StreamingResponse):
@@ -176,13 +210,18 @@ async def _last_output(gen):
     return last
 
 
+def _unavailable(e: RuntimeError) -> APIError:
+    return APIError(f"the engine cannot serve: {e}", status=503, type="service_unavailable",
+                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
 def _engine_result(task: asyncio.Future):
     try:
         out = task.result()
     except ValueError as e:  # admission errors the engine found (our own checks came first)
         raise APIError(str(e)) from None
     except RuntimeError as e:  # the engine is shutting down or its loop died
-        raise APIError(f"the engine cannot serve: {e}", status=503, type="service_unavailable") from None
+        raise _unavailable(e) from None
     if out is None:
         raise APIError("the engine produced no output", status=500, type="internal_error")
     if out.finish_reason == "error":
@@ -211,9 +250,13 @@ def _bearer_check(api_key: str):
 
 
 def build_app(served: ServedModel, *, api_key: str | None = None, metrics_registry=None,
-              manage_engine: bool = True) -> FastAPI:
-    """The app for one replica. With `manage_engine`, startup starts the engine and shutdown stops it."""
-    server = Server(served, metrics_registry)
+              manage_engine: bool = True, max_queue: int | None = None, metrics_observer=None) -> FastAPI:
+    """The app for one replica. With `manage_engine`, startup starts the engine and shutdown stops it.
+
+    max_queue: requests that may wait beyond the `max_num_seqs` running before new ones get 429
+    (default: load_shedding.default_max_queue). metrics_observer: the MetricsObserver on
+    `metrics_registry`, whose queue and KV gauges each scrape sets from the engine's live state."""
+    server = Server(served, metrics_registry, max_queue, metrics_observer)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -246,7 +289,7 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
               responses={**_GENERATION_ERRORS, 200: {"content": _STREAM}}, tags=["openai"])
     async def completions(body: CompletionRequest, request: Request):
         ctx = request_context(request.headers, "text_completion")
-        admitted = admit_completion(body, served)
+        admitted = await server.admit(admit_completion, body)
         opts = options("completion", body, ctx, body.logprobs)
         if body.stream:
             return await server.generate_stream(ctx, admitted, opts)
@@ -256,7 +299,7 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
               responses={**_GENERATION_ERRORS, 200: {"content": _STREAM}}, tags=["openai"])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         ctx = request_context(request.headers, "chat")
-        admitted = admit_chat(body, served)
+        admitted = await server.admit(admit_chat, body)
         opts = options("chat", body, ctx, admitted.sampling_params.logprobs)
         if body.stream:
             return await server.generate_stream(ctx, admitted, opts)
@@ -264,7 +307,7 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
 
     @app.post("/tokenize", dependencies=auth, response_model=TokenizeResponse, responses=_ERRORS, tags=["extras"])
     async def tokenize_route(body: TokenizeRequest):
-        tokens = tokenize(body, served)
+        tokens = await anyio.to_thread.run_sync(tokenize, body, served)
         return {"count": len(tokens), "max_model_len": served.max_model_len, "tokens": tokens}
 
     @app.get("/v1/models", dependencies=auth, response_model=ModelList, responses=_ERRORS, tags=["openai"])
@@ -284,7 +327,8 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
         @app.get("/metrics", response_class=Response, tags=["ops"],
                  responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
         async def metrics():
+            server.refresh_gauges()
             return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
-    install_openapi(app)
+    install_openapi(app, served)
     return app

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.server.engine_args import add_engine_arguments, engine_config_from_args
+from engine.server.engine_args import add_engine_arguments, engine_config_from_args, parse_size
 
 log = logging.getLogger("infersight.serve")
 
@@ -29,6 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=None, metavar="TARGET",
                         help="telemetry store: the sidecar's URL (http://host:port) or a data directory; "
                              "default: no recorder (metrics and tracing only)")
+    parser.add_argument("--spool-dir", default=None, metavar="DIR",
+                        help="where telemetry waits on disk while the store is unreachable; the next start with "
+                             "the same directory replays it (default: $XDG_STATE_HOME/infersight/spool/REPLICA_ID, "
+                             "~/.local/state/... without XDG_STATE_HOME)")
+    parser.add_argument("--spool-max-bytes", type=parse_size, default="256MiB", metavar="SIZE",
+                        help="bound of the telemetry spool; past it, new batches are dropped and counted "
+                             "(infersight_telemetry_rows_dropped_total)")
     parser.add_argument("--store-text", action=argparse.BooleanOptionalAction, default=False,
                         help="store the prompt and output text of requests in telemetry (default: only their "
                              "hashes and token IDs; the recorder writes empty text)")
@@ -42,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch intra-op threads (default: the number of CPUs the replica may use)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to let in-flight requests finish on shutdown")
+    parser.add_argument("--max-queue", type=int, default=None, metavar="N",
+                        help="requests that may wait beyond the --max-num-seqs running; more get 429 with "
+                             "Retry-After (default: 4 x max_num_seqs)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_engine_arguments(parser)
 
@@ -65,16 +75,20 @@ def build_server(args):
     from engine.server.app import build_app
     from engine.server.model_info import ServedModel
     from telemetry.replica_wiring import build_observer
+    from telemetry.spool import replica_spool_dir
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     config = engine_config_from_args(args.model, args)
     model_name = config.served_model_name or Path(config.model).resolve().name
+    spool = {"spool_dir": args.spool_dir or replica_spool_dir(config.replica_id),  # a restart replays it
+             "spool_max_bytes": args.spool_max_bytes}
     observer, parts = build_observer(config.replica_id, model_name, store_target=args.store,
                                      store_text=args.store_text, tracing=args.tracing,
-                                     otlp_endpoint=args.otlp_endpoint)
+                                     otlp_endpoint=args.otlp_endpoint, recorder_kwargs=spool)
     engine = AsyncLLM(config, observer)
     served = ServedModel.from_engine(engine, created=int(time.time()))
-    app = build_app(served, api_key=args.api_key, metrics_registry=parts.registry)
+    app = build_app(served, api_key=args.api_key, metrics_registry=parts.registry, max_queue=args.max_queue,
+                    metrics_observer=parts.metrics)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                timeout_graceful_shutdown=args.drain_timeout, access_log=False)
     # everything loaded so far (torch, transformers, the model) lives until exit: move it out of the

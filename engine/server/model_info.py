@@ -2,13 +2,15 @@
 
 The HTTP layer talks to the engine only through `ServedModel`: the async
 engine, the tokenizer, the served name and the limits requests are checked
-against, plus a live view of the engine's queues and KV blocks for /health.
+against, plus a live view of the engine's queues and KV blocks for /health and /metrics.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from engine.server.text_check import longest_token_chars
 
 
 @dataclass
@@ -21,7 +23,13 @@ class ServedModel:
     tokenizer: Any  # engine.tokenization.Tokenizer: the engine's own (its tokenization cache, its observer)
     created: int = 0
     root: str = ""
+    max_num_seqs: int = 64  # the engine's batch: the server's queue bound is counted beyond it
+    chars_per_token: int = 0  # the longest token in characters (0: measured from the tokenizer)
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.chars_per_token and self.tokenizer is not None:
+            self.chars_per_token = longest_token_chars(self.tokenizer)
 
     @classmethod
     def from_engine(cls, engine, created: int) -> ServedModel:
@@ -32,6 +40,7 @@ class ServedModel:
             engine=engine, name=record.model_name, replica_id=record.replica_id,
             max_model_len=int(core.max_model_len), vocab_size=int(core.vocab_size),
             tokenizer=core.tokenizer, created=created, root=str(config.model),
+            max_num_seqs=int(config.max_num_seqs),
         )
 
     def decode(self, token_ids: list[int]) -> str:
@@ -42,3 +51,9 @@ class ServedModel:
         core = self.engine.engine
         return {"running": core.scheduler.num_running, "waiting": core.scheduler.num_waiting,
                 "kv_blocks_used": core.kv_cache.num_used_blocks, "kv_blocks_total": core.kv_cache.num_blocks}
+
+    def kv_state(self) -> dict:
+        """The KV pool right now, as the metrics report it (used, free, cached, total blocks)."""
+        kv = self.engine.engine.kv_cache
+        return {"used": kv.num_used_blocks, "free": kv.num_free_blocks, "cached": kv.num_cached_blocks,
+                "total": kv.num_blocks}

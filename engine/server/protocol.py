@@ -1,8 +1,21 @@
 """OpenAI-compatible request and response shapes (plus vLLM-style extras).
 
 Requests forbid unknown fields, so a typo or an option we do not implement is
-a 400 naming the field instead of being silently ignored. Range constraints
-live here, so the OpenAPI schema states them and validation errors name them.
+a 400 naming the field instead of being silently ignored, and take JSON types
+as they are (strict: `"stream": 1` or `"max_tokens": "5"` is a 400, not
+coerced; an integer may be written 5.0, as JSON Schema counts it an integer).
+Range constraints live here, so the OpenAPI schema states them and validation
+errors name them.
+
+The schema says exactly what the server accepts. Limits that admission checks
+with its own messages (only n=1, no penalties, at most 16 non-empty stop strings,
+top_logprobs only with logprobs ...) are stated as JSON Schema keywords only
+(`admitted(...)`, `json_schema_extra`): in the schema, not checked by pydantic.
+What depends on the served model (its name, its vocabulary, its context) is
+filled in per server by engine/server/openapi.py at the fields marked
+`x-infersight`. One limit no JSON Schema can state is the context in tokens
+(prompt tokens + max_tokens <= max_model_len): a request past it is a 400 with
+code `context_length_exceeded`.
 
 Extras beyond OpenAI (as vLLM offers them): `top_k`, `stop_token_ids`,
 `ignore_eos`, `return_token_ids` (prompt and output token IDs in the
@@ -13,16 +26,52 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+
+
+def _integral(value):
+    """5.0 -> 5: JSON Schema's integers include integral floats; strict validation then refuses the rest."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _int(*metadata):
+    """An integer: its constraints first, then 5.0 -> 5 (constraints after a validator would vanish from the
+    schema)."""
+    return Annotated[int, *metadata, BeforeValidator(_integral)]
+
+
+def admitted(**keywords):
+    """JSON Schema keywords for a limit admission enforces (with its own message): schema only."""
+    return Field(json_schema_extra=keywords)
+
+
+def _served(kind: str):
+    """Marks a schema node that engine/server/openapi.py fills in from the served model."""
+    return admitted(**{"x-infersight": kind})
+
 
 NonNegFloat = Annotated[float, Field(ge=0.0)]
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[_int(Field(ge=0)), _served("token_id")]  # maximum: the vocabulary's last ID
+PromptText = Annotated[str, _served("prompt_text")]  # maxLength: what can fit the context
+StopString = Annotated[str, admitted(minLength=1)]
+NewTokens = Annotated[_int(), admitted(minimum=1), _served("new_tokens")]  # maximum: max_model_len - 1
+# up to 2**53 - 1, the integers every JSON parser keeps exactly (I-JSON, RFC 7493): a larger seed written
+# as a float would round to another number
+Seed = _int(Field(ge=0, le=2**53 - 1))
+TopLogprobs = _int(Field(ge=0, le=MAX_LOGPROBS))
+Count = _int(Field(ge=1))
+
+
+def _stream_options_need_stream() -> dict:
+    return {"if": {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]},
+            "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]}}
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class StreamOptions(_Request):
@@ -32,59 +81,79 @@ class StreamOptions(_Request):
 class _SamplingFields(_Request):
     """Fields both endpoints share."""
 
-    model: str = Field(description="the served model name (see /v1/models)")
+    model: Annotated[str, _served("model")] = Field(min_length=1,
+                                                    description="the served model name (see /v1/models)")
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 means greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, description="-1: off")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = Field(None, description="stop strings (up to 16)")
+    top_k: _int(Field(ge=-1)) = Field(-1, description="-1: off, else >= 1", json_schema_extra={"not": {"const": 0}})
+    seed: Seed | None = None
+    stop: (StopString | Annotated[list[StopString], admitted(maxItems=MAX_STOP_STRINGS)] | None) = Field(
+        None, description=f"stop strings (up to {MAX_STOP_STRINGS}, none empty)")
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
-    n: int = Field(1, ge=1, description="only 1 is supported")
+    n: Count = Field(1, description="only 1 is supported", json_schema_extra={"maximum": 1})
     stream: bool = False
-    stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="only 0 is supported")
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="only 0 is supported")
-    logit_bias: dict[str, float] | None = Field(None, description="not supported")
+    stream_options: StreamOptions | None = Field(None, description="only with stream: true")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="only 0 is supported",
+                                    json_schema_extra={"minimum": 0, "maximum": 0})
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="only 0 is supported",
+                                     json_schema_extra={"minimum": 0, "maximum": 0})
+    logit_bias: Annotated[dict[str, float], admitted(maxProperties=0)] | None = Field(
+        None, description="not supported (null or {})")
     user: str | None = None
     return_token_ids: bool = Field(False, description="add prompt_token_ids and choices[].token_ids")
     return_metrics: bool = Field(False, description="add a `metrics` object with per-request timings")
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[TokenId] | list[str] | list[list[TokenId]] = Field(
-        description="a string or a list of token IDs (one prompt per request)")
-    max_tokens: int | None = Field(16, description="tokens to generate; null: up to the context length")
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="top-n logprobs per token")
-    echo: bool = Field(False, description="not supported")
-    best_of: int | None = Field(None, ge=1, description="only 1 is supported")
-    suffix: str | None = Field(None, description="not supported")
+    model_config = ConfigDict(json_schema_extra={"allOf": [_stream_options_need_stream()]})
+
+    # one prompt per request: a list of prompts (texts or token-ID lists) holds exactly one
+    prompt: (PromptText | Annotated[list[TokenId], admitted(minItems=1)]
+             | Annotated[list[PromptText], admitted(minItems=1, maxItems=1)]
+             | Annotated[list[Annotated[list[TokenId], admitted(minItems=1)]], admitted(minItems=1, maxItems=1)]
+             ) = Field(description="a string or a non-empty list of token IDs")
+    max_tokens: NewTokens | None = Field(16, description="tokens to generate; null: up to the context length")
+    logprobs: TopLogprobs | None = Field(None, description="top-n logprobs per token")
+    echo: bool = Field(False, description="not supported", json_schema_extra={"const": False})
+    best_of: Annotated[Count, admitted(maximum=1)] | None = Field(None, description="only 1 is supported")
+    suffix: Annotated[str, admitted(maxLength=0)] | None = Field(None, description="not supported")
 
 
 class TextPart(_Request):
     type: Literal["text"]
-    text: str
+    text: PromptText
 
 
 class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[TextPart]
+    content: PromptText | list[TextPart]
     name: str | None = None
 
 
 class ResponseFormat(_Request):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema"] = Field(
+        description="only 'text' is supported", json_schema_extra={"enum": ["text"]})
     json_schema: dict | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        _stream_options_need_stream(),
+        {"if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
+         "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}},
+        {"not": {"properties": {"max_tokens": {"type": "integer"}, "max_completion_tokens": {"type": "integer"}},
+                 "required": ["max_tokens", "max_completion_tokens"]}},
+    ]})
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, description="deprecated name of max_completion_tokens")
-    max_completion_tokens: int | None = None
+    max_tokens: NewTokens | None = Field(None, description="deprecated name of max_completion_tokens (not both)")
+    max_completion_tokens: NewTokens | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict] | None = Field(None, description="not supported")
-    tool_choice: str | dict | None = Field(None, description="not supported")
+    top_logprobs: TopLogprobs | None = Field(None, description="only with logprobs: true")
+    tools: Annotated[list[dict], admitted(maxItems=0)] | None = Field(None, description="not supported")
+    tool_choice: str | dict | None = Field(None, description="not supported: null or 'none'",
+                                           json_schema_extra={"anyOf": [{"const": "none"}, {"type": "null"}]})
     response_format: ResponseFormat | None = Field(None, description="only type=text is supported")
     add_generation_prompt: bool = True
 
@@ -92,9 +161,13 @@ class ChatCompletionRequest(_SamplingFields):
 class TokenizeRequest(_Request):
     """vLLM's /tokenize: a prompt (as /v1/completions takes it) or messages (as /v1/chat/completions)."""
 
-    model: str
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"properties": {"prompt": {"type": "string"}}, "required": ["prompt"]},
+        {"properties": {"messages": {"type": "array"}}, "required": ["messages"]}]})
+
+    model: Annotated[str, _served("model")] = Field(min_length=1)
+    prompt: PromptText | None = Field(None, description="give prompt or messages, not both")
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_generation_prompt: bool = True
 
 
@@ -233,3 +306,4 @@ class Health(BaseModel):
     kv_blocks_used: int | None = None
     kv_blocks_total: int | None = None
     in_flight: int = 0
+    max_in_flight: int | None = None  # max_num_seqs + max_queue: beyond it requests get 429

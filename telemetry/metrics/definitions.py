@@ -37,7 +37,8 @@ RECORDER_ROW_COUNTERS = {
                 "Telemetry rows the recorder spooled to disk because the store was unreachable"),
     "replayed": ("infersight_telemetry_rows_replayed_total", "Spooled telemetry rows replayed into the store"),
     "dropped": ("infersight_telemetry_rows_dropped_total",
-                "Telemetry rows dropped (buffer or spool full, unrecoverable error)"),
+                "Telemetry rows dropped (buffer or spool full, unrecoverable error, "
+                "or lost by an earlier run that was killed)"),
 }
 OBSERVER_FAILURES = "infersight_observer_failures_total"
 
@@ -49,9 +50,12 @@ SIDECAR_INSERT_ROWS = "infersight_sidecar_insert_rows_total"
 SIDECAR_QUERIES = "infersight_sidecar_queries_total"
 SIDECAR_ERRORS = "infersight_sidecar_errors_total"
 SIDECAR_REQUEST_DURATION = "infersight_sidecar_request_duration_seconds"
+SIDECAR_REJECTED = "infersight_sidecar_rejected_total"
+SIDECAR_STORE_DAMAGE = "infersight_sidecar_store_damage"
 SIDECAR_FAMILIES = {  # name -> type
     FINDING_ACTIVE: "gauge", FINDING_SEVERITY_LEVEL: "gauge", FINDINGS: "counter", SIDECAR_INSERT_ROWS: "counter",
     SIDECAR_QUERIES: "counter", SIDECAR_ERRORS: "counter", SIDECAR_REQUEST_DURATION: "histogram",
+    SIDECAR_REJECTED: "counter", SIDECAR_STORE_DAMAGE: "gauge",
 }
 
 
@@ -110,6 +114,8 @@ class EngineMetrics:
                                        "Finished requests by finish reason (stop, length, abort, error)",
                                        ("finished_reason",))
         self.preemptions = counter("infersight_num_preemptions_total", "Requests preempted (KV blocks ran out)")
+        self.requests_shed = counter("infersight_requests_shed_total",
+                                     "Requests refused with 429 because the replica's queue was full")
         self.prefix_queries = counter("infersight_prefix_cache_queries_total",
                                       "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = counter("infersight_prefix_cache_hits_total",

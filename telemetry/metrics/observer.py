@@ -54,6 +54,7 @@ class MetricsObserver(EngineObserver):
         # the usual reasons exist from the start (rate() needs a series before its first increment)
         self._success = {reason: m.request_success.labels(*ids, reason) for reason in FINISH_REASONS}
         self._preemptions = m.preemptions.labels(*ids)
+        self._requests_shed = m.requests_shed.labels(*ids)  # the server's load shedder increments it; 0 from the start
         self._prefix_queries = m.prefix_queries.labels(*ids)
         self._prefix_hits = m.prefix_hits.labels(*ids)
         self._evictions = m.evictions.labels(*ids)
@@ -78,16 +79,8 @@ class MetricsObserver(EngineObserver):
         self.metrics.replica_info.labels(*labels).set(1)
 
     def on_step(self, r: StepRecord) -> None:
-        state = (r.num_running, r.num_waiting, r.kv_blocks_used, r.kv_blocks_free, r.kv_blocks_cached,
-                 r.kv_blocks_total)
-        if state != self._last_state:  # in steady decode most steps change none of them: skip six locked sets
-            self._last_state = state
-            self._running.set(r.num_running)
-            self._waiting.set(r.num_waiting)
-            self._kv_usage.set(r.kv_blocks_used / r.kv_blocks_total if r.kv_blocks_total else 0.0)
-            self._kv_used.set(r.kv_blocks_used)
-            self._kv_free.set(r.kv_blocks_free)
-            self._kv_cached.set(r.kv_blocks_cached)
+        self.set_engine_state(r.num_running, r.num_waiting, r.kv_blocks_used, r.kv_blocks_free, r.kv_blocks_cached,
+                              r.kv_blocks_total)
         if r.num_preempted:
             self._preemptions.inc(r.num_preempted)
         if r.prefix_query_tokens:
@@ -101,6 +94,20 @@ class MetricsObserver(EngineObserver):
             self._host_overhead.observe(min(1.0, max(0.0, 1.0 - r.forward_seconds / r.duration_seconds)))
         if r.spec_proposed:
             self._on_spec(r)
+
+    def set_engine_state(self, running: int, waiting: int, kv_used: int, kv_free: int, kv_cached: int,
+                         kv_total: int) -> None:
+        """The queue and KV gauges. Each step sets them; so does the server at every scrape (from the
+        engine's live state), because requests aborted while no step runs (clients gone) change them too."""
+        state = (running, waiting, kv_used, kv_free, kv_cached, kv_total)
+        if state != self._last_state:  # in steady decode most steps change none of them: skip six locked sets
+            self._last_state = state
+            self._running.set(running)
+            self._waiting.set(waiting)
+            self._kv_usage.set(kv_used / kv_total if kv_total else 0.0)
+            self._kv_used.set(kv_used)
+            self._kv_free.set(kv_free)
+            self._kv_cached.set(kv_cached)
 
     def on_request_arrival(self, request_id, arrival_time, prompt_tokens, workload, trace_context) -> None:
         self._arrivals[request_id] = arrival_time

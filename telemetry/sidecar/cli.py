@@ -8,6 +8,9 @@ import os
 import sys
 
 from telemetry.sidecar.handler import Users
+from telemetry.sidecar.limits import Limits
+
+_LIMITS = Limits()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,12 +24,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--readonly-password", default=os.environ.get("INFERSIGHT_SIDECAR_READONLY_PASSWORD", ""),
                         help="its password (default: $INFERSIGHT_SIDECAR_READONLY_PASSWORD)")
     parser.add_argument("--name", default="sidecar", help="value of the `sidecar` label on /metrics")
-    parser.add_argument("--max-body-mb", type=int, default=256, help="largest request body accepted")
+    parser.add_argument("--max-body-mb", type=int, default=256, help="largest INSERT body accepted")
+    parser.add_argument("--max-statement-kb", type=int, default=_LIMITS.max_statement_bytes >> 10,
+                        help="largest body of any other statement (default: %(default)s)")
+    parser.add_argument("--query-slots", type=int, default=_LIMITS.query_slots,
+                        help="statements run at once; one more gets 503 + Retry-After (default: %(default)s)")
+    parser.add_argument("--insert-threads", type=int, default=_LIMITS.insert_threads,
+                        help="inserts run at once, apart from statements (default: %(default)s)")
+    parser.add_argument("--insert-queue", type=int, default=_LIMITS.insert_queue,
+                        help="inserts waiting for a thread; one more gets 503 (default: %(default)s)")
+    parser.add_argument("--header-timeout", type=float, default=_LIMITS.header_timeout_seconds,
+                        help="seconds a connection has to complete a request's headers (default: %(default)s)")
+    parser.add_argument("--receive-timeout", type=float, default=_LIMITS.receive_timeout_seconds,
+                        help="longest pause while a request body arrives, seconds (default: %(default)s)")
+    parser.add_argument("--max-connections", type=int, default=_LIMITS.max_connections,
+                        help="open connections; past it the longest idle one is closed (default: %(default)s)")
     parser.add_argument("--finding-active-window", type=float, default=3600,
                         help="seconds since last_seen during which a finding counts as active on /metrics")
     parser.add_argument("--query-timeout", type=float, default=120,
                         help="max_execution_time of each statement (the read-only user cannot raise it)")
     parser.add_argument("--max-result-mb", type=int, default=512, help="largest result a statement may return")
+    parser.add_argument("--max-query-memory-mb", type=int, default=2048,
+                        help="max_memory_usage of each statement (no user can raise it; default: %(default)s)")
     parser.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     parser.add_argument("--log-level", default="info")
@@ -38,6 +57,14 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.store import StoreError
 
     users = Users(args.user, args.password, args.readonly_user, args.readonly_password)
+    try:
+        limits = Limits(max_statement_bytes=args.max_statement_kb << 10, query_slots=args.query_slots,
+                        insert_threads=args.insert_threads, insert_queue=args.insert_queue,
+                        header_timeout_seconds=args.header_timeout, receive_timeout_seconds=args.receive_timeout,
+                        max_connections=args.max_connections)
+    except ValueError as e:
+        print(f"infersight sidecar: {e}", file=sys.stderr)
+        return 2
     if (args.user or args.readonly_user) and not args.tls_cert and args.host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger(__name__).warning("basic auth over plain HTTP on %s: use --tls-cert/--tls-key", args.host)
 
@@ -46,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         serve(args.data_dir, args.host, args.port, users, args.name, args.max_body_mb << 20,
-              args.finding_active_window, query_timeout_seconds=args.query_timeout,
-              max_result_bytes=args.max_result_mb << 20, tls_cert=args.tls_cert, tls_key=args.tls_key,
+              args.finding_active_window, limits, query_timeout_seconds=args.query_timeout,
+              max_result_bytes=args.max_result_mb << 20, max_query_memory_bytes=args.max_query_memory_mb << 20,
+              tls_cert=args.tls_cert, tls_key=args.tls_key,
               on_ready=ready)
     except (StoreError, OSError) as e:
         print(f"infersight sidecar: {e}", file=sys.stderr)

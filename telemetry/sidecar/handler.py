@@ -18,15 +18,8 @@ from clickhouse_connect.driver.binding import format_bind_value
 from telemetry.sidecar import protocol as p
 from telemetry.sidecar.bodies import BadEncoding, BodyTooLarge, decompress
 from telemetry.sidecar.metrics import SidecarMetrics
-from telemetry.sidecar.statements import (
-    LOOKS_LIKE_INSERT,
-    NO_OP_KINDS,
-    READ_KINDS,
-    denied_function,
-    output_format,
-    parse_insert_head,
-    statement_kind,
-)
+from telemetry.sidecar.policy import QueryPolicy, Refused
+from telemetry.sidecar.statements import LOOKS_LIKE_INSERT, Statement, output_format, parse_ast, parse_insert_head
 from telemetry.store.base import IDENTIFIER
 from telemetry.store.errors import StoreError
 
@@ -34,7 +27,14 @@ log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024  # where an INSERT ... FORMAT head must end
 _QUERY_ID = re.compile(r"^[\w.:\-]{1,128}$")
+_SETTING_CHANGE = re.compile(r"Cannot modify '[^']*' setting in readonly mode")
 _CHDB_ONLY_FORMATS = {"dataframe", "arrowtable", "datastore", "debug"}  # chdb Python wrappers, not wire formats
+MEMORY_LIMIT_EXCEEDED = 241
+SUPPORT_IS_DISABLED = 344
+# VALUES data stays data: no expression in it is evaluated (file('/etc/passwd') would be), and the
+# parse tree a statement is checked on never holds an INSERT's data
+VALUES_AS_DATA = {"input_format_values_interpret_expressions": "0",
+                  "input_format_values_deduce_templates_of_expressions": "0"}
 
 
 class RequestError(Exception):
@@ -89,15 +89,20 @@ def credentials(params: dict[str, str], headers: dict[str, str]) -> tuple[str | 
 class Sidecar:
     def __init__(self, store, users: Users = Users(), name: str = "sidecar",
                  max_body_bytes: int = 256 << 20, finding_active_window_seconds: float = 3600,
-                 query_timeout_seconds: float = 120, max_result_bytes: int = 512 << 20):
+                 query_timeout_seconds: float = 120, max_result_bytes: int = 512 << 20,
+                 max_query_memory_bytes: int = 2 << 30):
         self.store, self.users, self.max_body_bytes = store, users, max_body_bytes
         # limits on every statement, so one runaway query cannot take the store (and ingest) down;
-        # the full user may raise them per request, the read-only user may not
+        # no one lifts them: read-only sessions are locked with them (readonly = 1), and the full
+        # user may only lower them (policy.py)
         self.query_limits = {"max_execution_time": str(query_timeout_seconds),
-                             "max_result_bytes": str(max_result_bytes)}
+                             "max_result_bytes": str(max_result_bytes),
+                             "max_memory_usage": str(max_query_memory_bytes)}
         self.metrics = SidecarMetrics(store, name, finding_active_window_seconds)
         settings = store.query_arrow("SELECT name FROM system.settings")
         self.known_settings = frozenset(settings.column("name").to_pylist())
+        table_functions = store.query_arrow("SELECT name FROM system.table_functions").column("name").to_pylist()
+        self.policy = QueryPolicy(table_functions, store.database, self.query_limits)
         self.timezone = store.command("SELECT timezone()").strip()
         self.display_name = socket.gethostname()
 
@@ -112,8 +117,10 @@ class Sidecar:
             response = self._serve(method, params, headers, body, started)
         except RequestError as e:
             response = self._error(str(e), e.code, e.status)
+        except Refused as e:
+            response = self._error(str(e), e.code)
         except StoreError as e:
-            response = self._error(str(e), e.code or p.UNKNOWN_EXCEPTION)
+            response = self._error(str(e), e.code or p.UNKNOWN_EXCEPTION, _store_error_status(e))
         except Exception as e:  # a bug here must cost one request, never the server
             log.exception("unexpected error serving a query")
             response = self._error(f"{type(e).__name__}: {e}", p.UNKNOWN_EXCEPTION)
@@ -138,10 +145,12 @@ class Sidecar:
             if name not in self.known_settings:
                 raise RequestError(f"Setting {name} is neither a builtin setting nor started with the prefix "
                                    "'custom_' registered for user-defined settings", p.UNKNOWN_SETTING)
+        self.policy.check_url_settings(settings, readonly)
         query_params = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
         database = params.get("database") or None
         if database is not None and not IDENTIFIER.match(database):
             raise RequestError(f"invalid database name {database!r}", p.BAD_ARGUMENTS)
+        self.policy.check_database(database)
         try:
             body = decompress(body, headers.get("content-encoding", ""), self.max_body_bytes)
         except BodyTooLarge as e:
@@ -165,9 +174,8 @@ class Sidecar:
         return self._statement(method, text, query_params, settings, database, readonly, params, started)
 
     def _insert(self, head, data: bytes, settings, database, readonly, started) -> Response:
-        if readonly:
-            raise RequestError("Cannot execute query in readonly mode", p.READONLY)
-        rows = self.store.insert_stream(head.sql, head.format, [data], settings, database)
+        self.policy.check_insert(head.table, head.database, readonly)
+        rows = self.store.insert_stream(head.sql, head.format, [data], {**settings, **VALUES_AS_DATA}, database)
         self.metrics.insert_rows.labels(self.metrics.name, head.table).inc(rows)
         return Response(200, b"", {"X-ClickHouse-Summary": _summary(started, written_rows=rows,
                                                                     written_bytes=len(data))})
@@ -177,21 +185,18 @@ class Sidecar:
             if method == "GET":
                 return Response(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
             raise RequestError("Empty query", p.SYNTAX_ERROR)
-        canonical = self._canonical(text)
-        kind = statement_kind(canonical)
-        if kind in NO_OP_KINDS:
+        statement = self._parse(text, query_params)
+        if statement.kind == "use":  # per-session state: each HTTP request is a session of its own
             return Response(200, b"", {"X-ClickHouse-Summary": _summary(started)})
-        if readonly and kind not in READ_KINDS:
-            raise RequestError(f"Cannot execute query in readonly mode ({kind} is not a read)", p.READONLY)
-        denied = denied_function(canonical)
-        if denied:
-            raise RequestError(f"{denied} is not available through the sidecar: it reaches outside the store",
-                               p.ACCESS_DENIED)
-        settings = {**settings, **self.query_limits} if readonly else {**self.query_limits, **settings}
-        fmt = output_format(canonical, params.get("default_format") or "TabSeparated")
+        self.policy.check(statement, readonly)
+        fmt = output_format(statement.canonical, params.get("default_format") or "TabSeparated")
         if fmt.lower() in _CHDB_ONLY_FORMATS:
             raise RequestError(f"Unknown format {fmt}", p.UNKNOWN_FORMAT)
-        result = self.store.execute(text, fmt, query_params, settings, readonly, database)
+        # read-only: a session locked (readonly = 1) with the limits; full: the limits, lowered by the URL's
+        settings = self.query_limits if readonly else {**self.query_limits, **settings, **VALUES_AS_DATA}
+        # what runs is what was checked: the canonical text; an INSERT's inline data is not in it
+        sql = text if statement.kind == "insert" else statement.canonical
+        result = self.store.execute(sql, fmt, query_params, settings, readonly, database)
         out = result.bytes()
         summary = _summary(started, read_rows=result.rows_read(), read_bytes=result.bytes_read(),
                            written_rows=result.rows_written(), written_bytes=result.bytes_written(),
@@ -199,15 +204,46 @@ class Sidecar:
         return Response(200, out, {"Content-Type": p.content_type(fmt), "X-ClickHouse-Format": fmt,
                                    "X-ClickHouse-Summary": summary})
 
-    def _canonical(self, text: str) -> str:
-        """ClickHouse's own parse of `text` (passed as a bound parameter): one statement, or an error."""
+    def _parse(self, text: str, query_params: dict[str, str]) -> Statement:
+        """ClickHouse's own parse of `text`: its canonical text (formatQuerySingleLine, the text passed
+        as a bound parameter: one statement or an error, and nothing runs), then its EXPLAIN AST.
+        Both in a read-only session: EXPLAIN AST of a SETTINGS clause is refused there already.
+        EXPLAIN AST gets the canonical text: one complete statement in ClickHouse's clause order, so
+        nothing of it can attach to the EXPLAIN (an EXPLAIN's own INTO OUTFILE would write a file)."""
         try:
             result = self.store.execute("SELECT formatQuerySingleLine({q:String})", "TSVRaw",
-                                        {"q": format_bind_value(text)}, readonly=True)
+                                        {"q": format_bind_value(text)}, self.query_limits, readonly=True)
         except StoreError as e:  # keep ClickHouse's words, drop our wrapper query from them
             message = re.sub(r"\s*:?\s*In scope SELECT formatQuerySingleLine\(.*\)\.", "", str(e), flags=re.S)
             raise RequestError(message, e.code or p.SYNTAX_ERROR) from None
-        return result.bytes().decode().strip()
+        canonical = result.bytes().decode().strip()
+        if "\n" in canonical:  # one line, by definition: anything else is not this statement's
+            log.error("formatQuerySingleLine returned %d lines", canonical.count("\n") + 1)
+            raise RequestError("the statement's parse came back malformed", p.UNKNOWN_EXCEPTION)
+        try:
+            explain = self.store.execute("EXPLAIN AST " + canonical, "TSVRaw", query_params, self.query_limits,
+                                         readonly=True).bytes().decode()
+        except StoreError as e:
+            refused = _SETTING_CHANGE.search(str(e)) if e.code == p.READONLY else None
+            if refused:  # say why, for the full user too (its statements are parsed read-only as well)
+                raise RequestError(f"{refused.group(0)}: a SETTINGS clause is not accepted, the per-query "
+                                   "limits cannot be lifted", p.READONLY) from None
+            raise RequestError(str(e), e.code or p.SYNTAX_ERROR) from None
+        nodes = parse_ast(explain)
+        if not nodes:
+            log.error("EXPLAIN AST gave nothing for %r", canonical[:200])
+            raise RequestError("the statement's parse came back empty", p.SYNTAX_ERROR)
+        return Statement(canonical, nodes)
+
+
+def _store_error_status(e: StoreError) -> int | None:
+    """The request's fault, so a 4xx (as a timeout's 408): a statement stopped by its own memory cap
+    (the whole server running out of memory is not), an expression in VALUES data (VALUES_AS_DATA)."""
+    if e.code == MEMORY_LIMIT_EXCEEDED and "Query memory limit exceeded" in str(e):
+        return 400
+    if e.code == SUPPORT_IS_DISABLED:
+        return 400
+    return None
 
 
 def _utf8(body: bytes) -> str:

@@ -1,8 +1,10 @@
-"""The sidecar's /metrics: its own request counters, and the findings table as gauges.
+"""The sidecar's /metrics: its own request counters, store damage, and the findings table as gauges.
 
 `infersight_finding_active` is 1 per finding whose last_seen lies within the active window
 (diagnostics refresh last_seen each time they confirm a finding), so Prometheus alert rules
 can fire on findings; `infersight_finding_severity_level` carries the severity as a number.
+`infersight_sidecar_store_damage` is the number of problems the store check found per table (0:
+sound), `infersight_sidecar_rejected_total` the requests and connections refused by a bound.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from telemetry.metrics.definitions import (
     FINDING_ACTIVE, FINDING_SEVERITY_LEVEL, FINDINGS, SIDECAR_ERRORS, SIDECAR_INSERT_ROWS, SIDECAR_QUERIES,
-    SIDECAR_REQUEST_DURATION,
+    SIDECAR_REJECTED, SIDECAR_REQUEST_DURATION, SIDECAR_STORE_DAMAGE,
 )
 
 log = logging.getLogger(__name__)
@@ -24,6 +26,9 @@ disable_created_metrics()
 
 SEVERITY_LEVELS = {"info": 0, "warning": 1, "critical": 2}
 FINDING_LABELS = ("sidecar", "kind", "severity", "subject", "diagnostic")
+# why a request or connection was refused by one of the sidecar's bounds (telemetry/sidecar/limits.py)
+REJECT_REASONS = ("body_too_large", "receive_timeout", "incomplete_body", "queries_busy", "inserts_busy",
+                  "scrapes_busy", "header_timeout", "too_many_connections")
 
 # the latest version of every finding (ReplacingMergeTree merges lazily: never rely on it)
 _ACTIVE_FINDINGS = """
@@ -67,6 +72,23 @@ class FindingsCollector:
         yield from (active, level, total)
 
 
+class StoreDamageCollector:
+    """Asks the store health check (telemetry/sidecar/store_health.py) at scrape time."""
+
+    def __init__(self, health, sidecar: str):
+        self.health, self.sidecar = health, sidecar
+
+    def collect(self):
+        damage = GaugeMetricFamily(SIDECAR_STORE_DAMAGE, "Problems the store check found per table (0: sound)",
+                                   labels=("sidecar", "table"))
+        try:
+            for table, n in sorted(self.health.damage_by_table().items()):
+                damage.add_metric((self.sidecar, table), float(n))
+        except Exception:
+            log.exception("store health unavailable for this scrape")
+        yield damage
+
+
 class SidecarMetrics:
     def __init__(self, store, name: str, finding_active_window_seconds: float):
         self.registry = CollectorRegistry()
@@ -80,6 +102,16 @@ class SidecarMetrics:
         self.duration = Histogram(SIDECAR_REQUEST_DURATION, "Time to serve a request",
                                   ("sidecar",), registry=self.registry,
                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.rejected = Counter(SIDECAR_REJECTED, "Requests and connections refused by a bound (see reason)",
+                                ("sidecar", "reason"), registry=self.registry)
         self.queries.labels(name)
         self.errors.labels(name)
+        for reason in REJECT_REASONS:
+            self.rejected.labels(name, reason)
         self.registry.register(FindingsCollector(store, name, finding_active_window_seconds))
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(self.name, reason).inc()
+
+    def watch_store_health(self, health) -> None:
+        self.registry.register(StoreDamageCollector(health, self.name))

@@ -39,6 +39,8 @@ _STATUS_BY_CODE = {
     **dict.fromkeys((6, 25, 26, 27, 32, 36, 38, 41, 42, 43, 44, 53, 62, 69, 70, 72, 73, 115, 117, 456, 457, 472), 400),
     **dict.fromkeys((16, 46, 47, 50, 56, 60, 81, 83), 404),  # UNKNOWN_TABLE, UNKNOWN_FUNCTION, UNKNOWN_DATABASE ...
     159: 408,  # TIMEOUT_EXCEEDED
+    396: 400,  # TOO_MANY_ROWS_OR_BYTES: the query asked for more than the per-query limits allow (ClickHouse says
+              # 500; a client's own query over a limit is a 4xx here, so that no attack reads as a server fault)
     48: 501,  # NOT_IMPLEMENTED
     202: 503,  # TOO_MANY_SIMULTANEOUS_QUERIES
 }

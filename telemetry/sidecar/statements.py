@@ -1,9 +1,18 @@
-"""What a request asks for: an INSERT with data in the body, or one statement to run.
+"""What a request asks for: an INSERT with data in the body, or one statement, as ClickHouse parses it.
 
-The statement path lets ClickHouse's own parser (formatQuerySingleLine, fed the text as a bound
-parameter) reject syntax errors and multi-statements before anything runs, then checks the
-canonical text: the statement kind (read-only users: SELECT / SHOW / DESCRIBE / EXISTS ...)
-and functions that would reach outside the store (files, URLs, other servers, Python objects).
+An INSERT whose data follows in the body is recognised by its head (the data itself never goes
+through the SQL parser). Anything else is one statement, and the sidecar decides on two answers
+of ClickHouse's own parser, never on the text it was sent:
+
+- `formatQuerySingleLine`, fed the text as a bound parameter: a syntax error or a second
+  statement fails here, before anything runs; its canonical text names the statement's targets;
+- `EXPLAIN AST` of that same (now known single) statement: the parse tree, one node a line,
+  its depth in the indentation (`Statement.nodes`).
+
+EXPLAIN AST prints identifiers and aliases unescaped, so a quoted name with a newline in it
+becomes extra lines that look like nodes. The rules in policy.py are written so that a line can
+only ever refuse a statement, never let one through: such a name can cost a refusal, never open a
+door. A real node always starts its own line at its own depth, whatever text came before it.
 """
 
 from __future__ import annotations
@@ -14,34 +23,32 @@ from dataclasses import dataclass
 # an INSERT whose data follows in the body: INSERT INTO [db.]table [(cols)] FORMAT name <data>
 _IDENT = r"(?:[A-Za-z_][A-Za-z0-9_]*|`[^`\\\n]+`)"
 INSERT_HEAD = re.compile(
-    rf"\s*INSERT\s+INTO\s+(?:TABLE\s+)?(?P<table>{_IDENT}(?:\.{_IDENT})?)\s*"
+    rf"\s*INSERT\s+INTO\s+(?:TABLE\s+)?(?:(?P<database>{_IDENT})\.)?(?P<table>{_IDENT})\s*"
     rf"(?P<columns>\(\s*{_IDENT}(?:\s*,\s*{_IDENT})*\s*\))?\s*FORMAT\s+(?P<format>[A-Za-z][A-Za-z0-9_]*)",
     re.I,
 )
 LOOKS_LIKE_INSERT = re.compile(rb"\s*INSERT\b", re.I)
-
-READ_KINDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN"})
-NO_OP_KINDS = frozenset({"SET", "USE"})  # per-session state: the HTTP endpoint is stateless
-
-# functions (and table engines) that read or write outside the store
-DENIED_FUNCTIONS = frozenset(name.lower() for name in (
-    "file", "fileCluster", "url", "urlCluster", "s3", "s3Cluster", "gcs", "oss", "cosn", "azureBlobStorage",
-    "azureBlobStorageCluster", "hdfs", "hdfsCluster", "remote", "remoteSecure", "cluster", "clusterAllReplicas",
-    "mysql", "postgresql", "mongodb", "redis", "sqlite", "jdbc", "odbc", "executable", "executablePool", "input",
-    "python", "hive", "arrowFlight", "ytsaurus", "deltaLake", "deltaLakeCluster", "hudi", "hudiCluster",
-    "iceberg", "icebergS3", "icebergAzure", "icebergHDFS", "icebergLocal", "icebergCluster", "icebergS3Cluster",
-    "paimon", "dataLakeCatalog", "http", "clickhouse",  # the last two: dictionary sources
-))
-_FILE_CLAUSE = re.compile(r"\b(INTO\s+OUTFILE|FROM\s+INFILE)\b", re.I)
-_STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'", re.S)
-_CALL = re.compile(r"(?<![\w.`])`?([A-Za-z_][A-Za-z0-9_]*)`?\s*\(")
 _TRAILING_FORMAT = re.compile(r"\bFORMAT\s+([A-Za-z][A-Za-z0-9_]*)\s*$", re.I)
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+# a write's target in ClickHouse's canonical text (which backquotes any name that is not a plain word)
+_TARGET = {
+    "insert": re.compile(rf"^INSERT INTO (?:(?P<database>{_NAME})\.)?(?P<table>{_NAME})(?: |$)"),
+    "create_table": re.compile(rf"^CREATE TABLE (?:IF NOT EXISTS )?(?:(?P<database>{_NAME})\.)?(?P<table>{_NAME}) \("),
+    "alter_table": re.compile(rf"^ALTER TABLE (?:(?P<database>{_NAME})\.)?(?P<table>{_NAME}) \("),
+}
+_SHOW_LISTS = re.compile(r"^SHOW (?:FULL )?(?:TEMPORARY )?(?:TABLES|DATABASES)\b")
+
+# EXPLAIN AST root nodes of statements that only read
+# (not SHOW COLUMNS: its tree does not name the table it reads)
+READ_ROOTS = frozenset({"SelectWithUnionQuery", "SelectIntersectExceptQuery", "DescribeQuery", "ExistsTableQuery",
+                        "ShowCreateTableQuery", "ShowTables", "Explain"})
 
 
 @dataclass(frozen=True)
 class InsertHead:
     sql: str  # INSERT INTO table (cols) -- what the store runs, rebuilt from validated tokens
-    table: str  # unqualified, unquoted (for metrics)
+    table: str  # unqualified, unquoted
+    database: str | None  # unquoted, None when the head names none
     format: str
     data_offset: int  # where the data starts in the text the head was found in
 
@@ -59,22 +66,65 @@ def parse_insert_head(text: str) -> InsertHead | None:
     if text.startswith("\n", end):
         end += 1
     columns = f" {m['columns']}" if m["columns"] else ""
-    table = m["table"].split(".")[-1].strip("`")
-    return InsertHead(f"INSERT INTO {m['table']}{columns}", table, m["format"], end)
+    target = f"{m['database']}.{m['table']}" if m["database"] else m["table"]
+    database = m["database"].strip("`") if m["database"] else None
+    return InsertHead(f"INSERT INTO {target}{columns}", m["table"].strip("`"), database, m["format"], end)
 
 
-def statement_kind(canonical: str) -> str:
-    return canonical.split(None, 1)[0].upper() if canonical.strip() else ""
+@dataclass(frozen=True)
+class Node:
+    depth: int
+    kind: str  # the node's type: SelectWithUnionQuery, Function, TableIdentifier, Literal, Set ...
+    text: str  # the rest of its line: a name, a literal, "(alias ...)", "(children N)"
+
+    @property
+    def name(self) -> str:
+        """The node's name (a function's, a table's), without alias and children count."""
+        return self.text.split(" (", 1)[0].strip()
 
 
-def denied_function(canonical: str) -> str | None:
-    """The first function/engine call in `canonical` that reaches outside the store, if any."""
-    code = _STRING_LITERAL.sub("''", canonical)
-    for name in _CALL.findall(code):
-        if name.lower() in DENIED_FUNCTIONS:
-            return name
-    clause = _FILE_CLAUSE.search(code)
-    return " ".join(clause.group(1).split()) if clause else None
+@dataclass(frozen=True)
+class Statement:
+    canonical: str  # formatQuerySingleLine of the statement
+    nodes: tuple[Node, ...]  # EXPLAIN AST, in order: nodes[0] is the root
+
+    @property
+    def root(self) -> str:
+        return self.nodes[0].kind if self.nodes else ""
+
+    @property
+    def kind(self) -> str:
+        """read, insert, create_table, alter_table, set, use; otherwise the root node's type."""
+        if self.root in READ_ROOTS:
+            if self.root == "ShowTables" and not _SHOW_LISTS.match(self.canonical):
+                return "ShowTables"  # SHOW SETTINGS / CLUSTERS / CACHES ... share the node
+            if self.root == "Explain" and (len(self.nodes) < 2 or self.nodes[1].kind not in READ_ROOTS):
+                return "Explain"  # EXPLAIN of anything but a query
+            return "read"
+        return {"InsertQuery": "insert", "CreateQuery": "create_table" if _TARGET["create_table"].match(
+            self.canonical) else "CreateQuery", "AlterQuery": "alter_table", "Set": "set",
+            "UseQuery": "use"}.get(self.root, self.root)
+
+    def target(self) -> tuple[str | None, str] | None:
+        """(database or None, table) a write names, read from the canonical text; None when its
+        target is not a plain table name (a table function, a quoted name ...)."""
+        pattern = _TARGET.get(self.kind)
+        m = pattern.match(self.canonical) if pattern else None
+        return (m["database"], m["table"]) if m else None
+
+    def of_kind(self, *kinds: str) -> list[Node]:
+        return [n for n in self.nodes if n.kind in kinds]
+
+
+def parse_ast(explain: str) -> tuple[Node, ...]:
+    """EXPLAIN AST's text (TSVRaw) as nodes. Split on "\\n" only: that is all EXPLAIN writes."""
+    nodes = []
+    for line in explain.split("\n"):
+        body = line.lstrip(" ")
+        if body:
+            kind, _, text = body.partition(" ")
+            nodes.append(Node(len(line) - len(body), kind, text.strip()))
+    return tuple(nodes)
 
 
 def output_format(canonical: str, default: str) -> str:

@@ -3,7 +3,9 @@
 One process per data directory (a lock file guards it). Within the process, a small pool of
 chdb sessions on that directory lets readers and writers run in parallel; a session is used
 by one caller at a time, so per-request settings (SET ... then back to DEFAULT) cannot leak
-between callers. Read-only sessions run with `readonly = 2` (reads and settings, no writes).
+between callers. Read-only sessions take their settings once, when they open, then
+`readonly = 1`: from then on ClickHouse itself refuses any write, DDL, SET or SETTINGS clause on
+them (so a read-only caller's limits cannot be lifted); they are pooled by those settings.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class EmbeddedStore(Store):
         self.database = check_identifier(database, "database")
         os.makedirs(self.path, exist_ok=True)
         dir_lock.acquire(self.path)
-        self._pools = {False: queue.LifoQueue(), True: queue.LifoQueue()}
+        self._pools: dict[tuple, queue.LifoQueue] = {}  # (readonly, fixed settings) -> idle sessions
         self._slots = {False: threading.Semaphore(pool_size), True: threading.Semaphore(pool_size)}
         self._all: list = []
         self._all_lock = threading.Lock()
@@ -67,11 +69,15 @@ class EmbeddedStore(Store):
 
     # sessions ----------------------------------------------------------------------------------
 
-    def _new_session(self, readonly: bool):
+    def _new_session(self, readonly: bool, fixed: tuple = ()):
         s = chdb_session.Session(self.path)
         s.query(f"USE {self.database}", "CSV")
-        if readonly:
-            s.query("SET readonly = 2", "CSV")
+        if readonly:  # the settings first: after readonly = 1 not even this session can change them
+            try:
+                s.query("SET " + ", ".join([f"{k} = {sql_string(v)}" for k, v in fixed] + ["readonly = 1"]), "CSV")
+            except Exception:
+                s.close()
+                raise
         with self._all_lock:
             self._all.append(s)
         return s
@@ -86,17 +92,26 @@ class EmbeddedStore(Store):
     @contextlib.contextmanager
     def session(self, settings: Mapping[str, str] | None = None, readonly: bool = False,
                 database: str | None = None) -> Iterator:
-        """A chdb session for one caller, with `settings` (and `database`) applied for the duration."""
+        """A chdb session for one caller, with `settings` (and `database`) applied for the duration.
+        Read-only: a session opened with exactly `settings`, which it keeps."""
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
-        pool, slot = self._pools[readonly], self._slots[readonly]
+        names = [check_identifier(k, "setting") for k in (settings or {}) if k not in NOT_SETTINGS]
+        fixed = tuple(sorted((k, str(settings[k])) for k in names)) if readonly else ()
+        if readonly:
+            names = []
+        with self._all_lock:
+            pool = self._pools.setdefault((readonly, fixed), queue.LifoQueue())
+        slot = self._slots[readonly]
         slot.acquire()
         try:
             try:
                 s = pool.get_nowait()
             except queue.Empty:
-                s = self._new_session(readonly)
-            names = [check_identifier(k, "setting") for k in (settings or {}) if k not in NOT_SETTINGS]
+                try:
+                    s = self._new_session(readonly, fixed)
+                except Exception as e:
+                    raise _chdb_error(e) from None
             switch_db = database is not None and check_identifier(database, "database") != self.database
             reusable = True
             try:
@@ -107,7 +122,13 @@ class EmbeddedStore(Store):
                         s.query(f"USE {database}", "CSV")
                 except Exception as e:
                     raise _chdb_error(e) from None
-                yield s
+                try:
+                    yield s
+                except BaseException:
+                    # chdb can keep a failed query's partial output and return it as the next query's
+                    # result (seen after max_result_bytes): a session that failed is never reused
+                    reusable = False
+                    raise
             finally:
                 try:
                     if names:

@@ -14,6 +14,7 @@ import pyarrow as pa
 from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 from clickhouse_connect.driver.query import arrow_buffer
 
+from telemetry.columnar import as_one_batch
 from telemetry.store.base import Store, check_dedup_token, check_identifier
 from telemetry.store.errors import StoreError, StoreUnavailableError
 
@@ -64,9 +65,10 @@ class RemoteStore(Store):
         # and urllib3 re-encodes that URL character by character in Python: most of an insert's CPU
         # (the recorder's thread shares the GIL with the engine). Arrow carries the names and
         # ClickHouse matches Arrow columns by name, so the statement can go without them.
+        # One record batch, one block: a token then names the same block however the batch was chunked.
         compression = self.client.write_compression if self.client.write_compression in ("zstd", "lz4") else None
         try:
-            _, block = arrow_buffer(data, compression)
+            _, block = arrow_buffer(as_one_batch(data), compression)
             self.client.raw_insert(table, None, block, settings=settings, fmt="Arrow")
         except (OperationalError, DatabaseError) as e:
             raise _translate(e, self.target) from None

@@ -261,11 +261,15 @@ def test_hostile_requests_get_errors_and_the_server_stays_up(sidecar, http):
 
 def test_runaway_queries_hit_the_limits_the_readonly_user_cannot_lift(sidecar, http):
     r = http.post("/", content="SELECT number FROM numbers(10000000)")
-    assert r.status_code == 500 and r.headers["X-ClickHouse-Exception-Code"] == "396"  # result too large
+    assert r.status_code == 400 and r.headers["X-ClickHouse-Exception-Code"] == "396"  # result too large: a 4xx
     r = http.post("/", params={"max_result_bytes": "0"}, content="SELECT count() FROM numbers(1000000)")
-    assert r.status_code == 200  # the full user may lift a limit per request
+    assert r.status_code == 403 and r.headers["X-ClickHouse-Exception-Code"] == "497"  # nor may the full user
+    r = http.post("/", params={"max_result_bytes": "100"}, content="SELECT number FROM numbers(1000)")
+    assert r.status_code == 400 and r.headers["X-ClickHouse-Exception-Code"] == "396"  # but it may lower one
     r = httpx.post(sidecar.url, auth=READER, params={"max_execution_time": "0"},
                    content="SELECT count() FROM numbers(100000000000)", timeout=60)
+    assert r.status_code == 403 and r.headers["X-ClickHouse-Exception-Code"] == "164"  # readonly: no settings
+    r = httpx.post(sidecar.url, auth=READER, content="SELECT count() FROM numbers(100000000000)", timeout=60)
     assert r.headers["X-ClickHouse-Exception-Code"] == "159"  # timeout: the read-only user cannot lift it
     assert httpx.get(f"{sidecar.url}/ping").text == "Ok.\n"
 

@@ -79,7 +79,7 @@ def live(tiny_llama, sidecar_url):
     observer, parts = build_observer(REPLICA_ID, Path(tiny_llama).resolve().name, store_target=sidecar_url)
     engine = AsyncLLM(config, observer)
     served = ServedModel.from_engine(engine, created=int(time.time()))
-    app = build_app(served, metrics_registry=parts.registry)
+    app = build_app(served, metrics_registry=parts.registry, metrics_observer=parts.metrics)
     with BackgroundServer(app) as server:
         yield Live(server.url, served, parts, sidecar_url)
     parts.close()

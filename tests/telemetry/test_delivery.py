@@ -1,0 +1,345 @@
+"""Delivery: every batch is stored exactly once, whatever path it took; every loss is counted and said.
+
+Against a real sidecar (clickhouse-connect -> the sidecar's ClickHouse HTTP endpoint -> chdb) and,
+for the process-level guarantees, real `infersight serve` replicas on a tiny random Llama:
+the sidecar killed (-9) mid-traffic, the sidecar away long enough to fill a small spool, a replica
+restarted (SIGTERM) while the sidecar is away, a replica killed (-9). Rows are checked by request
+id: each answered request stored once, nothing stored twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import subprocess
+import sys
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+
+from delivery_processes import Replica, Traffic, run_marker, stored_request_ids, wait_for
+from telemetry import synthetic
+from telemetry.batch_token import safe_replica_id
+from telemetry.columnar import records_to_arrow
+from telemetry.recorder import Recorder
+from telemetry.sidecar.process import start_sidecar
+from telemetry.spool import Spool, replica_spool_dir
+from telemetry.store import StoreUnavailableError, open_store
+from telemetry.store.remote import RemoteStore
+
+
+def closed_port_url() -> str:
+    """A loopback endpoint where nothing listens: a store that is down."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory):
+    process = start_sidecar(tmp_path_factory.mktemp("delivery-store"))
+    yield process
+    process.stop()
+
+
+def _ids(sidecar, replica_id: str) -> Counter:
+    return Counter(stored_request_ids(sidecar.store_url, replica_id))
+
+
+class AnswerLostStore(RemoteStore):
+    """The sidecar over clickhouse-connect, whose first insert is stored but whose answer is then
+    lost, as when the connection drops after the sidecar committed: the recorder must resend."""
+
+    def __init__(self, url: str):
+        super().__init__(url, connect_timeout=2, send_receive_timeout=30)
+        self.answers_to_lose = 1
+
+    def insert_arrow(self, table, data, dedup_token=None):
+        rows = super().insert_arrow(table, data, dedup_token)
+        if self.answers_to_lose:
+            self.answers_to_lose -= 1
+            raise StoreUnavailableError("connection reset after the insert was committed")
+        return rows
+
+
+def _re_formed(data: pa.Table) -> pa.Table:
+    """The same rows as other bytes: columns and rows in reverse order, in three record batches."""
+    shuffled = data.select(list(reversed(data.column_names))).take(list(reversed(range(data.num_rows))))
+    return pa.Table.from_batches(shuffled.to_batches(max_chunksize=data.num_rows // 3 + 1))
+
+
+# the token scheme ------------------------------------------------------------------------------
+
+def test_a_token_is_the_batch_identity_and_never_repeats(tmp_path):
+    a = Recorder(closed_port_url(), "rep/1", spool_dir=tmp_path / "a", flush_interval=3600)
+    b = Recorder(closed_port_url(), "rep/1", spool_dir=tmp_path / "b", flush_interval=3600)
+    try:
+        token = a.batch_token("requests", 7)
+        replica, start, table, seq = token.split(".")
+        assert (replica, start, table, seq) == (safe_replica_id("rep/1"), str(a.run_start_us), "requests", "7")
+        assert a.run_start_us != b.run_start_us  # two runs of one replica, even started together
+        assert a.batch_token("requests", 1) != b.batch_token("requests", 1) != a.batch_token("steps", 1)
+        # ids that only differ in characters a token cannot hold still get different tokens
+        assert len({safe_replica_id(r) for r in ("rep/1", "rep_1", "rep.1", "rep 1", "x" * 60, "x" * 61)}) == 6
+        for i in range(3):
+            a.on_request_finished(synthetic.request(i, "rep/1"))
+        a.flush()  # the store is down: spooled, with the token of batch 1
+        (path,) = a.spool.files()
+        assert a.spool.read(path).dedup_token == a.batch_token("requests", 1)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_store_deduplicates_by_token_not_by_bytes(sidecar):
+    """What the scheme relies on, measured on chdb through the sidecar: a token names the batch
+    however it is encoded; without a token, the same rows re-formed are stored again; and a
+    different batch under a used token is discarded, which is why tokens must never repeat."""
+    data = records_to_arrow("requests", synthetic.records("requests", 20, replica_id="by-token"))
+    with open_store(sidecar.store_url) as store:
+        store.insert_arrow("requests", data, dedup_token="by-token.1.requests.1")
+        store.insert_arrow("requests", _re_formed(data), dedup_token="by-token.1.requests.1")
+        assert _ids(sidecar, "by-token") == Counter({f"by-token-req-{i}": 1 for i in range(20)})
+
+        bare = records_to_arrow("requests", synthetic.records("requests", 20, replica_id="no-token"))
+        store.insert_arrow("requests", bare, dedup_token="no-token.1.requests.1")
+        store.insert_arrow("requests", _re_formed(bare))  # a replay that lost its token
+        assert set(_ids(sidecar, "no-token").values()) == {2}
+
+        other = records_to_arrow("requests", synthetic.records("requests", 5, replica_id="reused"))
+        store.insert_arrow("requests", other, dedup_token="by-token.1.requests.1")
+        assert _ids(sidecar, "reused") == Counter()
+
+
+def test_a_replica_spools_in_the_same_directory_at_every_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert replica_spool_dir("r-1") == tmp_path / "state" / "infersight" / "spool" / "r-1" == replica_spool_dir("r-1")
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert replica_spool_dir("r-1") == tmp_path / "home" / ".local" / "state" / "infersight" / "spool" / "r-1"
+    assert replica_spool_dir("../r-1").parent == replica_spool_dir("r-1").parent  # an id never leaves the folder
+
+
+# every path a batch can take ------------------------------------------------------------------
+
+def test_one_batch_is_stored_once_whatever_path_it_takes(sidecar, tmp_path):
+    requests = synthetic.records("requests", 30, replica_id="paths")
+    expected = Counter({r.request_id: 1 for r in requests})
+    lossy = AnswerLostStore(sidecar.store_url)
+    first = Recorder(lossy, "paths", spool_dir=tmp_path / "spool", flush_interval=3600)
+    for r in requests:
+        first.on_request_finished(r)
+    first.flush()  # a direct insert: stored, but the answer is lost, so the batch goes to the spool
+    assert first.stats()["requests"] == {"written": 0, "spooled": 30, "replayed": 0, "dropped": 0}
+    assert _ids(sidecar, "paths") == expected
+    (path,) = first.spool.files()
+    batch = first.spool.read(path)
+    assert batch.dedup_token == first.batch_token("requests", 1)
+    shutil.copytree(tmp_path / "spool", tmp_path / "found-after-restart", ignore=shutil.ignore_patterns("run-*"))
+    first.close()  # the retry: replayed from the spool under the batch's token
+    lossy.close()
+    assert first.stats()["requests"] == {"written": 30, "spooled": 30, "replayed": 30, "dropped": 0}
+    assert _ids(sidecar, "paths") == expected
+
+    restarted = Recorder(sidecar.store_url, "paths", spool_dir=tmp_path / "found-after-restart")
+    restarted.close()  # a new process finds the spool file and replays it
+    assert restarted.stats()["requests"]["replayed"] == 30 and restarted.spool.files() == []
+    assert _ids(sidecar, "paths") == expected
+
+    Spool(tmp_path / "re-formed").put("requests", _re_formed(batch.data), batch.dedup_token)
+    re_formed = Recorder(sidecar.store_url, "paths", spool_dir=tmp_path / "re-formed")
+    re_formed.close()  # the same rows encoded anew (another column and row order, other chunks)
+    assert re_formed.stats()["requests"]["replayed"] == 30
+    with open_store(sidecar.store_url) as store:  # and sent straight through clickhouse-connect
+        store.insert_arrow("requests", _re_formed(batch.data), dedup_token=batch.dedup_token)
+    assert _ids(sidecar, "paths") == expected
+
+
+def test_a_spool_file_without_its_token_is_set_aside_not_stored(sidecar, tmp_path):
+    data = records_to_arrow("requests", synthetic.records("requests", 4, replica_id="tokenless"))
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    with pa.OSFile(str(spool_dir / "00000000000000000001-1-000000-requests.arrow"), "wb") as sink:
+        schema = data.schema.with_metadata({"table": "requests"})  # no dedup_token
+        with pa.ipc.new_file(sink, schema) as writer:
+            writer.write_table(data.replace_schema_metadata(schema.metadata))
+    rec = Recorder(sidecar.store_url, "tokenless", spool_dir=spool_dir)
+    rec.close()
+    assert rec.spool.files() == [] and len(list((spool_dir / "unreadable").iterdir())) == 1
+    assert _ids(sidecar, "tokenless") == Counter()
+
+
+# a recorder killed with its buffer full ------------------------------------------------------------
+
+KILLED_RECORDER = """
+import sys, time
+from telemetry import synthetic
+from telemetry.recorder import Recorder
+rec = Recorder(sys.argv[1], "killed", spool_dir=sys.argv[2], flush_interval=3600, checkpoint_interval=0.05,
+               max_batch_rows=10**6)
+for i in range(10):
+    rec.on_request_finished(synthetic.request(i, "killed"))
+rec.flush()  # the store is down: these ten go to the spool
+for i in range(10, 35):
+    rec.on_request_finished(synthetic.request(i, "killed"))
+for i in range(7):
+    rec.on_step(synthetic.step(i, "killed"))
+time.sleep(300)
+"""
+
+
+def _marker(spool_dir) -> dict:
+    markers = list(spool_dir.glob("run-*.json"))
+    try:
+        return json.loads(markers[0].read_text()) if len(markers) == 1 else {}
+    except (OSError, ValueError):  # not there yet
+        return {}
+
+
+def test_a_killed_recorder_is_reported_and_its_buffer_counted_by_the_next_start(sidecar, tmp_path, caplog):
+    spool_dir = tmp_path / "spool"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_RECORDER, closed_port_url(), str(spool_dir)])
+    try:
+        wait_for(lambda: _marker(spool_dir).get("buffered") == {"requests": 25, "steps": 7}, 60,
+                 "the recorder's marker shows what it holds in memory")
+        assert len(list(spool_dir.glob("*.arrow"))) == 1
+    finally:
+        proc.kill()  # kill -9: no final flush
+        proc.wait()
+
+    # while a recorder lives, its marker is its own: another one on the directory leaves it alone
+    with caplog.at_level(logging.WARNING, logger="telemetry.recorder"):
+        rec = Recorder(sidecar.store_url, "killed", spool_dir=spool_dir)
+        bystander = Recorder(closed_port_url(), "killed", spool_dir=spool_dir, flush_interval=3600)
+        rec.close()
+        bystander.close()
+    assert len(rec.abandoned_runs) == 1 and bystander.abandoned_runs == []
+    stats = rec.stats()
+    assert (stats["requests"]["dropped"], stats["steps"]["dropped"]) == (25, 7)  # lost with the process, counted
+    assert stats["requests"]["replayed"] == 10  # what it had spooled arrives
+    assert "ended without its final flush" in caplog.text and "32 rows it held only in memory" in caplog.text
+    assert _ids(sidecar, "killed") == Counter({f"killed-req-{i}": 1 for i in range(10)})
+    assert list(spool_dir.glob("run-*.json")) == []
+    again = Recorder(sidecar.store_url, "killed", spool_dir=spool_dir)
+    again.close()
+    assert again.abandoned_runs == [] and again.stats()["requests"]["dropped"] == 0  # reported once
+
+
+def test_a_full_spool_logs_and_counts_its_drops(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="telemetry.recorder"):
+        rec = Recorder(closed_port_url(), "full", spool_dir=tmp_path, flush_interval=3600, spool_max_bytes=1)
+        rec.on_request_finished(synthetic.request(0, "full"))
+        rec.close()
+    assert rec.stats()["requests"]["dropped"] == 1
+    assert "is full" in caplog.text and "1 telemetry rows dropped" in caplog.text
+
+
+# real replicas ------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_sidecar_killed_mid_traffic_every_answered_request_stored_once(tiny_llama, tmp_path):
+    sidecar = start_sidecar(tmp_path / "store")
+    replica = Replica(tiny_llama, sidecar.store_url, "crash-a", tmp_path / "spool", tmp_path / "replica.log")
+    traffic = None
+    try:
+        traffic = Traffic(replica, "crash-a")
+        wait_for(lambda: stored_request_ids(sidecar.store_url, "crash-a"), 60, "the first rows stored")
+        sidecar.kill()  # kill -9, while requests keep coming and the recorder may be mid-insert
+        wait_for(lambda: replica.counters().get("spooled", {}).get("requests", 0) > 0, 60,
+                 "the replica spools while the sidecar is down")
+        sidecar = start_sidecar(tmp_path / "store", port=sidecar.port)
+        seen = len(traffic.answered)
+        wait_for(lambda: len(traffic.answered) >= seen + 10, 60, "more requests answered after the restart")
+        answered = traffic.stop()
+        assert traffic.refused == {}
+        assert replica.stop() == 0  # drain and final flush
+        stored = wait_for(lambda: (ids := _ids(sidecar, "crash-a")) and sum(ids.values()) >= len(answered) and ids,
+                          60, "every answered request in the store")
+    finally:
+        if traffic is not None:
+            traffic.stop()
+        replica.kill()
+        sidecar.stop()
+    assert stored == Counter({rid: 1 for rid in answered}), "each answered request stored exactly once"
+
+
+@pytest.mark.slow
+def test_a_small_spool_fills_its_drops_are_exported_and_the_rest_arrives_once(tiny_llama, tmp_path):
+    sidecar = start_sidecar(tmp_path / "store")
+    replica = Replica(tiny_llama, sidecar.store_url, "full-b", tmp_path / "spool", tmp_path / "replica.log",
+                      "--spool-max-bytes", "40KiB")
+    answered: list[str] = []
+    try:
+        answered += replica.send([f"full-b-up-{i}" for i in range(3)])
+        sidecar.stop()  # unreachable from here on
+        settled = lambda: sum(replica.counters().get(k, {}).get("requests", 0)  # noqa: E731
+                              for k in ("written", "spooled", "dropped"))
+        for wave in range(12):  # bounded: until the spool refuses a batch of requests
+            answered += replica.send([f"full-b-{wave}-{i}" for i in range(4)])
+            wait_for(lambda: settled() == len(answered), 30, "the wave's rows flushed (stored, spooled or dropped)")
+            if replica.counters().get("dropped", {}).get("requests", 0) > 0:
+                break
+        dropped = replica.counters()["dropped"]["requests"]
+        assert dropped > 0, "the spool should have filled"
+        sidecar = start_sidecar(tmp_path / "store", port=sidecar.port)
+        counts = wait_for(lambda: (c := replica.counters()) and all(
+            c["replayed"].get(t, 0) == c["spooled"].get(t, 0) for t in c["spooled"]) and c, 90,
+            "everything spooled replayed")
+        assert counts["dropped"]["requests"] == dropped  # nothing more lost once the store is back
+        assert counts["written"]["requests"] == len(answered) - dropped
+        assert "is full" in replica.log() and "telemetry rows dropped" in replica.log()
+        assert replica.stop() == 0
+        stored = _ids(sidecar, "full-b")
+    finally:
+        replica.kill()
+        sidecar.stop()
+    assert set(stored.values()) == {1} and set(stored) <= set(answered)
+    assert sum(stored.values()) == len(answered) - dropped
+
+
+@pytest.mark.slow
+def test_a_replica_restarted_while_the_sidecar_is_down_delivers_its_spool(tiny_llama, tmp_path):
+    sidecar = start_sidecar(tmp_path / "store")
+    spool_dir = tmp_path / "spool"
+    first = Replica(tiny_llama, sidecar.store_url, "restart-c", spool_dir, tmp_path / "first.log")
+    second = third = None
+    try:
+        sidecar.stop()
+        answered = first.send([f"restart-c-{i}" for i in range(10)])
+        assert first.stop() == 0  # graceful: the final flush goes to the spool
+        assert list(spool_dir.glob("*.arrow")) and "stay spooled" in first.log()
+        second = Replica(tiny_llama, sidecar.store_url, "restart-c", spool_dir, tmp_path / "second.log")
+        sidecar = start_sidecar(tmp_path / "store", port=sidecar.port)
+        stored = wait_for(lambda: (ids := _ids(sidecar, "restart-c")) and sum(ids.values()) >= len(answered) and ids,
+                          90, "the first process's spooled rows replayed by the second")
+        assert stored == Counter({rid: 1 for rid in answered})
+        wait_for(lambda: not list(spool_dir.glob("*.arrow")), 60, "the spool emptied")
+
+        # kill -9: what the second process held in memory is lost, and the next start says so
+        more = second.send([f"restart-c-killed-{i}" for i in range(6)])
+        def in_memory_or_stored() -> int:
+            in_memory = run_marker(spool_dir, second.process.pid).get("buffered", {}).get("requests", 0)
+            return in_memory + sum(1 for rid in _ids(sidecar, "restart-c") if rid in more)
+
+        wait_for(lambda: in_memory_or_stored() == len(more), 30,
+                 "each of the six requests stored or in the marker's count of rows in memory")
+        second.kill()
+        last = run_marker(spool_dir, second.process.pid)  # what the dead run's marker says
+        third = Replica(tiny_llama, sidecar.store_url, "restart-c", spool_dir, tmp_path / "third.log")
+        assert "ended without its final flush" in third.log()
+        counted = third.counters().get("dropped", {}).get("requests", 0)
+        assert third.stop() == 0
+        after_kill = _ids(sidecar, "restart-c")
+    finally:
+        for replica in (first, second, third):
+            if replica is not None:
+                replica.kill()
+        sidecar.stop()
+    assert set(after_kill.values()) == {1}  # still nothing twice
+    assert counted == last["buffered"].get("requests", 0)  # the next start counts what the marker saw in memory
+    stored = sum(1 for rid in after_kill if rid in more)
+    # each of the six is stored, counted lost, or was being sent at the kill (fate not known)
+    assert stored + counted <= len(more) <= stored + counted + last["in_flight"].get("requests", 0)
