@@ -84,6 +84,13 @@ def shares(store, scope: Scope) -> list[dict]:
     return rows
 
 
+def measures_host_time(row: dict) -> bool:
+    """Does the replica's engine split its steps into host and forward time? An engine that reports every
+    step as all forward (vLLM's stat logger gives no split) has no host time to compare: a peer's host
+    time over its zero would read as an infinite outlier."""
+    return bool(row["total"]) and row["forward_total"] < row["total"]
+
+
 def relative_host_time(store, scope: Scope) -> dict[str, dict]:
     source = _source()
     strata = [s for s in store.query_arrow(_STRATA.replace("{source}", source), scope.parameters()).to_pylist()
@@ -123,6 +130,8 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
         share = r["host_share"]
         if r["steps"] < MIN_STEPS or share is None:
             severity, what = "info", f"{r['steps']} steps: too few to judge"
+        elif not measures_host_time(r):
+            severity, what = "info", "its engine reports no host / forward split (all step time as forward): not judged"
         elif device and not device.startswith("cpu") and share >= CRITICAL_SHARE:
             severity, what = "critical", f"the {device} waits on the host for {share:.0%} of each step"
         elif device and not device.startswith("cpu") and share >= WARN_SHARE:
@@ -144,7 +153,7 @@ def _outliers(rows, relative, identity, profiles, scope) -> list[Finding]:
     findings = []
     by_model: dict[str, list[str]] = {}
     for r in rows:
-        if r["steps"] >= MIN_STEPS and r["replica_id"] in relative:
+        if r["steps"] >= MIN_STEPS and r["replica_id"] in relative and measures_host_time(r):
             by_model.setdefault(r["model_name"], []).append(r["replica_id"])
     for model, ids in by_model.items():
         if len(ids) < 2:

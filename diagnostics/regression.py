@@ -284,15 +284,22 @@ def _version_order(version: str) -> tuple:
         return (1, version)
 
 
+def engine_of(version: str) -> str:
+    """The engine a version string belongs to: "vllm" for "vllm-0.32.0", infersight's own for a bare version."""
+    name, sep, rest = version.partition("-")
+    return name if sep and name.isalpha() and rest[:1].isdigit() else "infersight"
+
+
 def version_pairs(store, scope: Scope) -> list[tuple[Scope, Scope]]:
-    """(previous, next) version scopes of each model, in order of first appearance (then version order)."""
+    """(previous, next) version scopes of each model and engine, in order of first appearance (then version
+    order); two engines serving one model are not two versions of each other."""
     sql = _VERSIONS.replace("{source}", requests_in("t.model_name AS model_name, t.arrival_time AS arrival_time"))
-    by_model: dict[str, list] = {}
+    by_model: dict[tuple, list] = {}
     for r in store.query_arrow(sql, scope.parameters()).to_pylist():
-        if r["engine_version"]:
-            by_model.setdefault(r["model_name"], []).append(r)
+        if r["engine_version"]:  # versions are ordered within one engine: vllm-0.32.0 does not follow 0.1.0
+            by_model.setdefault((r["model_name"], engine_of(r["engine_version"])), []).append(r)
     pairs = []
-    for model, rows in by_model.items():
+    for (model, _), rows in by_model.items():
         rows.sort(key=lambda r: (r["first_seen"], _version_order(r["engine_version"])))
         versions = [r["engine_version"] for r in rows]
         for old, new in zip(versions, versions[1:]):

@@ -121,3 +121,19 @@ def test_compare_groups_is_what_the_dashboard_shows(clean):
 def test_every_metric_has_a_label_and_direction(metric):
     table, expr, higher_is_worse = regression.METRICS[metric]
     assert table in ("requests", "steps") and metric in regression.LABELS and isinstance(higher_is_worse, bool)
+
+
+def test_versions_of_two_engines_are_not_paired_as_an_upgrade(clean):
+    t0 = time.time() - 3600
+    clean.insert_records("replicas", [replica("r0", t0 - 10, version="0.1.0"),
+                                      replica("v0", t0 - 5, version="vllm-0.31.0"),
+                                      replica("v0", t0 + 500, version="vllm-0.32.0")])
+    rng = random.Random(5)
+    clean.insert_records("requests", [request(rid, j, t0 + j + (600 if v == "vllm-0.32.0" else 0),
+                                              ttft=jittered(rng, 0.02), itl=jittered(rng, 0.01))
+                                      for rid, v in (("r0", "0.1.0"), ("v0", "vllm-0.31.0"), ("v0", "vllm-0.32.0"))
+                                      for j in range(60)])
+    pairs = [(b.versions, c.versions) for b, c in regression.version_pairs(clean, Scope(start=t0 - 60))]
+    assert pairs == [(("vllm-0.31.0",), ("vllm-0.32.0",))]  # vllm's own upgrade; never 0.1.0 -> vllm-*
+    assert regression.engine_of("vllm-0.32.0") == "vllm" and regression.engine_of("0.1.0") == "infersight"
+    assert regression.engine_of("0.2.0-rc1") == "infersight"

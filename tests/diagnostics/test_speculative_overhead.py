@@ -91,3 +91,21 @@ def test_host_overhead_shares_and_the_outlier(clean):
     assert shares["r2"].evidence["profile"]["group_shares"] == {"scheduler": 0.75, "forward": 0.25}
     outliers = [f for f in findings if f.kind == "host_overhead_outlier"]
     assert [f.subject for f in outliers] == ["r2"] and outliers[0].evidence["ratio_to_peers"] > 3
+
+
+def test_an_engine_without_a_host_split_is_not_a_peer_to_compare_with(clean):
+    # a vLLM replica (its stat logger reports each step as all forward) beside two infersight replicas: the
+    # infersight replicas' host time must not read as an infinite outlier over the vLLM replica's zero
+    t0 = time.time() - 3600
+    rng = random.Random(4)
+    clean.insert_records("replicas", [replica(r, t0 - 10) for r in ("r0", "r1")]
+                         + [replica("v0", t0 - 10, version="vllm-0.32.0")])
+    steps = []
+    for rid in ("r0", "r1"):
+        steps += [step(rid, j, t0 + j, duration=0.007 + jittered(rng, 0.003), forward=0.007) for j in range(200)]
+    steps += [step("v0", j, t0 + j, duration=0.009, forward=0.009) for j in range(200)]
+    clean.insert_records("steps", steps)
+    findings = overhead.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
+    assert not [f for f in findings if f.kind == "host_overhead_outlier"], [f.summary for f in findings]
+    (v0,) = [f for f in findings if f.subject == "v0"]
+    assert v0.severity == "info" and "no host / forward split" in v0.summary
