@@ -43,6 +43,11 @@ def _fleet() -> ModuleType:
     return cli
 
 
+def _proxy() -> ModuleType:
+    from engine.proxy import cli
+    return cli
+
+
 def _loadgen() -> ModuleType:
     from engine.loadgen import cli
     return cli
@@ -86,6 +91,7 @@ COMMANDS = {
     "sidecar": (_sidecar, "the sidecar: embedded ClickHouse over HTTP, findings on /metrics"),
     "migrate": (_migrate, "apply (or render, e.g. for a cluster) the ClickHouse schema"),
     "fleet": (_fleet, "start, inspect and stop a local fleet of replicas and the sidecar"),
+    "proxy": (_proxy, "record what any OpenAI-compatible server (vLLM ...) answers, into the store"),
     "loadgen": (_loadgen, "drive replicas with chat / agent / batch workloads"),
     "calibrate": (_calibrate, "find one replica's capacity under a TTFT / ITL SLO"),
     "diagnose": (_diagnose, "run diagnostics over the store and record findings"),

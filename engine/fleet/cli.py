@@ -66,7 +66,9 @@ def print_endpoints(state: FleetState, out=sys.stdout) -> None:
         print(f"  store     {state.store_url}", file=out)
     for r in state.replicas:
         pin = f"  cpus {r.cpus}" if r.cpus else (f"  numa node {r.numa_node}" if r.numa_node is not None else "")
-        print(f"  {r.name:<9} {r.url}  pid {r.pid}{pin}  restart={str(r.restart).lower()}", file=out)
+        behind = next((u for u in state.upstreams if u.name.split("/")[0] == r.name), None)
+        via = f"  (recording proxy for {behind.engine} at {behind.url}, pid {behind.pid})" if behind else ""
+        print(f"  {r.name:<9} {r.url}  pid {r.pid}{pin}  restart={str(r.restart).lower()}{via}", file=out)
     endpoints = ",".join(r.url for r in state.replicas)
     print(f"\n  infersight loadgen --endpoints {endpoints} --workload mixed --duration 30", file=out)
     if state.store_url:

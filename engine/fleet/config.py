@@ -18,6 +18,11 @@ engine = { max_num_seqs = 16, kv_cache_memory_bytes = "32MiB" }
 id = "r0"
 cpus = "0"                     # CPU pinning; or numa_node = 0
 engine = { quantization = "int8" }   # merged over defaults.engine
+
+[[replica]]                    # a vLLM replica behind a recording proxy (engine/fleet/vllm_replica.py)
+id = "v0"
+engine = "vllm"
+vllm = { max_model_len = 256 } # vLLM server options, merged over defaults.vllm
 ```
 Every key is checked: an unknown one is an error naming it and the valid ones.
 """
@@ -28,13 +33,15 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.fleet.vllm_replica import check_spec as check_vllm_spec
 from engine.server.engine_args import engine_cli_args
 
 _FLEET_KEYS = {"name", "host", "base_port", "run_dir", "restart", "startup_timeout", "stop_timeout",
                "max_restarts", "log_level"}
 _SIDECAR_KEYS = {"enabled", "port", "data_dir", "url", "args"}
 _REPLICA_KEYS = {"id", "model", "port", "cpus", "numa_node", "threads", "engine", "restart", "api_key",
-                 "tracing", "otlp_endpoint", "args", "env", "drain_timeout"}
+                 "tracing", "otlp_endpoint", "args", "env", "drain_timeout", "vllm", "vllm_python", "plugin"}
+ENGINE_KINDS = ("infersight", "vllm")
 
 
 @dataclass
@@ -51,8 +58,12 @@ class ReplicaSpec:
     tracing: str = "none"
     otlp_endpoint: str | None = None
     drain_timeout: float = 10.0
-    args: list[str] = field(default_factory=list)  # any further `infersight serve` options
+    args: list[str] = field(default_factory=list)  # any further `infersight serve` (or `vllm serve`) options
     env: dict = field(default_factory=dict)
+    kind: str = "infersight"  # `engine = "vllm"`: a vLLM replica behind a recording proxy
+    vllm: dict = field(default_factory=dict)  # `vllm serve` options of a vLLM replica
+    vllm_python: str | None = None  # the interpreter that has vLLM (default: .venv-vllm's)
+    plugin: bool = True  # a vLLM replica records steps and identity through infersight's plugin
 
 
 @dataclass
@@ -84,6 +95,20 @@ def _check_keys(table: dict, allowed: set[str], where: str) -> None:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(allowed))}")
 
 
+def _engine_kind(value, where: str) -> str:
+    """`engine = { ... }` (infersight's options) or `engine = "vllm"` (the replica's kind)."""
+    if isinstance(value, dict):
+        return "infersight"
+    if value in ENGINE_KINDS:
+        return str(value)
+    raise ValueError(f"{where}: engine must be a table of infersight engine options or one of "
+                     f"{', '.join(repr(k) for k in ENGINE_KINDS)}, got {value!r}")
+
+
+def _options(value) -> dict:
+    return dict(value) if isinstance(value, dict) else {}
+
+
 def default_run_dir(name: str) -> Path:
     return Path(".infersight") / "fleets" / name
 
@@ -108,7 +133,10 @@ def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
         where = f"[[replica]] #{i + 1}"
         _check_keys(raw, _REPLICA_KEYS, where)
         merged = {**defaults, **raw}
-        merged["engine"] = {**defaults.get("engine", {}), **raw.get("engine", {})}
+        kind = _engine_kind(raw.get("engine", defaults.get("engine", {})), where)
+        merged["kind"] = kind
+        merged["engine"] = {**_options(defaults.get("engine")), **_options(raw.get("engine"))} if kind == "infersight" else {}
+        merged["vllm"] = {**defaults.get("vllm", {}), **raw.get("vllm", {})}
         merged["env"] = {**defaults.get("env", {}), **raw.get("env", {})}
         merged.setdefault("id", f"replica-{i}")
         merged.setdefault("restart", default_restart)
@@ -120,8 +148,14 @@ def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
         spec.id, spec.model, spec.port = str(spec.id), str(spec.model), int(spec.port)
         if spec.cpus is not None:
             spec.cpus = str(spec.cpus)
+        stray = sorted({"vllm", "vllm_python"} & set(raw)) if spec.kind == "infersight" else []
+        if stray:
+            raise ValueError(f"{where} ({spec.id}): {', '.join(stray)} only apply to engine = \"vllm\" replicas")
         try:
-            engine_cli_args(spec.engine)  # unknown engine options fail now, not in a child process
+            if spec.kind == "vllm":
+                check_vllm_spec(spec)
+            else:
+                engine_cli_args(spec.engine)  # unknown engine options fail now, not in a child process
         except ValueError as e:
             raise ValueError(f"{where} ({spec.id}): {e}") from None
         if "replica_id" in spec.engine or "replica-id" in spec.engine:

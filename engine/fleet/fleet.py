@@ -2,8 +2,11 @@
 
 up:     resolve models, give out ports, start the sidecar (the telemetry store)
         and wait for it, start every replica (`infersight serve`, its own
-        process, pinned as configured) and wait until each answers /health,
+        process, pinned as configured, spooling telemetry under
+        <run_dir>/spool/<replica id>) and wait until each answers /health,
         then write the state file. A failure stops whatever was started.
+        A vLLM replica (`engine = "vllm"`) is `vllm serve` behind its recording
+        proxy (engine/fleet/vllm_replica.py): the proxy is the replica's endpoint.
 status: for every process in the state file: running? healthy? (and what the
         replica says about itself).
 down:   supervisor first (so nothing restarts), then replicas (they flush
@@ -23,7 +26,9 @@ from engine.fleet.models import resolve_model
 from engine.fleet.processes import (alive, free_port, infersight_command, port_in_use, spawn, stop,
                                     wait_healthy)
 from engine.fleet.state import FleetState, ProcessState
+from engine.fleet.vllm_replica import check_plugin, start_vllm_replica, vllm_python
 from engine.server.engine_args import engine_cli_args
+from telemetry.batch_token import safe_replica_id
 
 SIDECAR_HEALTH = "/ping"
 
@@ -32,13 +37,21 @@ def _noop(message: str) -> None:
     pass
 
 
+def replica_spool_dir(run_dir: Path, replica_id: str) -> Path:
+    """Where a replica spools telemetry: under the fleet's run directory, the same at every
+    (re)start of the replica, so what one process spooled the next one replays."""
+    return Path(run_dir) / "spool" / safe_replica_id(replica_id)
+
+
 def replica_command(spec: ReplicaSpec, model_dir: Path, host: str, port: int, store_url: str | None,
-                    log_level: str = "warning") -> list[str]:
+                    log_level: str = "warning", spool_dir: Path | None = None) -> list[str]:
     cmd = infersight_command("serve", "--model", str(model_dir), "--host", host, "--port", str(port),
                              "--replica-id", spec.id, "--tracing", spec.tracing, "--log-level", log_level,
                              "--drain-timeout", str(spec.drain_timeout))
     if store_url:
         cmd += ["--store", store_url]
+    if spool_dir is not None:
+        cmd += ["--spool-dir", str(spool_dir)]
     if spec.cpus is not None:
         cmd += ["--cpus", spec.cpus]
     if spec.numa_node is not None:
@@ -76,6 +89,10 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
     host = config.host
     base_dir = config.source.parent if config.source else None
     models = {r.id: resolve_model(r.model, base_dir) for r in config.replicas}  # fails before anything starts
+    vllm_pythons = {r.id: vllm_python(r, base_dir) for r in config.replicas if r.kind == "vllm"}
+    for r in config.replicas:
+        if r.kind == "vllm" and r.plugin and (config.sidecar.url or config.sidecar.enabled):
+            check_plugin(vllm_pythons[r.id])
     state = FleetState(name=config.name, run_dir=str(run_dir), created=time.time(), store_url="",
                        stop_timeout=config.stop_timeout, max_restarts=config.max_restarts)
     try:
@@ -94,7 +111,15 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
             progress(f"starting the sidecar on port {port} (store {data_dir})")
         for spec in config.replicas:
             port = _port(spec.port, host, f"replica {spec.id}")
-            cmd = replica_command(spec, models[spec.id], host, port, state.store_url or None, config.log_level)
+            if spec.kind == "vllm":  # vLLM on a port of its own, its recording proxy on the replica's
+                spools = (replica_spool_dir(run_dir, spec.id), replica_spool_dir(run_dir, f"{spec.id}-proxy"))
+                upstream, replica = start_vllm_replica(spec, vllm_pythons[spec.id], models[spec.id], host, port,
+                                                       state.store_url or None, spools, logs, config.log_level)
+                state.upstreams.append(upstream)
+                state.replicas.append(replica)
+                continue
+            cmd = replica_command(spec, models[spec.id], host, port, state.store_url or None, config.log_level,
+                                  replica_spool_dir(run_dir, spec.id))
             log = logs / f"{spec.id}.log"
             ref = spawn(cmd, log, spec.env)
             state.replicas.append(ProcessState(spec.id, ref.pid, ref.start_ticks, f"http://{host}:{port}", port, cmd,
@@ -106,10 +131,10 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
             wait_healthy(state.sidecar.url, state.sidecar.ref, config.startup_timeout, Path(state.sidecar.log),
                          SIDECAR_HEALTH)
             progress(f"sidecar healthy at {state.sidecar.url}")
-        with ThreadPoolExecutor(max_workers=max(1, len(state.replicas))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, len(state.replicas) + len(state.upstreams))) as pool:
             waits = [pool.submit(wait_healthy, r.url, r.ref, config.startup_timeout, Path(r.log))
-                     for r in state.replicas]
-            for r, w in zip(state.replicas, waits):
+                     for r in state.upstreams + state.replicas]  # an upstream that dies is named with its log
+            for r, w in zip(state.upstreams + state.replicas, waits):
                 w.result()
                 progress(f"replica {r.name} healthy at {r.url}")
         state.note("fleet up")
@@ -123,7 +148,7 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
 
 def _processes(state: FleetState) -> list[ProcessState]:
     procs = [state.supervisor] if state.supervisor else []
-    procs += state.replicas
+    procs += state.replicas + state.upstreams
     return procs + ([state.sidecar] if state.sidecar else [])
 
 
@@ -131,7 +156,9 @@ def stop_all(state: FleetState, timeout: float | None = None) -> dict[str, str]:
     """Supervisor, then replicas (in parallel), then the sidecar. -> {name: outcome}."""
     timeout = state.stop_timeout if timeout is None else timeout
     outcome: dict[str, str] = {}
-    groups = [[state.supervisor] if state.supervisor else [], state.replicas, [state.sidecar] if state.sidecar else []]
+    # proxies drain before the servers behind them; every recorder flushes before the sidecar goes
+    groups = [[state.supervisor] if state.supervisor else [], state.replicas, state.upstreams,
+              [state.sidecar] if state.sidecar else []]
     for group in groups:
         if not group:
             continue
@@ -157,7 +184,8 @@ def fleet_status(state: FleetState, timeout: float = 2.0) -> list[dict]:
     rows = []
     with httpx.Client(timeout=timeout) as client:
         for p in _processes(state):
-            kind = "supervisor" if p is state.supervisor else "sidecar" if p is state.sidecar else "replica"
+            kind = ("supervisor" if p is state.supervisor else "sidecar" if p is state.sidecar
+                    else "upstream" if p in state.upstreams else "replica")
             row = {"name": p.name, "kind": kind, "pid": p.pid, "url": p.url, "running": alive(p.ref),
                    "healthy": False, "restarts": p.restarts, "cpus": p.cpus, "log": p.log, "detail": {}}
             if row["running"] and p.url:

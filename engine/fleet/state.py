@@ -33,6 +33,7 @@ class ProcessState:
     numa_node: int | None = None
     model: str = ""
     stopped: bool = False  # given up on (too many restarts) or stopped on purpose
+    engine: str = "infersight"  # what serves: "infersight", "vllm" (its upstream server), "proxy" (in front of it)
 
     @property
     def ref(self) -> ProcessRef:
@@ -48,6 +49,9 @@ class FleetState:
     sidecar: ProcessState | None = None  # None when an external store is used
     replicas: list[ProcessState] = field(default_factory=list)
     supervisor: ProcessState | None = None
+    # engine servers behind a replica's recording proxy (a vLLM replica's `vllm serve`): the replica's
+    # endpoint is its proxy, in `replicas`
+    upstreams: list[ProcessState] = field(default_factory=list)
     stop_timeout: float = 15.0
     max_restarts: int = 5
     events: list[str] = field(default_factory=list)  # deaths and restarts, newest last
@@ -75,7 +79,8 @@ class FleetState:
             raise ValueError(f"{path}: unreadable fleet state ({e})") from None
         proc = lambda d: ProcessState(**d) if d else None  # noqa: E731
         return cls(**{**data, "sidecar": proc(data.get("sidecar")), "supervisor": proc(data.get("supervisor")),
-                      "replicas": [ProcessState(**r) for r in data.get("replicas", [])]})
+                      "replicas": [ProcessState(**r) for r in data.get("replicas", [])],
+                      "upstreams": [ProcessState(**r) for r in data.get("upstreams", [])]})
 
     @staticmethod
     def remove(run_dir: str | Path) -> None:

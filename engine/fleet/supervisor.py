@@ -22,7 +22,7 @@ def check_once(run_dir: str | Path, report=print) -> FleetState:
     """One pass over the replicas; returns the (possibly updated and saved) state."""
     state = FleetState.load(run_dir)
     changed = False
-    for r in state.replicas:
+    for r in state.replicas + state.upstreams:  # a vLLM replica's server dies on its own, apart from its proxy
         if r.stopped or alive(r.ref):
             continue
         tail = log_tail(Path(r.log), 5)

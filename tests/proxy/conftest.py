@@ -1,0 +1,70 @@
+"""A real upstream (infersight's own server on a tiny Llama, recording its own rows as `up`), the
+recording proxy in front of it (recording as `px`), both writing into one real sidecar."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from proxy_support import Upstream
+
+from engine.proxy.background import BackgroundProxy
+
+from engine.server.background import BackgroundServer
+
+MAX_MODEL_LEN = 512
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory):
+    from telemetry.sidecar.process import start_sidecar
+
+    process = start_sidecar(tmp_path_factory.mktemp("proxy-store"))
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def store(sidecar):
+    from telemetry.store import open_store
+
+    s = open_store(sidecar.store_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def upstream(tiny_llama, sidecar):
+    """infersight's server, recording its own rows under replica id `up` (the truth the proxy's rows
+    are compared with)."""
+    from engine.async_engine import AsyncLLM
+    from engine.config import EngineConfig
+    from engine.server.app import build_app
+    from engine.server.model_info import ServedModel
+    from telemetry.replica_wiring import build_observer
+
+    config = EngineConfig(model=str(tiny_llama), max_model_len=MAX_MODEL_LEN, num_kv_blocks=96, block_size=16,
+                          max_num_seqs=8, replica_id="up")
+    observer, parts = build_observer("up", Path(tiny_llama).resolve().name, store_target=sidecar.store_url,
+                                     metrics=False)
+    engine = AsyncLLM(config, observer)
+    served = ServedModel.from_engine(engine, created=int(time.time()))
+    with BackgroundServer(build_app(served)) as server:
+        yield Upstream(server.url, served.name, parts)
+    parts.close()
+
+
+@pytest.fixture(scope="module")
+def proxy(upstream, tiny_llama, sidecar):
+    with BackgroundProxy.start(upstream.url, sidecar.store_url, "px", model_dir=tiny_llama) as p:
+        yield p
+
+
+@pytest.fixture
+def clients(upstream, proxy):
+    with httpx.Client(base_url=upstream.url, timeout=60) as direct, httpx.Client(base_url=proxy.url, timeout=60) as via:
+        yield direct, via

@@ -1,0 +1,154 @@
+"""The recording proxy in front of infersight's own server: the client sees what it would see
+without the proxy, and every answered request is stored with the token IDs the upstream used
+(the upstream records its own row of each request, under `up`: the truth the proxy's row is held to)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from proxy_support import rows, sse_payloads, without_volatile
+
+PROMPT = "The quick brown fox jumps over"
+MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Why is the sky blue?"}]
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def completion(model: str, **extra) -> dict:
+    return {"model": model, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def chat(model: str, **extra) -> dict:
+    return {"model": model, "messages": MESSAGES, "max_tokens": 10, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def rid() -> str:
+    return uuid.uuid4().hex
+
+
+def headers(request_id: str, workload: str = "chat") -> dict:
+    return {"X-Request-Id": request_id, "X-Workload": workload, "traceparent": TRACEPARENT}
+
+
+def stored_pairs(store, upstream, proxy, ids: list[str]) -> tuple[dict, dict]:
+    upstream.flush()
+    proxy.flush()
+    return rows(store, "up", ids), rows(store, "px", ids)
+
+
+@pytest.mark.parametrize("path, make", [("/v1/completions", completion), ("/v1/chat/completions", chat)])
+def test_a_whole_response_is_what_the_upstream_says_and_its_row_holds_the_upstreams_token_ids(
+        clients, upstream, proxy, store, path, make):
+    direct, via = clients
+    body = make(upstream.model)
+    before = proxy.proxy.recorded
+    a = direct.post(path, json=body, headers={"X-Request-Id": rid()})
+    request_id = rid()
+    b = via.post(path, json=body, headers=headers(request_id))
+    assert a.status_code == b.status_code == 200
+    # the client asked for no token IDs: the ones the proxy asked for are not in its answer
+    assert without_volatile(b.json()) == without_volatile(a.json())
+    assert "prompt_token_ids" not in b.json() and "token_ids" not in b.json()["choices"][0]
+    assert b.headers["x-request-id"] == request_id
+    assert b.json()["id"].endswith(request_id)  # the upstream used our id
+
+    proxy.wait_recorded(before + 1)
+    truth, mine = stored_pairs(store, upstream, proxy, [request_id])
+    t, m = truth[request_id], mine[request_id]
+    for column in ("prompt_token_ids", "output_token_ids"):
+        assert list(m[column]) == list(t[column]) and len(t[column]) > 0
+    for column in ("prompt_text_hash", "sampling_params_json", "workload", "trace_id", "finish_reason",
+                   "prompt_tokens", "output_tokens", "model_name"):
+        assert m[column] == t[column], column
+    assert m["trace_id"] == TRACEPARENT.split("-")[1] and m["workload"] == "chat"
+    # a whole response has no per-token times: it is kept out of the latency views, not faked
+    assert list(m["token_times"]) == [] and m["ttft_seconds"] == 0
+    assert m["e2e_seconds"] > 0
+
+
+@pytest.mark.parametrize("path, make", [("/v1/completions", completion), ("/v1/chat/completions", chat)])
+def test_a_stream_keeps_its_events_and_its_row_has_a_time_per_token(clients, upstream, proxy, store, path, make):
+    direct, via = clients
+    body = make(upstream.model, stream=True)
+    before = proxy.proxy.recorded
+    a = direct.post(path, json=body, headers={"X-Request-Id": rid()})
+    request_id = rid()
+    b = via.post(path, json=body, headers=headers(request_id, "agent"))
+    assert a.status_code == b.status_code == 200
+    assert b.headers["content-type"].startswith("text/event-stream")
+    ours, theirs = sse_payloads(b.text), sse_payloads(a.text)
+    # the same events, one for one (chunk boundaries as the upstream cut them), with the same fields
+    assert len(ours) == len(theirs) > 2
+    for x, y in zip(ours, theirs):
+        assert (x if x == "[DONE]" else without_volatile(x)) == (y if y == "[DONE]" else without_volatile(y))
+    assert not any("token_ids" in json.dumps(x) for x in ours)
+
+    proxy.wait_recorded(before + 1)
+    truth, mine = stored_pairs(store, upstream, proxy, [request_id])
+    t, m = truth[request_id], mine[request_id]
+    assert list(m["prompt_token_ids"]) == list(t["prompt_token_ids"])
+    assert list(m["output_token_ids"]) == list(t["output_token_ids"])
+    assert m["output_tokens"] == len(m["token_times"]) == len(t["output_token_ids"]) == body["max_tokens"]
+    assert list(m["token_times"]) == sorted(m["token_times"]) and m["token_times"][0] > 0
+    assert m["ttft_seconds"] == pytest.approx(m["token_times"][0], abs=1e-5)
+    assert m["workload"] == "agent" and m["sampling_params_json"] == t["sampling_params_json"]
+    assert m["finish_reason"] == t["finish_reason"] == "length"
+
+
+def test_what_the_client_asked_for_it_keeps(clients, upstream):
+    """A client that asks for token IDs itself gets them, exactly as the upstream sends them."""
+    direct, via = clients
+    body = completion(upstream.model, return_token_ids=True)
+    a = direct.post("/v1/completions", json=body).json()
+    b = via.post("/v1/completions", json=body).json()
+    assert without_volatile(b) == without_volatile(a)
+    assert b["prompt_token_ids"] and b["choices"][0]["token_ids"]
+
+
+def test_upstream_errors_pass_through_unchanged(clients, upstream, proxy):
+    direct, via = clients
+    before = proxy.proxy.recorded
+    for path, body in (("/v1/completions", completion("no-such-model")),
+                       ("/v1/chat/completions", chat(upstream.model, temperature=-1))):
+        a, b = direct.post(path, json=body), via.post(path, json=body)
+        assert b.status_code == a.status_code == 400
+        assert b.json() == a.json()
+    a = direct.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    b = via.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert (b.status_code, b.json()) == (a.status_code, a.json())
+    assert proxy.proxy.recorded == before  # nothing was answered: nothing is recorded
+
+
+def test_other_paths_pass_through(clients):
+    direct, via = clients
+    assert via.get("/v1/models").json() == direct.get("/v1/models").json()
+    # /health: the upstream's, as the replica the proxy's rows are stored under (loadgen groups by it)
+    ours, theirs = via.get("/health"), direct.get("/health")
+    assert ours.status_code == theirs.status_code == 200
+    assert ours.json()["replica_id"] == "px" and ours.json()["upstream"] == str(direct.base_url).rstrip("/")
+    assert set(ours.json()) == set(theirs.json()) | {"upstream"} and ours.json()["status"] == "ok"
+    a = direct.post("/tokenize", json={"model": direct.get("/v1/models").json()["data"][0]["id"], "prompt": PROMPT})
+    b = via.post("/tokenize", json={"model": via.get("/v1/models").json()["data"][0]["id"], "prompt": PROMPT})
+    assert b.json() == a.json()
+
+
+def test_an_extra_the_upstream_refuses_is_not_asked_for_again(clients, upstream, proxy):
+    # infersight forbids unknown fields: a chat asked with return_prompt_text gets a 400 naming it, is
+    # asked again without it, and answered
+    assert clients[1].post("/v1/chat/completions", json=chat(upstream.model)).status_code == 200
+    assert "return_prompt_text" in proxy.proxy.extras.refused
+    assert "return_token_ids" not in proxy.proxy.extras.refused
+
+
+def test_the_upstream_identity_row(proxy, store, upstream, tiny_llama):
+    from engine.tokenization import Tokenizer
+
+    proxy.flush()
+    row = store.query_df("SELECT * FROM replicas WHERE replica_id = 'px'").to_dict("records")
+    assert len(row) == 1
+    tok = Tokenizer(tiny_llama)
+    assert row[0]["model_name"] == upstream.model
+    assert row[0]["engine_version"].startswith("infersight")
+    assert (row[0]["tokenizer_hash"], row[0]["chat_template_hash"]) == (tok.tokenizer_hash, tok.chat_template_hash)
+    assert json.loads(row[0]["config_json"])["model"] == str(tiny_llama)
