@@ -4,7 +4,7 @@ headers, stalled and oversized bodies, compression bombs. Every loop is bounded 
 from __future__ import annotations
 
 import base64
-import select
+import selectors
 import socket
 import time
 import zlib
@@ -61,6 +61,18 @@ def send_and_read(port: int, data: bytes, timeout: float = 30) -> bytes:
         return read_response(sock, timeout)
 
 
+def ready(socks, timeout: float, write: bool = False) -> tuple[list, list]:
+    """(readable, writable) among `socks` within `timeout` seconds. A selector (epoll), not select():
+    a test process deep in the suite holds descriptors past select()'s FD_SETSIZE of 1024."""
+    events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
+    with selectors.DefaultSelector() as sel:
+        for sock in socks:
+            sel.register(sock, events)
+        hits = sel.select(timeout)
+    return ([k.fileobj for k, e in hits if e & selectors.EVENT_READ],
+            [k.fileobj for k, e in hits if e & selectors.EVENT_WRITE])
+
+
 def flood_body(port: int, head: bytes, block: bytes, total: int, timeout: float = 60) -> tuple[int, bytes]:
     """Send `head`, then `block` again and again (up to `total` bytes), stopping as soon as the
     server answers or stops reading. Returns (body bytes sent, the response)."""
@@ -69,7 +81,7 @@ def flood_body(port: int, head: bytes, block: bytes, total: int, timeout: float 
         sock.sendall(head)
         sock.setblocking(False)
         while sent < total and time.monotonic() < deadline:
-            readable, writable, _ = select.select([sock], [sock], [], 1)
+            readable, writable = ready([sock], 1, write=True)
             if readable:
                 break
             if writable:
@@ -90,7 +102,7 @@ def trickle_headers(port: int, interval: float = 0.1, max_bytes: int = 600) -> t
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
         for sent in range(max_bytes):
-            if select.select([sock], [], [], interval)[0]:
+            if ready([sock], interval)[0]:
                 return sent, read_response(sock, 10)
             try:
                 sock.send(b"a")
@@ -115,7 +127,7 @@ def wait_until_closed_by_server(socks: list[socket.socket], timeout: float = 60)
     open_ = {s.fileno(): s for s in socks}
     deadline = time.monotonic() + timeout
     while open_ and time.monotonic() < deadline:
-        readable, _, _ = select.select(list(open_.values()), [], [], 1)
+        readable, _ = ready(list(open_.values()), 1)
         for sock in readable:
             try:
                 data = sock.recv(65536)
