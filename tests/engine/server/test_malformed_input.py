@@ -17,10 +17,11 @@ import threading
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from engine.server.app import build_app
 from engine.server.background import BackgroundServer
+from engine.server.text_check import TOKENIZE_HEADROOM
+from metrics_scrape import scraped_metric
 
 TORTURE = {
     "combining marks": "e\u0301\u0302\u0303 Z\u0334\u0321\u0322\u031b\u0317\u0353 a\u0308\u0308\u0308",
@@ -43,14 +44,6 @@ def _post(url: str, path: str, body: dict, ascii_escapes: bool, timeout: float =
     """The body as JSON: with \\uXXXX escapes for everything non-ASCII, or as raw UTF-8."""
     raw = json.dumps(body, ensure_ascii=ascii_escapes).encode("utf-8", "surrogatepass")
     return httpx.post(url + path, content=raw, headers={"Content-Type": "application/json"}, timeout=timeout)
-
-
-def _metric(url: str, name: str, **labels) -> float:
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    raise AssertionError(f"no metric {name} {labels}")
 
 
 @pytest.fixture(scope="module")
@@ -154,21 +147,25 @@ def test_a_prompt_too_long_to_fit_is_refused_without_tokenizing(live, observed, 
     monkeypatch.setattr(served.tokenizer.hf, "encode", lambda *a, **k: encoded.append(1) or real(*a, **k))
     limit = served.max_model_len * served.chars_per_token
     huge = "x" * 28_500_000  # the size seen in the attack: 46 s on the event loop, before
-    cases = [("/v1/completions", {"prompt": "y" * (limit + 1)}, "prompt", limit + 1),
-             ("/v1/completions", {"prompt": huge, "stream": True}, "prompt", len(huge)),
-             ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}, "messages", len(huge)),
-             ("/tokenize", {"prompt": huge}, "prompt", len(huge))]
-    for path, body, param, chars in cases:
+    countable = TOKENIZE_HEADROOM * limit  # /tokenize measures texts that do not fit (the loadgen sizes prompts so)
+    cases = [("/v1/completions", {"prompt": "y" * (limit + 1)}, "prompt", limit + 1, f"at most {limit} characters"),
+             ("/v1/completions", {"prompt": huge, "stream": True}, "prompt", len(huge), f"at most {limit} characters"),
+             ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}, "messages", len(huge),
+              f"at most {limit} characters"),
+             ("/tokenize", {"prompt": huge}, "prompt", len(huge), f"counts at most {countable}")]
+    for path, body, param, chars, bound in cases:
         r = _post(observed, path, {"model": served.name, **body}, ascii_escapes=True, timeout=120)
         assert r.status_code == 400, r.text[:300]
         error = r.json()["error"]
         assert (error["param"], error["code"]) == (param, "context_length_exceeded")
         assert f"the text is {chars} characters" in error["message"]
-        assert f"at most {limit} characters" in error["message"]
+        assert bound in error["message"]
     assert encoded == []  # none of them reached the tokenizer
-    # one character under the limit is tokenized (and then refused by its token count, as before)
+    # under the limits the text is tokenized: at the context's bound, and /tokenize past it (counted, not run)
     r = _post(observed, "/tokenize", {"model": served.name, "prompt": "y" * limit}, ascii_escapes=True)
     assert r.status_code == 200 and encoded == [1]
+    r = _post(observed, "/tokenize", {"model": served.name, "prompt": "y " * limit}, ascii_escapes=True)
+    assert r.status_code == 200 and r.json()["count"] > served.max_model_len and encoded == [1, 1]
 
 
 def test_health_answers_while_a_prompt_is_being_tokenized(live, observed, monkeypatch):
@@ -204,6 +201,6 @@ def test_nothing_is_left_behind(live, observed):
     idle = live.wait_idle()
     assert (idle["running"], idle["waiting"], idle["kv_blocks_used"], idle["in_flight"]) == (0, 0, 0, 0)
     labels = {"replica": live.served.replica_id}
-    assert _metric(observed, "infersight_num_requests_running", **labels) == 0
-    assert _metric(observed, "infersight_kv_cache_blocks", state="used", **labels) == 0
-    assert _metric(observed, "infersight_kv_cache_usage_ratio", **labels) == 0.0
+    assert scraped_metric(observed, "infersight_num_requests_running", **labels) == 0
+    assert scraped_metric(observed, "infersight_kv_cache_blocks", state="used", **labels) == 0
+    assert scraped_metric(observed, "infersight_kv_cache_usage_ratio", **labels) == 0.0

@@ -15,9 +15,9 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from prometheus_client.parser import text_string_to_metric_families
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+from metrics_scrape import scraped_metric
 
 EXAMPLES_PER_OPERATION = 110  # x 3 POST operations: >= 300 per generation mode
 REQUEST_TIMEOUT_S = 60  # a hung request fails the test instead of stalling it
@@ -57,14 +57,6 @@ def accepts_valid_data_within_the_context(ctx, response, case):
     return positive_data_acceptance(ctx, response, case)
 
 
-def _metric(url: str, name: str, **labels) -> float:
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    raise AssertionError(f"no metric {name} {labels}")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
@@ -95,5 +87,5 @@ def test_all_checks_pass(observed_server, mode):
     health = httpx.get(url + "/health", timeout=10).json()
     assert health["status"] == "ok"
     assert (health["running"], health["waiting"], health["in_flight"], health["kv_blocks_used"]) == (0, 0, 0, 0)
-    assert _metric(url, "infersight_kv_cache_usage_ratio") == 0.0
-    assert _metric(url, "infersight_num_requests_running") == 0.0
+    assert scraped_metric(url, "infersight_kv_cache_usage_ratio") == 0.0
+    assert scraped_metric(url, "infersight_num_requests_running") == 0.0
