@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from engine.server.model_info import ServedModel
+from engine.server.text_check import TOKENIZE_HEADROOM
 
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 MARK = "x-infersight"
@@ -27,6 +28,7 @@ def _served_keywords(served: ServedModel) -> dict[str, dict]:
         "model": {"enum": [served.name]},
         "token_id": {"maximum": served.vocab_size - 1},
         "prompt_text": {"maxLength": served.max_model_len * served.chars_per_token},
+        "countable_text": {"maxLength": TOKENIZE_HEADROOM * served.max_model_len * served.chars_per_token},
         "new_tokens": {"maximum": served.max_model_len - 1},
     }
 

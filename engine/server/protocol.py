@@ -56,6 +56,7 @@ def _served(kind: str):
 NonNegFloat = Annotated[float, Field(ge=0.0)]
 TokenId = Annotated[_int(Field(ge=0)), _served("token_id")]  # maximum: the vocabulary's last ID
 PromptText = Annotated[str, _served("prompt_text")]  # maxLength: what can fit the context
+CountableText = Annotated[str, _served("countable_text")]  # maxLength: what /tokenize counts (text_check.py)
 StopString = Annotated[str, admitted(minLength=1)]
 NewTokens = Annotated[_int(), admitted(minimum=1), _served("new_tokens")]  # maximum: max_model_len - 1
 # up to 2**53 - 1, the integers every JSON parser keeps exactly (I-JSON, RFC 7493): a larger seed written
@@ -131,6 +132,15 @@ class ChatMessage(_Request):
     name: str | None = None
 
 
+class CountableTextPart(TextPart):
+    text: CountableText
+
+
+class CountableMessage(ChatMessage):
+    """A message /tokenize counts: its text may be longer than the context (that is what is measured)."""
+    content: CountableText | list[CountableTextPart]
+
+
 class ResponseFormat(_Request):
     type: Literal["text", "json_object", "json_schema"] = Field(
         description="only 'text' is supported", json_schema_extra={"enum": ["text"]})
@@ -166,8 +176,8 @@ class TokenizeRequest(_Request):
         {"properties": {"messages": {"type": "array"}}, "required": ["messages"]}]})
 
     model: Annotated[str, _served("model")] = Field(min_length=1)
-    prompt: PromptText | None = Field(None, description="give prompt or messages, not both")
-    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    prompt: CountableText | None = Field(None, description="give prompt or messages, not both")
+    messages: list[CountableMessage] | None = Field(None, min_length=1)
     add_generation_prompt: bool = True
 
 
