@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.benchmarks.telemetry_overhead import DetachedSidecar
+from engine.benchmarks.telemetry_overhead import DetachedSidecar, round_order
 from engine.benchmarks.vllm_overhead import GOAL_RATIO, REFERENCE, Round, prompts, ratio, session_cpu_seconds
 from engine.fleet.processes import free_port
 from engine.vllm_adapter.launch import start_vllm_server
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in urls:  # warm-up, untimed
             run_round(mode, urls[mode], server.model, texts, args.max_tokens, args.concurrency, f"warm-{mode}",
                       args.stream)
-        order = [m for i in range(args.rounds) for m in (("direct", "proxy") if i % 2 == 0 else ("proxy", "direct"))]
+        order = round_order(args.rounds, "direct", "proxy")
         rounds, ttfts = [], []
         cpu_start = session_cpu_seconds(proxy.pid)
         for i, mode in enumerate(order):

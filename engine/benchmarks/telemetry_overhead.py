@@ -190,9 +190,9 @@ def attach(engine, observer) -> None:
     engine.tokenizer.observer = engine.observer
 
 
-def round_order(pairs: int) -> list[str]:
-    """ABBA: off on, on off, off on ... (a linear drift hits both sides alike)."""
-    return [m for i in range(pairs) for m in (("off", "on") if i % 2 == 0 else ("on", "off"))]
+def round_order(pairs: int, a: str = "off", b: str = "on") -> list[str]:
+    """ABBA: a b, b a, a b ... (a linear drift hits both sides alike)."""
+    return [m for i in range(pairs) for m in ((a, b) if i % 2 == 0 else (b, a))]
 
 
 def run_round(llm, workload, params, mode: str, telemetry: Telemetry) -> Round:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.benchmarks.telemetry_overhead import DetachedSidecar
+from engine.benchmarks.telemetry_overhead import DetachedSidecar, round_order
 from engine.vllm_adapter.launch import REPO, start_vllm_server
 from telemetry.store import open_store
 
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in ("off", "on"):  # warm-up, untimed
             run_round(mode, servers[mode].url, servers[mode].model, texts, args.max_tokens, args.concurrency,
                       f"warm-{mode}")
-        order = [m for i in range(args.rounds) for m in (("off", "on") if i % 2 == 0 else ("on", "off"))]
+        order = round_order(args.rounds)
         rounds = []
         cpu_start = {mode: session_cpu_seconds(server.pid) for mode, server in servers.items()}
         for i, mode in enumerate(order):
