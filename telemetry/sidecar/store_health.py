@@ -54,6 +54,7 @@ class StoreHealth:
         self._full: list[Damage] = []  # what the latest full check found
         self._full_done = False
         self._running = False
+        self._again = False  # a failed read arrived while a check ran: check again when it ends
         self._last_error_check = float("-inf")
         self._logged: set[Damage] = set()
 
@@ -95,20 +96,24 @@ class StoreHealth:
                 for r in rows if not r["is_passed"]]
 
     def _full_check(self) -> None:
-        try:
-            expected, damage = self.quick_check()
-            missing = {d.table for d in damage if d.kind == "missing_table"}
-            for table in expected:
-                if table not in missing:
-                    damage += self._check_table(table)
-            with self._lock:
-                self._full, self._full_done = damage, True
-            self._report(damage)
-            if not damage:
-                log.info("store check: %d tables, no damage", len(expected))
-        finally:
-            with self._lock:
-                self._running = False
+        while True:
+            try:
+                expected, damage = self.quick_check()
+                missing = {d.table for d in damage if d.kind == "missing_table"}
+                for table in expected:
+                    if table not in missing:
+                        damage += self._check_table(table)
+                with self._lock:
+                    self._full, self._full_done = damage, True
+                self._report(damage)
+                if not damage:
+                    log.info("store check: %d tables, no damage", len(expected))
+            finally:
+                with self._lock:
+                    again, self._again = self._again, False
+                    self._running = again
+            if not again:
+                return
 
     # scheduling --------------------------------------------------------------------------------
 
@@ -123,7 +128,8 @@ class StoreHealth:
 
     def on_error_code(self, code: int | None) -> None:
         """A request failed with `code`: corrupt data schedules a full check (at most one every
-        min_recheck_seconds: a damaged table fails every read of it)."""
+        min_recheck_seconds: a damaged table fails every read of it). A check already running may
+        have read the table before it went bad, so it runs once more when it ends."""
         if code not in CORRUPTION_CODES:
             return
         with self._lock:
@@ -131,8 +137,10 @@ class StoreHealth:
             if now - self._last_error_check < self.min_recheck_seconds:
                 return
             self._last_error_check = now
-        if self.start():
-            log.error("a query failed on corrupt data (ClickHouse code %s): checking every table", code)
+            if self._running:
+                self._again = True
+        log.error("a query failed on corrupt data (ClickHouse code %s): checking every table", code)
+        self.start()
 
     # reporting ---------------------------------------------------------------------------------
 
