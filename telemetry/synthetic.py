@@ -15,6 +15,7 @@ from telemetry.contract.records import (
     EvalItemRecord,
     EvalRunRecord,
     FindingRecord,
+    ProbeBaselineRecord,
     ProfileRecord,
     ReplicaRecord,
     RequestRecord,
@@ -95,6 +96,15 @@ def profile(i: int, replica_id: str = "r0", t: float = T0) -> ProfileRecord:
                          stack=f"main;step;forward;layer_{i}", samples=10 + i, group="forward")
 
 
+def probe_baseline(i: int, replica_id: str = "r0", t: float = T0) -> ProbeBaselineRecord:
+    return ProbeBaselineRecord(model_name="tiny", probe_id=f"probe_{i}", pinned_time=t, round_id=f"p{int(t * 1000)}",
+                               replica_id=replica_id, api="completions", weights_hash="w" * 16,
+                               tokenizer_hash="t" * 16, chat_template_hash="", config_hash="c" * 16,
+                               engine_version="0.1.0", prompt_text_hash=hashlib.sha256(str(i).encode()).hexdigest(),
+                               rendered_prompt_hash="", sampling_params_json='{"temperature": 0.0}',
+                               prompt_token_ids=[1, 2 + i, 3], output_token_ids=[4, 5, 6 + i], finish_reason="length")
+
+
 def records(table: str, n: int, replica_id: str = "r0", t: float = T0) -> list:
     """`n` records for `table`."""
     make = {
@@ -105,5 +115,6 @@ def records(table: str, n: int, replica_id: str = "r0", t: float = T0) -> list:
         "eval_items": lambda i: eval_item(i),
         "findings": lambda i: finding(f"f-{i}", t + 60 + i),
         "profiles": lambda i: profile(i, replica_id, t),
+        "probe_baselines": lambda i: probe_baseline(i, replica_id, t),
     }[table]
     return [make(i) for i in range(n)]

@@ -208,6 +208,31 @@ class ProfileRecord:
     group: str = ""  # scheduler | input_preparation | forward | sampling | telemetry | server | other
 
 
+@dataclass(slots=True)
+class ProbeBaselineRecord:
+    """One probe of a pinned round (`infersight probe --pin`): what the model should answer, with
+    the identity that answered it. The latest pin of (model_name, probe_id) is the baseline."""
+
+    model_name: str
+    probe_id: str  # telemetry.contract.probes: the probe's name in the shipped suite
+    pinned_time: float
+    round_id: str
+    replica_id: str  # the replica whose answers were pinned
+    api: str  # "completions" | "chat"
+    weights_hash: str
+    tokenizer_hash: str
+    chat_template_hash: str
+    config_hash: str
+    engine_version: str
+    prompt_text_hash: str
+    rendered_prompt_hash: str
+    sampling_params_json: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    finish_reason: str
+    note: str = ""  # why it was pinned (free text from --note)
+
+
 RECORD_TYPES: dict[str, type] = {
     "replicas": ReplicaRecord,
     "requests": RequestRecord,
@@ -216,6 +241,7 @@ RECORD_TYPES: dict[str, type] = {
     "eval_items": EvalItemRecord,
     "findings": FindingRecord,
     "profiles": ProfileRecord,
+    "probe_baselines": ProbeBaselineRecord,
 }
 
 

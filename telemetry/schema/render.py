@@ -24,6 +24,7 @@ SHARDING_KEYS = {
     "eval_items": "cityHash64(run_id)",
     "findings": "cityHash64(finding_id)",
     "profiles": "cityHash64(replica_id)",
+    "probe_baselines": "cityHash64(model_name)",
 }
 
 _CREATE = re.compile(

@@ -49,8 +49,9 @@ def test_migrate_creates_every_table_as_the_records_say(store):
                             {"db": store.database})
     engines = dict(zip(tables["name"], tables["engine"]))
     assert set(RECORD_TYPES) | {"schema_migrations"} <= set(engines)
-    assert engines["findings"] == "ReplacingMergeTree"  # the only table whose rows are updated
-    assert {engines[t] for t in RECORD_TYPES if t != "findings"} == {"MergeTree"}
+    replaced = {"findings", "probe_baselines"}  # the only tables whose rows are updated (the latest wins)
+    assert {engines[t] for t in replaced} == {"ReplacingMergeTree"}
+    assert {engines[t] for t in RECORD_TYPES if t not in replaced} == {"MergeTree"}
     for table, record_type in RECORD_TYPES.items():
         described = store.query_df(f"DESCRIBE TABLE {table}")
         visible = described[described["default_type"] != "MATERIALIZED"]
@@ -70,8 +71,9 @@ def test_table_and_text_ttls_and_skip_indexes(store):
 def test_migrate_is_idempotent_and_recorded(store):
     assert migrate(store) == []
     rows = store.query_df("SELECT version, name FROM schema_migrations ORDER BY version")
-    assert list(rows["version"]) == [1, 2, 3]
-    assert list(rows["name"]) == ["initial", "steps_spec_num_drafts", "requests_rendered_prompt_hash"]
+    assert list(rows["version"]) == [1, 2, 3, 4]
+    assert list(rows["name"]) == ["initial", "steps_spec_num_drafts", "requests_rendered_prompt_hash",
+                                 "probe_baselines"]
 
 
 def test_new_migration_applies_once_and_a_changed_one_is_refused(store, tmp_path):
@@ -104,7 +106,10 @@ def test_cluster_variant_parses_and_has_replicated_and_distributed_tables(store)
     assert ("ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/telemetry/findings_local', '{replica}', "
             "last_seen)") in text
     assert "non_replicated_deduplication_window" not in text
-    assert text.count("ENGINE = ReplicatedMergeTree(") == len(RECORD_TYPES)  # 6 tables + schema_migrations
+    assert ("ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/telemetry/probe_baselines_local', "
+            "'{replica}', pinned_time)") in text
+    # every table but the two replacing ones, + schema_migrations
+    assert text.count("ENGINE = ReplicatedMergeTree(") == len(RECORD_TYPES) - 1
 
 
 def test_single_node_render_is_what_migrate_runs(store):
@@ -122,7 +127,8 @@ def test_render_rejects_bad_names():
 
 
 UNIQUE_KEY = {"replicas": "replica_id", "requests": "request_id", "steps": "step_id", "eval_runs": "run_id",
-              "eval_items": "item_id", "findings": "finding_id", "profiles": "samples"}
+              "eval_items": "item_id", "findings": "finding_id", "profiles": "samples",
+              "probe_baselines": "probe_id"}
 
 
 @pytest.mark.parametrize("table", sorted(RECORD_TYPES))
