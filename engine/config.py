@@ -42,16 +42,24 @@ class EngineConfig:
     # (whether prompt / output text may be stored is the Recorder's decision, not the engine's:
     # `infersight serve --store-text`, telemetry.recorder.Recorder(store_text=...))
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+    def to_json(self, generation: dict | None = None) -> str:
+        """The config as JSON; `generation` (what the model directory says about generation: eos
+        and bos ids) is added under "generation" for the replica's identity."""
+        d = asdict(self)
+        if generation:
+            d["generation"] = generation
+        return json.dumps(d, sort_keys=True)
 
-    def config_hash(self) -> str:
+    def config_hash(self, generation: dict | None = None) -> str:
         """Hash of everything that can change what or how the engine computes.
 
         The replica id and the served name are labels, not behaviour: excluded,
-        so that identical replicas share a config hash.
+        so that identical replicas share a config hash. `generation` is included: a
+        generation_config.json with other eos ids changes where every answer stops.
         """
         d = asdict(self)
         for label in ("replica_id", "served_model_name"):
             d.pop(label)
+        if generation:
+            d["generation"] = generation
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -104,11 +104,17 @@ class LLMEngine:
         self.replica_record = build_replica_record(
             config, model_name=self.model_name, weights_hash=self.loaded.weights_hash,
             tokenizer_hash=self.tokenizer.tokenizer_hash, chat_template_hash=self.tokenizer.chat_template_hash,
-            quantization=self.quantization, attention_backend=self.backend.name)
+            quantization=self.quantization, attention_backend=self.backend.name,
+            generation=self.generation_identity())
         if self.observer.enabled:
             self._notify("on_replica_start", self.replica_record)
 
     # --- requests --------------------------------------------------------------
+
+    def generation_identity(self) -> dict:
+        """What the model directory says about where answers start and stop (its generation_config /
+        config eos and bos ids): part of the replica's identity, as the diagnostics compare it."""
+        return {"eos_token_ids": sorted(self.eos_token_ids), "bos_token_id": self.loaded.config.bos_token_id}
 
     def prepare_prompt(self, prompt: str | list[int] | Prompt) -> Prompt:
         """Any prompt as a `Prompt`, checked: text is tokenized (once, through the tokenization cache),

@@ -59,12 +59,13 @@ def _placement(device: str) -> dict:
 
 
 def build_replica_record(config: EngineConfig, *, model_name: str, weights_hash: str, tokenizer_hash: str,
-                         chat_template_hash: str, quantization: str, attention_backend: str) -> ReplicaRecord:
+                         chat_template_hash: str, quantization: str, attention_backend: str,
+                         generation: dict | None = None) -> ReplicaRecord:
     return ReplicaRecord(
         replica_id=config.replica_id, host=socket.gethostname(), pid=os.getpid(), start_time=time.time(),
         engine_version=engine_version(), model_name=model_name, weights_hash=weights_hash,
         tokenizer_hash=tokenizer_hash, chat_template_hash=chat_template_hash,
-        config_json=config.to_json(), config_hash=config.config_hash(), dtype=config.dtype,
+        config_json=config.to_json(generation), config_hash=config.config_hash(generation), dtype=config.dtype,
         quantization=quantization, speculative_mode=config.speculative_mode,
         attention_backend=attention_backend, device=config.device, **_placement(config.device))
 

@@ -47,7 +47,7 @@ def test_replica_request_and_step_records(tiny_llama):
                                     max_num_batched_tokens=16, replica_id="rep-7"), observer)
     (replica,), = observer.of("on_replica_start")
     assert replica is engine.replica_record and replica.replica_id == "rep-7"
-    assert replica.config_hash == engine.config.config_hash()
+    assert replica.config_hash == engine.config.config_hash(engine.generation_identity())
     assert json.loads(replica.config_json)["block_size"] == 4
     assert replica.tokenizer_hash == engine.tokenizer.tokenizer_hash != ""
     assert replica.chat_template_hash == engine.tokenizer.chat_template_hash != ""
@@ -206,3 +206,24 @@ def test_a_chat_keeps_its_messages_hash_and_rendered_text_and_is_encoded_once(ti
     assert record.prompt_text_hash == chat_messages_hash(messages) == text_sha256(canonical_chat_json(messages))
     assert chat_messages_hash(messages, add_generation_prompt=False) != record.prompt_text_hash
     assert len(observer.of("on_tokenization")) == 2  # one cache lookup for the chat, one in apply_chat_template above
+
+
+def test_eos_ids_from_generation_config_are_part_of_the_identity(tiny_llama, tmp_path):
+    """A generation_config.json with other eos ids changes where every answer stops: the identity
+    (config_json's "generation", config_hash) says so, though no engine option changed - even when
+    the new file is deployed at the same path."""
+    import shutil
+
+    model = shutil.copytree(tiny_llama, tmp_path / "model")
+    records = []
+    for eos in (None, 7):
+        if eos is not None:  # the same directory, its generation_config.json changed in place
+            gen_path = model / "generation_config.json"
+            gen_path.write_text(json.dumps({**json.loads(gen_path.read_text()), "eos_token_id": eos}))
+        observer = Recording()
+        LLMEngine(EngineConfig(model=str(model), num_kv_blocks=10), observer)
+        (replica,), = observer.of("on_replica_start")
+        records.append(replica)
+    base, cand = (json.loads(r.config_json)["generation"] for r in records)
+    assert cand["eos_token_ids"] == [7] and base["eos_token_ids"] != [7]
+    assert records[0].config_hash != records[1].config_hash
