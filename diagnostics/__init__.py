@@ -10,7 +10,16 @@ from __future__ import annotations
 import logging
 import time
 
-from diagnostics import output_drift, overhead, regression, replicas, speculative, tokenizer_divergence
+from diagnostics import (
+    identity_drift,
+    output_drift,
+    overhead,
+    probes,
+    regression,
+    replicas,
+    speculative,
+    tokenizer_divergence,
+)
 from diagnostics.findings import Finding, resolved, worst_first, write_findings
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
@@ -22,7 +31,9 @@ DIAGNOSTICS = {
     "regression": regression,
     "replicas": replicas,
     "tokenizer": tokenizer_divergence,
+    "identity": identity_drift,
     "drift": output_drift,
+    "probe": probes,
     "speculative": speculative,
     "overhead": overhead,
 }

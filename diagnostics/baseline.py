@@ -56,6 +56,13 @@ class Baseline:
     def is_baseline(self, replica: dict) -> bool:
         return identity_key(replica) == self.identity
 
+    def label(self) -> str:
+        """`r0, first served` / `r0, requested` / `pin of round p1 from r0`: how summaries name it."""
+        if self.rule == "pinned":
+            latest = max(self.pins.values(), key=lambda p: p["pinned_time"])
+            return f"pin of round {latest['round_id']} from {latest['replica_id']}"
+        return f"{', '.join(self.replicas) or 'none in the window'}, {self.rule.replace('_', ' ')}"
+
     def describe(self) -> dict:
         return {"rule": self.rule, "reason": self.reason, "replicas": list(self.replicas),
                 "identity": dict(zip(IDENTITY_FIELDS, self.identity))}

@@ -11,7 +11,9 @@ import argparse
 import json
 import sys
 
-CHOICES = ("regression", "replicas", "tokenizer", "drift", "speculative", "overhead", "all")
+from diagnostics import DIAGNOSTICS
+
+CHOICES = (*DIAGNOSTICS, "all")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,15 +6,21 @@ agreement and where the outputs first diverge (the gate's statistics, from evals
 
 From production: greedy requests (temperature 0) with identical prompt token IDs and the same
 output limits, served by replicas of different configurations. Their outputs should be
-identical; per prompt the output most replicas produced is the reference, and a replica whose
-outputs often differ from it is named, with the first divergence decoded and its identity
-differences (quantization, config hash ...).
+identical. Per prompt the reference is the output most replicas produced; where no output is the
+most common (the usual one baseline beside one canary: a 1-to-1 disagreement) it is the baseline
+side's output (diagnostics.baseline.choose_baseline per model: a pin, the requested side, or the
+identity that served first), so the candidate that differs counts as differing. Only a tie that
+no baseline-side replica takes part in stays undecided ("tied"). A replica whose outputs often
+differ from the reference is named (critical from 50% of its prompts, warning when the Wilson
+lower bound of its rate is above 2%), with the first divergence decoded, its identity differences
+(quantization, config hash ...) and the baseline it was judged against.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+from diagnostics.baseline import Baseline, choose_baseline
 from diagnostics.findings import Finding, insufficient
 from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.replicas import identity_differences
@@ -194,26 +200,44 @@ def _source() -> str:
                        "t.sampling_params_json AS sampling_params_json, t.finish_reason AS finish_reason")
 
 
-def greedy_drift(store, scope: Scope, source: TokenizerSource | None = None) -> list[Finding]:
+def reference(outputs: list[tuple], baseline: Baseline | None, identity: dict) -> tuple[int, str, str]:
+    """(reference output, a replica that produced it, how it was chosen) for one prompt's outputs
+    [(replica, config hash, output hash)]: "majority" (the most common output), "baseline" (no
+    most common one: the baseline side's), or "tie" (neither decides)."""
+    counts = Counter(out for _, _, out in outputs).most_common()
+    if len(counts) == 1 or counts[0][1] > counts[1][1]:
+        return counts[0][0], next(r for r, _, out in outputs if out == counts[0][0]), "majority"
+    base = [(r, out) for r, _, out in outputs
+            if baseline is not None and r in identity and baseline.is_baseline(identity[r])]
+    if base:
+        ref = Counter(out for _, out in base).most_common(1)[0][0]
+        return ref, next(r for r, out in base if out == ref), "baseline"
+    return counts[0][0], next(r for r, _, out in outputs if out == counts[0][0]), "tie"
+
+
+def greedy_drift(store, scope: Scope, source: TokenizerSource | None = None,
+                 request: DiagnosticRequest | None = None) -> list[Finding]:
     source = source or TokenizerSource()
+    request = request or DiagnosticRequest(scope)
     n = store.query_arrow(_COUNT.replace("{source}", _source()), scope.parameters()).to_pylist()[0]["n"]
     permille = 1000 if n <= SAMPLE_ROWS else max(1, -(-1000 * SAMPLE_ROWS // n))
     params = {**scope.parameters(), "permille": permille}
     groups = store.query_arrow(_GREEDY.replace("{source}", _source()), params).to_pylist()
     identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
+    baselines = {m: choose_baseline(store, m, [r for r in identity.values() if r["model_name"] == m], request)
+                 for m in sorted({g["model_name"] for g in groups})}
     stats: dict[str, dict] = {}
     for g in groups:
         outputs = [tuple(o.values()) if isinstance(o, dict) else tuple(o) for o in g["outputs"]]
-        counts = Counter(out for _, _, out in outputs).most_common()
-        tie = len(counts) > 1 and counts[0][1] == counts[1][1]
-        reference = counts[0][0]
-        ref_replica = next(r for r, _, out in outputs if out == reference)
+        ref, ref_replica, how = reference(outputs, baselines[g["model_name"]], identity)
+        tie = how == "tie"
         for rid, _, out in outputs:
             s = stats.setdefault(rid, {"model": g["model_name"], "compared": 0, "differ": 0, "tied": 0,
-                                       "examples": []})
+                                       "by_baseline": 0, "examples": []})
             s["compared"] += 1
-            if out != reference:
+            if out != ref:
                 s["tied" if tie else "differ"] += 1
+                s["by_baseline"] += how == "baseline"
                 if len(s["examples"]) < MAX_EXAMPLES and not (tie and s["differ"]):
                     s["examples"].append((g["key"], ref_replica))
     findings = []
@@ -224,7 +248,7 @@ def greedy_drift(store, scope: Scope, source: TokenizerSource | None = None) -> 
                                      model_name=model))
     outputs = _example_outputs(store, params, stats)
     for rid, s in sorted(stats.items()):
-        findings += _replica_drift(scope, rid, s, identity, source, outputs, permille)
+        findings += _replica_drift(scope, rid, s, identity, source, outputs, permille, baselines.get(s["model"]))
     return findings
 
 
@@ -240,7 +264,8 @@ def _example_outputs(store, params: dict, stats: dict) -> dict:
     return {(r["replica_id"], r["key"]): r for r in rows}
 
 
-def _replica_drift(scope, rid, s, identity, source, outputs, permille: int) -> list[Finding]:
+def _replica_drift(scope, rid, s, identity, source, outputs, permille: int,
+                   baseline: Baseline | None) -> list[Finding]:
     differ = s["differ"] + s["tied"]
     if s["compared"] < MIN_PROMPTS:
         return [insufficient("output_drift", rid, DIAGNOSTIC, scope,
@@ -250,7 +275,7 @@ def _replica_drift(scope, rid, s, identity, source, outputs, permille: int) -> l
         return []
     rate = differ / s["compared"]
     low, high = wilson_interval(differ, s["compared"])
-    # 1-to-1 ties cannot say which side drifted: they alone make an info finding
+    # ties that no baseline-side replica took part in cannot say which side drifted: alone, info
     severity = "critical" if rate >= 0.5 and s["differ"] else "warning" if low > 0.02 and s["differ"] else "info"
     me = identity.get(rid, {"replica_id": rid})
     examples, references = [], set()
@@ -266,21 +291,26 @@ def _replica_drift(scope, rid, s, identity, source, outputs, permille: int) -> l
     peers = [identity[r] for r in sorted(references) if r in identity]
     diffs = identity_differences(me, peers) if peers else []
     first = examples[0]["first_divergence"] if examples else None
-    summary = (f"{rid}: greedy outputs differ from the other configurations' on {differ} of {s['compared']} identical "
+    summary = (f"{rid}: greedy outputs differ from the reference on {differ} of {s['compared']} identical "
                f"prompts ({rate:.0%}, 95% CI {low:.0%}-{high:.0%})"
-               + (f", {s['tied']} of them 1-to-1 ties" if s["tied"] else "")
+               + (f", {s['by_baseline']} of them decided by the baseline (no majority)" if s["by_baseline"] else "")
+               + (f", {s['tied']} of them ties no baseline replica took part in" if s["tied"] else "")
                + (f"; first divergence at output token {first}" if first is not None else "")
                + (f"; {rid} differs in " + ", ".join(f"{d['field']}={d['replica']}" for d in diffs[:3])
-                  if diffs else ""))
+                  if diffs else "")
+               + (f"; baseline: {baseline.label()}" if baseline is not None else ""))
     evidence = {"replica": rid, "model_name": s["model"], "compared": s["compared"], "differ": s["differ"],
-                "tied": s["tied"], "rate": rate, "rate_ci": [low, high], "identity_differences": diffs,
-                "examples": examples, "sampled_prompts_per_mille": permille,
+                "tied": s["tied"], "decided_by_baseline": s["by_baseline"], "rate": rate, "rate_ci": [low, high],
+                "baseline": baseline.describe() if baseline is not None else None,
+                "identity_differences": diffs, "examples": examples, "sampled_prompts_per_mille": permille,
                 "method": "greedy requests grouped by prompt token IDs and output limits across replicas of "
-                          "different config hashes; the most common output is the reference"}
+                          "different config hashes; the most common output is the reference, and where there is "
+                          "none the baseline side's (diagnostics.baseline); ties without a baseline replica are "
+                          "counted as tied"}
     return [Finding("output_drift", severity, rid, summary, DIAGNOSTIC, scope, evidence)]
 
 
 def run(store, request: DiagnosticRequest) -> list[Finding]:
     source = TokenizerSource(dict(request.model_dirs))
     return (eval_drift(store, request.scope, request.baseline, request.candidate, source)
-            + greedy_drift(store, request.scope, source))
+            + greedy_drift(store, request.scope, source, request))

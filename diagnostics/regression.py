@@ -25,6 +25,7 @@ from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, requests_in, steps_in
 from telemetry.contract import derived
+from telemetry.contract.probes import PROBE_WORKLOAD
 
 DIAGNOSTIC = "regression"
 # per stratum and side, drawn in ClickHouse; aggregate-function parameters must be literals in the SQL
@@ -341,9 +342,12 @@ ORDER BY bucket_index
 
 
 def _creep_source(scope: Scope) -> str:
+    """Served traffic only: probes (workload "probe", telemetry.contract.probes) come in rounds, alone
+    or in a burst of fillers on purpose, so their latency level follows the prober, not the engine."""
     cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in CREEP_METRICS)
-    return requests_in(f"t.model_name AS model_name, t.workload AS workload, {PROMPT_BUCKET} AS bucket, "
-                       f"t.finish_reason AS finish_reason, t.arrival_time AS arrival_time, {cols}", scope=scope)
+    source = requests_in(f"t.model_name AS model_name, t.workload AS workload, {PROMPT_BUCKET} AS bucket, "
+                         f"t.finish_reason AS finish_reason, t.arrival_time AS arrival_time, {cols}", scope=scope)
+    return f"(SELECT * FROM {source} WHERE workload != '{PROBE_WORKLOAD}')"
 
 
 def _positive(x) -> float:

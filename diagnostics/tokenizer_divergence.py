@@ -1,14 +1,18 @@
 """Tokenizer: the same text must become the same tokens on every replica of a model, and back.
 
-Checks, each with the token IDs and decoded strings as evidence:
-- identity: tokenizer or chat-template hashes that disagree among replicas of one model (with
-  the tokenizer files and tokenizer.json sections that differ, where the directories are here);
-- divergence: the same prompt text (prompt_text_hash) became different prompt token IDs on
-  replicas of one model (the replica in the minority is named; first divergence decoded);
+Checks, each with the token IDs and decoded strings as evidence (tokenizer and chat-template hashes
+that differ are the identity diagnostic's, diagnostics/identity_drift.py):
+- divergence: the same prompt text or chat messages (prompt_text_hash) became different prompt
+  token IDs on replicas of one model, whatever the requests' sampling (the replica in the minority
+  is named; with no majority, as between two replicas, the one off the baseline side of
+  diagnostics.baseline; first divergence decoded; a chat whose rendered_prompt_hash differs too
+  is the template's divergence; severity: divergence_severity);
+- token frequencies, where identical prompts are rare: diagnostics.token_frequencies;
 - round trip: decode(encode(x)) != x on stored prompt texts and on a Unicode torture corpus;
 - streaming: the streamed output text != the full decode of the output token IDs;
 - double BOS at the start of a prompt;
-- special-token strings in user text (text prompts) encoded as special tokens;
+- special-token strings in user text encoded as special tokens: in text prompts anywhere after the
+  first token; in chat prompts where the chat template writes none (template_transitions);
 - token IDs outside the model's vocabulary (critical), or inside it but without text in the tokenizer (info).
 The SQL checks scan the scope once each; the checks that need a tokenizer load the replica's own
 (see diagnostics.replica_tokenizers) and say so when it is not available.
@@ -17,10 +21,12 @@ The SQL checks scan the scope once each; the checks that need a tokenizer load t
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-from collections import Counter
 from pathlib import Path
 
+from diagnostics import token_frequencies
+from diagnostics.baseline import choose_baseline
 from diagnostics.findings import Finding
 from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.request import DiagnosticRequest
@@ -29,12 +35,17 @@ from diagnostics.token_evidence import divergence, tokens
 from diagnostics.unicode_corpus import corpus
 from engine.tokenization import Tokenizer
 from evals.gate_statistics import first_divergence
+from telemetry.contract.probes import PROBE_WORKLOAD
 
 DIAGNOSTIC = "tokenizer"
 MAX_EXAMPLES = 3
 TEXT_SAMPLE_ROWS = 200_000  # text prompts whose token IDs are hashed / scanned for specials, at most
 ROUNDTRIP_SAMPLE = 200  # stored prompts re-tokenized per replica
 STREAM_SAMPLE = 300  # outputs re-decoded per replica
+# same text, different IDs: the severity rule (divergence_severity)
+MIN_TEXTS = 2
+CRITICAL_TEXTS = 3
+CRITICAL_RATE = 0.1
 
 
 # -- identity -------------------------------------------------------------------------------------
@@ -79,60 +90,36 @@ def file_differences(dir_a: str, dir_b: str) -> list[dict]:
     return out
 
 
-def hash_disagreements(replicas: list[dict], scope: Scope, source: TokenizerSource) -> list[Finding]:
-    findings = []
-    by_model: dict[str, list[dict]] = {}
-    for r in replicas:
-        by_model.setdefault(r["model_name"], []).append(r)
-    for model, group in by_model.items():
-        if len(group) < 2:
-            continue
-        by_id = {x["replica_id"]: x for x in group}
-        for field, kind, what in (("tokenizer_hash", "tokenizer_hash_mismatch", "tokenizer"),
-                                  ("chat_template_hash", "chat_template_mismatch", "chat template")):
-            counts = Counter(r[field] for r in group)
-            if len(counts) < 2:
-                continue
-            (top, n_top), *rest = counts.most_common()
-            tie = rest and rest[0][1] == n_top
-            reference = None if tie else top
-            for r in group:
-                if r[field] == reference:
-                    continue
-                ref_replicas = [x["replica_id"] for x in group if x[field] == reference] if reference else []
-                evidence = {"model_name": model, "field": field, "replica": r["replica_id"], "value": r[field],
-                            "fleet": {x["replica_id"]: x[field] for x in group}, "reference_value": reference,
-                            "reference_replicas": ref_replicas}
-                mine = source.directory(r)
-                ref_dir = source.directory(by_id[ref_replicas[0]]) if ref_replicas else None
-                if mine and ref_dir and Path(mine).is_dir() and Path(ref_dir).is_dir():
-                    evidence["file_differences"] = file_differences(mine, ref_dir)
-                    evidence["directories"] = {"replica": mine, "reference": ref_dir}
-                who = (f"{len(ref_replicas)} other replica(s) ({', '.join(ref_replicas)})" if reference
-                       else "no majority among " + ", ".join(sorted(x["replica_id"] for x in group)))
-                summary = (f"{r['replica_id']} runs a different {what} than {who} of {model}: "
-                           f"{field} {str(r[field])[:12]} vs {str(reference or '-')[:12]}")
-                findings.append(Finding(kind, "warning", r["replica_id"], summary, DIAGNOSTIC, scope, evidence))
-    return findings
-
-
 # -- same text, different IDs ---------------------------------------------------------------------
 
-# per prompt text seen on several replicas: the token-ID variant most replicas produced is the reference
+# per prompt text seen on several replicas of a model, the reference token IDs: those most of them
+# produced; where no variant has the most (always, when two replicas disagree) those of the baseline
+# side, if its replicas saw the text and agree. The sampling of the request plays no part: a prompt
+# is tokenized before any sampling. Chat prompts too: a chat's prompt_text_hash is its messages'.
 _DIVERGENCE = """
 SELECT model_name, replica_id, count() AS compared,
-       countIf(h != majority AND NOT tie) AS divergent, countIf(h != majority AND tie) AS tied,
-       groupArraySampleIf(3, 1)((prompt_text_hash, majority_replica), h != majority) AS examples
+       countIf(resolved AND h != ref) AS divergent,
+       countIf(resolved AND h != ref AND NOT by_majority) AS by_baseline,
+       countIf(resolved AND h != ref AND rendered != '' AND ref_rendered != '' AND rendered != ref_rendered)
+           AS template_divergent,
+       countIf(NOT resolved AND length(arrayDistinct(hs)) > 1) AS tied,
+       groupArraySampleIf(3, 1)((prompt_text_hash, ref_replica, if(by_majority, 'majority', 'baseline')),
+                                resolved AND h != ref) AS examples,
+       groupArraySampleIf(3, 1)((prompt_text_hash, arrayFirst(p -> p.2 != h, pairs).1, 'tie'),
+                                NOT resolved AND length(arrayDistinct(hs)) > 1) AS tie_examples,
+       groupArraySample(5, 1)(prompt_text_hash) AS compared_texts
 FROM (
-    SELECT model_name, prompt_text_hash, arrayMap(p -> p.2, pairs) AS hs, arrayReduce('topK(2)', hs) AS top,
-           top[1] AS majority,
-           length(top) > 1 AND arrayCount(x -> x = top[1], hs) = arrayCount(x -> x = top[2], hs) AS tie,
-           arrayFirst(p -> p.2 = majority, pairs).1 AS majority_replica,
-           arrayJoin(pairs) AS pair, pair.1 AS replica_id, pair.2 AS h
+    SELECT model_name, prompt_text_hash, pairs, arrayMap(p -> p.2, pairs) AS hs, arrayReduce('topK(2)', hs) AS top,
+           length(top) = 1 OR arrayCount(x -> x = top[1], hs) > arrayCount(x -> x = top[2], hs) AS by_majority,
+           arrayDistinct(arrayMap(p -> p.2, arrayFilter(p -> has({baseline:Array(String)}, p.1), pairs))) AS base_hs,
+           by_majority OR length(base_hs) = 1 AS resolved,
+           if(by_majority, top[1], base_hs[1]) AS ref,
+           arrayFirst(p -> p.2 = ref, pairs) AS ref_pair, ref_pair.1 AS ref_replica, ref_pair.3 AS ref_rendered,
+           arrayJoin(pairs) AS pair, pair.1 AS replica_id, pair.2 AS h, pair.3 AS rendered
     FROM (
-        SELECT model_name, prompt_text_hash, groupArray((replica_id, h)) AS pairs
+        SELECT model_name, prompt_text_hash, groupArray((replica_id, v.1, v.2)) AS pairs
         FROM (SELECT model_name, prompt_text_hash, replica_id,
-                     argMax(cityHash64(prompt_token_ids), arrival_time) AS h
+                     argMax((cityHash64(prompt_token_ids), rendered_prompt_hash), arrival_time) AS v
               FROM {source}
               WHERE prompt_text_hash != '' AND cityHash64(prompt_text_hash) % 1000 < {permille:UInt32}
               GROUP BY model_name, prompt_text_hash, replica_id)
@@ -150,7 +137,7 @@ SELECT count() AS n FROM requests AS t WHERE t.prompt_text_hash != '' AND {filte
 
 _PROMPTS = """
 SELECT replica_id, prompt_text_hash, argMax(prompt_token_ids, arrival_time) AS ids,
-       argMax(prompt_text, arrival_time) AS text
+       argMax(prompt_text, arrival_time) AS text, argMax(rendered_prompt_hash, arrival_time) AS rendered
 FROM requests
 WHERE has({hashes:Array(String)}, prompt_text_hash) AND has({replicas:Array(String)}, replica_id)
 GROUP BY replica_id, prompt_text_hash
@@ -168,48 +155,103 @@ def text_sample_permille(store, scope: Scope) -> int:
     return 1000 if n <= TEXT_SAMPLE_ROWS else max(1, -(-1000 * TEXT_SAMPLE_ROWS // n))
 
 
+def model_baselines(store, replicas: list[dict], request: DiagnosticRequest) -> dict:
+    """model -> its Baseline (diagnostics.baseline.choose_baseline): the side that breaks ties."""
+    by_model: dict[str, list[dict]] = {}
+    for r in replicas:
+        by_model.setdefault(r["model_name"], []).append(r)
+    return {m: choose_baseline(store, m, rows, request) for m, rows in sorted(by_model.items())}
+
+
+def divergence_severity(divergent: int, compared: int) -> str:
+    """critical: CRITICAL_TEXTS texts or more and at least CRITICAL_RATE of those compared; warning:
+    MIN_TEXTS or more; info below (one text alone may be one odd record, not a tokenizer)."""
+    if divergent >= CRITICAL_TEXTS and divergent >= CRITICAL_RATE * compared:
+        return "critical"
+    return "warning" if divergent >= MIN_TEXTS else "info"
+
+
+def _examples(store, rid: str, examples: list[tuple], toks: dict) -> list[dict]:
+    """Each (text hash, reference replica, rule) with both token-ID sequences and where they part."""
+    fetched = store.query_arrow(_PROMPTS, {"hashes": [e[0] for e in examples],
+                                           "replicas": sorted({rid, *(e[1] for e in examples)})}).to_pylist()
+    by_key = {(f["replica_id"], f["prompt_text_hash"]): f for f in fetched}
+    shown = []
+    for text_hash, ref, rule in examples:
+        mine, theirs = by_key.get((rid, text_hash)), by_key.get((ref, text_hash))
+        if not mine or not theirs:
+            continue
+        d = divergence(mine["ids"], theirs["ids"], toks.get(rid), toks.get(ref), "replica", "reference")
+        template = bool(mine["rendered"] and theirs["rendered"] and mine["rendered"] != theirs["rendered"])
+        shown.append({"prompt_text_hash": text_hash, "reference_replica": ref, "reference_rule": rule,
+                      "prompt_text": mine["text"] or theirs["text"] or None,
+                      "cause": "chat template" if template else "tokenizer",
+                      "rendered_prompt_hashes": {"replica": mine["rendered"], "reference": theirs["rendered"]},
+                      "first_divergent_token": _first_token(d, toks.get(rid), toks.get(ref)), **d})
+    return shown
+
+
+def _first_token(d: dict, mine, theirs) -> dict | None:
+    pos = d["first_divergence"]
+    if pos is None:
+        return None
+    out = {"position": pos}
+    for side, tok in (("replica", mine), ("reference", theirs or mine)):
+        ids = d[f"{side}_token_ids"]
+        out[f"{side}_id"] = ids[pos] if pos < len(ids) else None  # None: this side ended there
+        out[f"{side}_text"] = tok.piece(ids[pos]) if tok is not None and pos < len(ids) else None
+    return out
+
+
 def same_text_different_ids(store, scope: Scope, replicas: list[dict], toks: dict,
-                            permille: int = 1000) -> list[Finding]:
+                            permille: int = 1000, baselines: dict | None = None) -> list[Finding]:
+    """The same prompt text (or chat messages) with other token IDs than the reference's: see
+    _DIVERGENCE for the reference and divergence_severity for the severity."""
+    baselines = baselines or {}
+    side = sorted({r for b in baselines.values() if b for r in b.replicas})
     rows = store.query_arrow(_DIVERGENCE.replace("{source}", requests_in(
         "t.model_name AS model_name, t.prompt_text_hash AS prompt_text_hash, t.replica_id AS replica_id, "
-        "t.prompt_token_ids AS prompt_token_ids, t.arrival_time AS arrival_time", scope=scope)),
-        {**scope.parameters(), "permille": permille}).to_pylist()
+        "t.prompt_token_ids AS prompt_token_ids, t.rendered_prompt_hash AS rendered_prompt_hash, "
+        "t.arrival_time AS arrival_time", scope=scope)),
+        {**scope.parameters(), "permille": permille, "baseline": side}).to_pylist()
     identity = {r["replica_id"]: r for r in replicas}
     findings = []
     for r in rows:
         if not r["divergent"] and not r["tied"]:
             continue
-        rid = r["replica_id"]
-        examples = [_pairs(e) for e in r["examples"]][:MAX_EXAMPLES]
-        fetched = store.query_arrow(_PROMPTS, {"hashes": [h for h, _ in examples],
-                                               "replicas": sorted({rid, *(m for _, m in examples)})}).to_pylist()
-        by_key = {(f["replica_id"], f["prompt_text_hash"]): f for f in fetched}
-        shown = []
-        for text_hash, ref in examples:
-            mine, theirs = by_key.get((rid, text_hash)), by_key.get((ref, text_hash))
-            if not mine or not theirs:
-                continue
-            d = divergence(mine["ids"], theirs["ids"], toks.get(rid), toks.get(ref), "replica", "reference")
-            shown.append({"prompt_text_hash": text_hash, "reference_replica": ref,
-                          "prompt_text": mine["text"] or theirs["text"] or None, **d})
-        rate = (r["divergent"] + r["tied"]) / r["compared"]
-        tie_note = (f" ({r['tied']} of them 1-to-1 ties: the other side may be the odd one)" if r["tied"] else "")
-        where = ""
-        if shown and shown[0]["first_divergence"] is not None:
-            pos, ex = shown[0]["first_divergence"], shown[0]
-            at = [ids[pos] if pos < len(ids) else "end" for ids in (ex["replica_token_ids"], ex["reference_token_ids"])]
-            where = f"; e.g. first divergence at token {pos}: {at[0]} vs {at[1]} (reference {ex['reference_replica']})"
-        summary = (f"{rid}: {r['divergent'] + r['tied']} of {r['compared']} prompt texts also seen on other replicas "
-                   f"of {r['model_name']} became different token IDs{tie_note}{where}")
-        # 1-to-1 ties cannot say which side is odd: they alone make an info finding
-        severity = "critical" if r["divergent"] and rate >= 0.1 else "warning" if r["divergent"] else "info"
-        evidence = {"model_name": r["model_name"], "replica": rid, "compared": r["compared"],
-                    "divergent": r["divergent"], "tied": r["tied"], "rate": rate,
-                    "sampled_prompt_texts_per_mille": permille,
+        rid, n, model = r["replica_id"], r["divergent"], r["model_name"]
+        examples = [_pairs(e) for e in (r["examples"] or r["tie_examples"])][:MAX_EXAMPLES]
+        shown = _examples(store, rid, examples, toks)
+        base = baselines.get(model)
+        severity = divergence_severity(n, r["compared"])
+        summary = (f"{rid}: {n} of {r['compared']} prompt texts also seen on other replicas of {model} became "
+                   f"different token IDs")
+        if r["by_baseline"] and base:
+            summary += f" ({r['by_baseline']} against the baseline {', '.join(base.replicas)}: {base.rule})"
+        if r["template_divergent"]:
+            summary += (f"; for {r['template_divergent']} of them its chat template renders the same messages "
+                        f"differently: the template's divergence")
+        if r["tied"]:
+            summary += f"; {r['tied']} more are ties no baseline side decides (the other side may be the odd one)"
+        first = shown[0]["first_divergent_token"] if shown else None
+        if first:
+            summary += (f"; e.g. first divergence at token {first['position']}: {first['replica_id']} "
+                        f"{first['replica_text']!r} vs {first['reference_id']} {first['reference_text']!r} "
+                        f"(reference {shown[0]['reference_replica']})")
+        evidence = {"model_name": model, "replica": rid, "compared": r["compared"], "divergent": n,
+                    "by_baseline": r["by_baseline"], "template_divergent": r["template_divergent"],
+                    "tied": r["tied"], "rate": n / r["compared"], "sampled_prompt_texts_per_mille": permille,
                     "tokenizer_hash": identity.get(rid, {}).get("tokenizer_hash"), "examples": shown,
-                    "method": "prompts grouped by prompt_text_hash across replicas of one model; the token IDs "
-                              "most replicas produced are the reference"}
-        kind = "tokenizer_divergence" if severity != "info" else "tokenizer_divergence_tie"  # ties do not alert
+                    "compared_texts": {"prompt_text_hashes": list(r["compared_texts"]), "count": r["compared"]},
+                    "baseline": base.describe() if base else None,
+                    "severity_rule": f"critical >= {CRITICAL_TEXTS} texts and >= {CRITICAL_RATE:.0%} of those "
+                                     f"compared, warning >= {MIN_TEXTS}, info below or for ties alone",
+                    "method": "prompts grouped by prompt_text_hash (a chat's: its messages) across replicas of "
+                              "one model, whatever their sampling; the token IDs most replicas produced are the "
+                              "reference, and where none has the most, the baseline side's"}
+        # ties alone, or one text, do not alert: kinds of their own that stand for this finding's id
+        kind = ("tokenizer_divergence" if severity != "info" else
+                "tokenizer_divergence_tie" if not n else "tokenizer_divergence_unconfirmed")
         findings.append(Finding(kind, severity, rid, summary, DIAGNOSTIC, scope, evidence,
                                 id_kind="tokenizer_divergence"))
     return findings
@@ -352,8 +394,9 @@ _TOKEN_CHECKS = """
 SELECT replica_id, count() AS requests,
        countIf(is_double_bos) AS double_bos,
        groupArraySampleIf(3, 1)(prompt_token_ids, is_double_bos) AS double_bos_examples,
-       countIf(is_special) AS special_from_text,
-       groupArraySampleIf(3, 1)((prompt_token_ids, prompt_text), is_special) AS special_examples,
+       countIf(is_special) AS special_from_text, countIf(is_chat_special) AS special_from_chat,
+       groupArraySampleIf(3, 1)((prompt_token_ids, prompt_text, is_chat_special), is_special OR is_chat_special)
+           AS special_examples,
        countIf(pmax >= {model_vocab:UInt64}) AS prompt_out_of_vocab,
        countIf(omax >= {model_vocab:UInt64}) AS output_out_of_vocab,
        groupArraySampleIf(3, 1)((prompt_token_ids, output_token_ids), greatest(pmax, omax) >= {model_vocab:UInt64})
@@ -367,8 +410,17 @@ FROM (
            t.prompt_text AS prompt_text, arrayMax(t.prompt_token_ids) AS pmax, arrayMax(t.output_token_ids) AS omax,
            length(t.prompt_token_ids) >= 2 AND t.prompt_token_ids[1] = {bos:Int64}
                AND t.prompt_token_ids[2] = {bos:Int64} AS is_double_bos,
-           t.prompt_text_hash != '' AND t.rendered_prompt_hash = '' AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}
-               AND hasAny(arraySlice(t.prompt_token_ids, 2), {specials:Array(UInt32)}) AS is_special
+           t.workload != {probe:String} AND t.prompt_text_hash != '' AND t.rendered_prompt_hash = ''
+               AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}
+               AND hasAny(arraySlice(t.prompt_token_ids, 2), {specials:Array(UInt32)}) AS is_special,
+           -- chat: a transition between special tokens (or the prompt's ends) its template never writes
+           {chat:UInt8} AND t.workload != {probe:String} AND t.rendered_prompt_hash != '' AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}
+               AND NOT hasAll({transitions:Array(UInt64)}, arrayMap((a, b) -> bitShiftLeft(toUInt64(a), 32) + b,
+                   arrayPushFront(arrayFilter(x -> has({chat_specials:Array(UInt32)}, x), t.prompt_token_ids),
+                                  4294967295),
+                   arrayPushBack(arrayFilter(x -> has({chat_specials:Array(UInt32)}, x), t.prompt_token_ids),
+                                 4294967295)))
+               AS is_chat_special
     FROM requests AS t
     WHERE {filters}
 )
@@ -377,15 +429,65 @@ ORDER BY replica_id
 """
 
 
+BOUNDARY = 0xFFFFFFFF  # a chat prompt's start and end, in its special-token transitions
+# the roles every chat template knows; a role a template has no special marker for (the tiny one's
+# "tool") would make its messages look like bare end markers, and hide typed ones
+PROBE_ROLES = ("system", "user", "assistant")
+_TRANSITIONS: dict[tuple, tuple[int, ...]] = {}
+
+
+def template_transitions(tok: Tokenizer) -> tuple[int, ...]:
+    """The special-token transitions the chat template itself writes, as (a << 32) + b for each
+    adjacent pair of special tokens in a rendered prompt (BOUNDARY for its start and end).
+
+    Learned by rendering every role order of one to three messages with plain content, with and
+    without the generation prompt (orders a template refuses are skipped). A chat prompt holding
+    another transition has special tokens its template did not write: they came from a message's
+    text (a "<|eos|>" typed into a message puts an end marker where the template has content).
+    What this cannot see: text that forges a whole turn (an end marker, then a role marker) makes
+    only transitions the template makes itself, and the messages are not stored to tell them apart.
+    () without a chat template."""
+    key = (tok.directory, tok.tokenizer_hash)
+    if key not in _TRANSITIONS:
+        specials, seen = set(tok.special_ids), set()
+        for n in (1, 2, 3):
+            for roles in itertools.product(PROBE_ROLES, repeat=n) if tok.chat_template else ():
+                for generate in (True, False):
+                    try:
+                        ids = tok.apply_chat_template([{"role": r, "content": "x"} for r in roles], generate)
+                    except ValueError:
+                        continue
+                    seq = [BOUNDARY, *(i for i in ids if i in specials), BOUNDARY]
+                    seen.update((a << 32) + b for a, b in zip(seq, seq[1:]))
+        _TRANSITIONS[key] = tuple(sorted(seen))
+    return _TRANSITIONS[key]
+
+
+def unexpected_specials(ids, tok: Tokenizer) -> list[dict]:
+    """The special tokens of a chat prompt at transitions its template never writes, with the transition."""
+    allowed, specials = set(template_transitions(tok)), set(tok.special_ids)
+    seq = [(None, BOUNDARY), *((i, int(x)) for i, x in enumerate(ids) if int(x) in specials), (None, BOUNDARY)]
+    out = []
+    for (pa, a), (pb, b) in zip(seq, seq[1:]):
+        if (a << 32) + b in allowed:
+            continue
+        ends = ["start" if pa is None else tok.piece(a), "end" if pb is None else tok.piece(b)]
+        out += [{"position": p, "id": x, "text": tok.piece(x), "transition": ends}
+                for p, x in ((pa, a), (pb, b)) if p is not None and all(p != o["position"] for o in out)]
+    return out
+
+
 def _tokenizer_groups(toks: dict) -> dict[tuple, list[str]]:
-    """Replicas sharing a tokenizer's numbers (bos, sizes, user-writable specials): one query each."""
+    """Replicas sharing a tokenizer's numbers (bos, sizes, user-writable specials, template
+    transitions): one query each."""
     groups: dict[tuple, list[str]] = {}
     for rid, tok in toks.items():
         if tok is None:
             continue
         # specials a text can only contain if the user wrote them (not those the tokenizer adds itself)
         specials = tuple(sorted(set(tok.special_ids) - set(tok.post_processor_ids)))
-        key = (tok.bos_token_id if tok.bos_token_id is not None else -1, tok.vocab_size, tok.model_vocab_size, specials)
+        key = (tok.bos_token_id if tok.bos_token_id is not None else -1, tok.vocab_size, tok.model_vocab_size, specials,
+               tuple(tok.special_ids), template_transitions(tok))
         groups.setdefault(key, []).append(rid)
     return groups
 
@@ -393,9 +495,11 @@ def _tokenizer_groups(toks: dict) -> dict[tuple, list[str]]:
 def token_id_checks(store, scope: Scope, toks: dict, identity: dict, permille: int = 1000) -> list[Finding]:
     findings = []
     sql = _TOKEN_CHECKS.replace("{filters}", _plain_filters())
-    for (bos, vocab, model_vocab, specials), ids in _tokenizer_groups(toks).items():
+    for (bos, vocab, model_vocab, specials, chat_specials, transitions), ids in _tokenizer_groups(toks).items():
         params = {**scope.parameters(), "ids": sorted(ids), "bos": bos, "vocab": vocab, "model_vocab": model_vocab,
-                  "specials": list(specials), "permille": permille}
+                  "specials": list(specials), "permille": permille, "chat": int(bool(transitions)),
+                  "probe": PROBE_WORKLOAD,  # the probe suite types special-token strings on purpose
+                  "chat_specials": list(chat_specials), "transitions": list(transitions)}
         for r in store.query_arrow(sql, params).to_pylist():
             findings += _token_findings(r, toks[r["replica_id"]], identity, scope, permille)
     return findings
@@ -414,25 +518,34 @@ def _token_findings(r: dict, tok: Tokenizer, identity: dict, scope: Scope, permi
             f"(id {tok.bos_token_id} = {tok.piece(tok.bos_token_id)!r}): a template or client adds its own BOS",
             DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "bos_token_id": tok.bos_token_id,
                                 "count": r["double_bos"], "requests": r["requests"], "examples": examples}))
-    if r["special_from_text"]:
+    if r["special_from_text"] or r["special_from_chat"]:
         specials = set(tok.special_ids) - set(tok.post_processor_ids)
         examples = []
         for e in r["special_examples"]:
-            prompt_ids, text = _pairs(e)
-            found = [{"position": i, "id": int(x), "text": tok.piece(int(x))}
-                     for i, x in enumerate(prompt_ids) if i > 0 and int(x) in specials]
-            examples.append({"prompt_token_ids": list(prompt_ids), "prompt_text": text or None,
-                             "special_tokens": found})
+            prompt_ids, text, chat = _pairs(e)
+            found = (unexpected_specials(prompt_ids, tok) if chat else
+                     [{"position": i, "id": int(x), "text": tok.piece(int(x))}
+                      for i, x in enumerate(prompt_ids) if i > 0 and int(x) in specials])
+            examples.append({"api": "chat" if chat else "completion", "prompt_token_ids": list(prompt_ids),
+                             "prompt_text": text or None, "special_tokens": found})
         first = examples[0]["special_tokens"][0] if examples and examples[0]["special_tokens"] else {}
-        sampled = f" (in a {permille / 10:g}% sample of text prompts)" if permille < 1000 else ""
+        sampled = f" (in a {permille / 10:g}% sample of prompts)" if permille < 1000 else ""
+        which = " and ".join(p for p in (f"{r['special_from_text']} text prompts" if r["special_from_text"] else "",
+                                         f"{r['special_from_chat']} chat prompts (in message text: where the chat "
+                                         f"template writes no special token)" if r["special_from_chat"] else "") if p)
         findings.append(Finding(
             "special_tokens_from_text", "warning", rid,
-            f"{rid}: {r['special_from_text']} text prompts{sampled} contain special-token strings that were "
-            f"encoded as special tokens (e.g. {first.get('text', '?')!r} = id {first.get('id', '?')} at position "
+            f"{rid}: {which}{sampled} contain special-token strings that were encoded as special tokens "
+            f"(e.g. {first.get('text', '?')!r} = id {first.get('id', '?')} at position "
             f"{first.get('position', '?')}): user text can inject control tokens",
-            DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "count": r["special_from_text"],
+            DIAGNOSTIC, scope, {"replica": rid, "model_name": model,
+                                "count": r["special_from_text"] + r["special_from_chat"],
+                                "text_prompts": r["special_from_text"], "chat_prompts": r["special_from_chat"],
                                 "requests": r["requests"], "sampled_prompt_texts_per_mille": permille,
-                                "special_token_ids": sorted(specials), "examples": examples}))
+                                "special_token_ids": sorted(specials), "examples": examples,
+                                "chat_method": "special-token transitions the replica's chat template never "
+                                               "writes (learned by rendering probe conversations); a typed "
+                                               "marker that forges a whole turn is not distinguishable"}))
     if r["prompt_out_of_vocab"] or r["output_out_of_vocab"]:
         examples = [_id_example(e, lambda x: x >= tok.model_vocab_size) for e in r["oov_examples"]]
         findings.append(Finding(
@@ -472,8 +585,10 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
     toks = {r["replica_id"]: source.for_replica(r) for r in replicas}
     identity = {r["replica_id"]: r for r in replicas}
     permille = text_sample_permille(store, scope)
-    findings = hash_disagreements(replicas, scope, source)
-    findings += same_text_different_ids(store, scope, replicas, toks, permille)
+    baselines = model_baselines(store, replicas, request)  # the side that breaks two-replica ties
+    # tokenizer / chat-template hash disagreements: the identity diagnostic (diagnostics.identity_drift)
+    findings = same_text_different_ids(store, scope, replicas, toks, permille, baselines)
+    findings += token_frequencies.shifts(store, scope, toks, baselines)
     findings += roundtrip_stored(store, scope, toks)
     findings += roundtrip_corpus(toks, scope)
     findings += streamed_vs_full(store, scope, toks)

@@ -19,6 +19,7 @@ the same text everywhere.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
@@ -129,6 +130,10 @@ class Tokenizer:
     def special_ids(self) -> list[int]:
         return sorted(set(self.hf.all_special_ids))
 
+    @functools.cached_property
+    def _special_set(self) -> frozenset[int]:
+        return frozenset(self.hf.all_special_ids)
+
     @property
     def post_processor_ids(self) -> list[int]:
         """Specials the tokenizer adds around any text by itself (a BOS, maybe an EOS)."""
@@ -182,7 +187,24 @@ class Tokenizer:
         token_id = int(token_id)
         if not self.in_vocab(token_id):
             return f"<out of vocabulary: {token_id}>"
-        return self.decode([token_id], skip_special_tokens=False)
+        if token_id in self._special_set:
+            return self.decode([token_id], skip_special_tokens=False)
+        # decoded after an anchor token, then the anchor's text cut off: a SentencePiece (Metaspace)
+        # decoder strips the leading space of a sequence's first token, so alone '▁[' and '[' would
+        # both read '[' - the very difference a `legacy` or template incident is about
+        anchor = self._anchor_id()
+        if anchor is None:
+            return self.decode([token_id], skip_special_tokens=False)
+        head = self.decode([anchor], skip_special_tokens=False)
+        both = self.decode([anchor, token_id], skip_special_tokens=False)
+        return both[len(head):] if both.startswith(head) else self.decode([token_id], skip_special_tokens=False)
+
+    def _anchor_id(self) -> int | None:
+        """An ordinary token that decodes to itself ('a'), or None."""
+        if not hasattr(self, "_anchor"):
+            ids = self.hf.encode("a", add_special_tokens=False)
+            self._anchor = ids[-1] if ids and ids[-1] not in self._special_set else None
+        return self._anchor
 
     def pieces(self, token_ids) -> list[str]:
         return [self.piece(i) for i in token_ids]

@@ -6,7 +6,7 @@
     infersight eval drift --baseline base.json --candidate cand.json|cand.toml|MODEL_DIR \
         [--candidate-set quantization=int8]
     infersight eval gate --baseline base.json|base.toml|MODEL_DIR --candidate ... --policy evals/policies/default.toml \
-        [--report-md gate.md] [--report-json gate.json]
+        [--report-md gate.md] [--report-json gate.json] [--replay RUN_ID|replay.json ...]
 
 Exit codes: 0 success / gate passed, 1 the gate failed (drift), 2 error.
 """
@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gate.add_argument("--policy", default=DEFAULT_POLICY, help="policy TOML (default: evals/policies/default.toml)")
     gate.add_argument("--report-md", metavar="FILE", help="write the markdown report here")
     gate.add_argument("--report-json", metavar="FILE", help="write the full result as JSON here")
+    gate.add_argument("--replay", action="append", default=[], metavar="RUN_ID|FILE",
+                      help="a run of `infersight replay` against the candidate (file, or run id with --store): "
+                           "fails the gate below the policy's min_replay_agreement; repeatable")
     gate.add_argument("--no-progress", action="store_true")
 
 
@@ -178,8 +181,11 @@ def _gate(args) -> int:
     policy = load_policy(args.policy)
     store = _open_store(args.store)
     try:
+        from evals.replay.evidence import load_replay_run
+
+        replays = [load_replay_run(spec, store) for spec in args.replay]  # fail fast, before any suite runs
         base, cand = _sides(args, store)
-        result = run_gate(base, cand, policy, progress=not args.no_progress, store_target=store)
+        result = run_gate(base, cand, policy, progress=not args.no_progress, store_target=store, replays=replays)
     finally:
         if store is not None:
             store.close()

@@ -3,7 +3,9 @@
 Per suite: accuracy of both sides with Wilson intervals, and a paired test on
 per-item correctness (McNemar mid-p or paired bootstrap). Pooled over suites:
 the llama.cpp drift statistics of the candidate against the baseline's
-teacher-forced outputs, and greedy-output agreement. Each check compares one
+teacher-forced outputs, and greedy-output agreement. Per replay run given
+(`--replay`, evals/replay): the share of stored production prompts the
+candidate answers token for token as the reference did. Each check compares one
 of these numbers with the policy's threshold; the verdict is "pass" only when
 every check passes. `infersight eval gate` exits 0 on pass, 1 on fail, 2 on error.
 """
@@ -12,12 +14,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from evals.gate_statistics import mcnemar, paired_bootstrap, wilson_interval
 from evals.logit_drift import DriftReport, compute_drift
 from evals.policy import Policy, policy_dict
+from evals.replay.summary import summarize_replay
 from evals.results import EvalRun
 from evals.runner import run_suite
 from evals.sides import Side
-from evals.gate_statistics import mcnemar, paired_bootstrap, wilson_interval
 from evals.suite import load_suite
 
 
@@ -58,8 +61,9 @@ class GateResult:
     suites: list[SuiteComparison]
     drift: DriftReport
     checks: list[Check]
-    run_ids: dict = field(default_factory=dict)  # side -> {suite: run_id}
+    run_ids: dict = field(default_factory=dict)  # side -> {suite: run_id}; "replay" -> [run_id]
     notes: list[str] = field(default_factory=list)
+    replays: list[dict] = field(default_factory=list)  # a ReplaySummary (as a dict) per --replay run
 
     @property
     def passed(self) -> bool:
@@ -146,6 +150,24 @@ def drift_checks(d: DriftReport, policy: Policy) -> list[Check]:
     return checks
 
 
+def replay_checks(runs: list[EvalRun], policy: Policy) -> tuple[list[Check], list[dict]]:
+    """One check per replay run (none when min_replay_agreement is off), and each run's summary."""
+    checks, summaries = [], []
+    for run in runs:
+        s = summarize_replay(run, policy.confidence)
+        summaries.append(asdict(s))
+        if policy.min_replay_agreement is None:
+            continue
+        lo, hi = s.ci
+        detail = (f"{s.identical}/{s.items} identical [{lo:.1%} - {hi:.1%}], {s.errors} errors, "
+                  f"against {s.endpoint}")
+        if s.median_first_divergence is not None:
+            detail += f"; first divergence median {s.median_first_divergence:g}, min {s.min_first_divergence}"
+        checks.append(Check("replay agreement", f"{s.suite} ({s.run_id})", s.share, policy.min_replay_agreement,
+                            ">=", s.share >= policy.min_replay_agreement, detail))
+    return checks, summaries
+
+
 class GateError(ValueError):
     """The gate cannot decide (bad input, nothing to compare): exit 2."""
 
@@ -159,8 +181,12 @@ def _engine(side: Side, cache: dict):
 
 
 def run_gate(baseline: Side, candidate: Side, policy: Policy, progress: bool = True,
-             store_target=None) -> GateResult:
+             store_target=None, replays: list[EvalRun] | None = None) -> GateResult:
+    """`replays`: replay runs of the candidate (evals/replay), each one more check."""
     notes: list[str] = []
+    replays = list(replays or [])
+    if any(not r.items for r in replays):
+        raise GateError("a replay run has no items: it compares nothing")
     # which suites: both sides' runs if they have them, else the policy's
     suite_files = {load_suite(p).name: p for p in policy.suites}
     if baseline.runs and candidate.runs:
@@ -210,9 +236,14 @@ def run_gate(baseline: Side, candidate: Side, policy: Policy, progress: bool = T
         notes.append(f"the baseline configuration reproduces only {drift.baseline_reproduction:.1%} of its run's "
                      f"greedy tokens: the run may not come from this configuration")
     checks = [c for comp in comparisons for c in accuracy_checks(comp, policy)] + drift_checks(drift, policy)
+    more, replay_summaries = replay_checks(replays, policy)
+    checks += more
+    if replays and policy.min_replay_agreement is None:
+        notes.append("replay runs given, but the policy switches min_replay_agreement off: they do not decide")
     verdict = "pass" if all(c.passed for c in checks) else "fail"
     return GateResult(verdict=verdict, baseline=baseline.describe(), candidate=candidate.describe(),
                       policy=policy_dict(policy), suites=comparisons, drift=drift, checks=checks,
                       run_ids={"baseline": {n: baseline.runs[n].run_id for n in names},
-                               "candidate": {n: candidate.runs[n].run_id for n in names}},
-                      notes=notes)
+                               "candidate": {n: candidate.runs[n].run_id for n in names},
+                               **({"replay": [r.run_id for r in replays]} if replays else {})},
+                      notes=notes, replays=replay_summaries)

@@ -33,6 +33,8 @@ class Policy:
     min_same_top_p: float | None = 0.98
     min_greedy_agreement: float | None = 0.95
     require_logit_drift: bool = True  # error (exit 2) when KL statistics cannot be computed
+    # replay (`--replay`): share of stored production prompts the candidate answers token for token
+    min_replay_agreement: float | None = 0.95
     seed: int = 0
     path: str = ""
 
@@ -46,7 +48,7 @@ class Policy:
             raise ValueError(f"{where}: confidence must be in (0, 1), got {self.confidence}")
         if not 0 <= self.max_accuracy_drop <= 1:
             raise ValueError(f"{where}: max_accuracy_drop must be in [0, 1], got {self.max_accuracy_drop}")
-        for name in ("min_same_top_p", "min_greedy_agreement"):
+        for name in ("min_same_top_p", "min_greedy_agreement", "min_replay_agreement"):
             v = getattr(self, name)
             if v is not None and not 0 <= v <= 1:
                 raise ValueError(f"{where}: {name} must be in [0, 1], got {v}")
@@ -61,6 +63,7 @@ class Policy:
 _SECTIONS = {"run": ("suites", "max_items", "per_task", "max_tokens"),
              "accuracy": ("max_accuracy_drop", "alpha", "paired_test", "bootstrap_resamples", "confidence"),
              "drift": ("max_mean_kl", "max_p99_kl", "min_same_top_p", "min_greedy_agreement", "require_logit_drift"),
+             "replay": ("min_replay_agreement",),
              "": ("seed",)}
 
 
@@ -87,7 +90,8 @@ def load_policy(path: str | Path) -> Policy:
                 raise ValueError(f"{path}: unknown key {key!r} in [{section or 'top level'}]; known: {list(keys)}")
             values[key] = v
     # a threshold set to false turns its check off (TOML has no null)
-    for key in ("max_mean_kl", "max_p99_kl", "min_same_top_p", "min_greedy_agreement", "max_items", "per_task"):
+    for key in ("max_mean_kl", "max_p99_kl", "min_same_top_p", "min_greedy_agreement", "min_replay_agreement",
+                "max_items", "per_task"):
         if values.get(key) is False:
             values[key] = None
     policy = Policy(**values, path=str(path))

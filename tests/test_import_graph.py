@@ -23,6 +23,8 @@ LAYERS = ("telemetry", "engine", "evals", "diagnostics", "dashboards")
 ENGINE_ASSEMBLY = ("engine.server", "engine.fleet", "engine.loadgen", "engine.benchmarks", "engine.cli_generate",
                    # the recording proxy: forwards to any OpenAI server and records through telemetry's Recorder
                    "engine.proxy",
+                   # the prober: sends the probe suite with the loadgen's client, pins rounds into the store
+                   "engine.probe",
                    # the vLLM stat-logger plugin: the engine's hashing and placement with telemetry's Recorder
                    "engine.vllm_adapter")
 CONTRACT = "telemetry.contract"

@@ -53,6 +53,11 @@ def _loadgen() -> ModuleType:
     return cli
 
 
+def _probe() -> ModuleType:
+    from engine.probe import cli
+    return cli
+
+
 def _calibrate() -> ModuleType:
     from engine.loadgen import calibrate
     return calibrate
@@ -70,6 +75,11 @@ def _profile() -> ModuleType:
 
 def _eval() -> ModuleType:
     from evals import cli
+    return cli
+
+
+def _replay() -> ModuleType:
+    from evals.replay import cli
     return cli
 
 
@@ -93,10 +103,12 @@ COMMANDS = {
     "fleet": (_fleet, "start, inspect and stop a local fleet of replicas and the sidecar"),
     "proxy": (_proxy, "record what any OpenAI-compatible server (vLLM ...) answers, into the store"),
     "loadgen": (_loadgen, "drive replicas with chat / agent / batch workloads"),
+    "probe": (_probe, "send the golden probe suite to every replica (once, on an interval, or pinned)"),
     "calibrate": (_calibrate, "find one replica's capacity under a TTFT / ITL SLO"),
     "diagnose": (_diagnose, "run diagnostics over the store and record findings"),
     "profile": (_profile, "py-spy a replica and store folded stacks"),
     "eval": (_eval, "eval suites: run, drift, gate"),
+    "replay": (_replay, "replay stored production requests against a candidate, diffed token by token"),
     "dashboard": (_dashboard, "the Streamlit debugging dashboard"),
     "demo": (_demo, "sidecar + replicas + traffic + diagnostics + report, on the embedded defaults"),
 }

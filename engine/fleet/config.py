@@ -23,6 +23,12 @@ engine = { quantization = "int8" }   # merged over defaults.engine
 id = "v0"
 engine = "vllm"
 vllm = { max_model_len = 256 } # vLLM server options, merged over defaults.vllm
+
+[probe]                        # optional: the scheduled prober (`infersight probe --every`, engine/probe/)
+interval = "60s"               # a duration ("60s", "5m") or seconds
+token_budget = 20000           # most prompt + output tokens per round (default: the whole suite)
+batched = true                 # also send each probe inside a busy batch
+enabled = true
 ```
 Every key is checked: an unknown one is an error naming it and the valid ones.
 """
@@ -34,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.fleet.vllm_replica import check_spec as check_vllm_spec
+from engine.probe.interval import parse_interval
 from engine.server.engine_args import engine_cli_args
 
 _FLEET_KEYS = {"name", "host", "base_port", "run_dir", "restart", "startup_timeout", "stop_timeout",
@@ -41,6 +48,7 @@ _FLEET_KEYS = {"name", "host", "base_port", "run_dir", "restart", "startup_timeo
 _SIDECAR_KEYS = {"enabled", "port", "data_dir", "url", "args"}
 _REPLICA_KEYS = {"id", "model", "port", "cpus", "numa_node", "threads", "engine", "restart", "api_key",
                  "tracing", "otlp_endpoint", "args", "env", "drain_timeout", "vllm", "vllm_python", "plugin"}
+_PROBE_KEYS = {"interval", "token_budget", "batched", "enabled"}
 ENGINE_KINDS = ("infersight", "vllm")
 
 
@@ -76,6 +84,16 @@ class SidecarSpec:
 
 
 @dataclass
+class ProbeSpec:
+    """The fleet's scheduled prober: one more process, `infersight probe --fleet ... --every ...`."""
+
+    interval: float = 60.0  # seconds between round starts
+    token_budget: int | None = None
+    batched: bool = True
+    enabled: bool = True
+
+
+@dataclass
 class FleetConfig:
     name: str
     host: str = "127.0.0.1"
@@ -87,6 +105,7 @@ class FleetConfig:
     sidecar: SidecarSpec = field(default_factory=SidecarSpec)
     replicas: list[ReplicaSpec] = field(default_factory=list)
     source: Path | None = None
+    probe: ProbeSpec | None = None  # a [probe] table: the scheduled prober runs beside the replicas
 
 
 def _check_keys(table: dict, allowed: set[str], where: str) -> None:
@@ -109,12 +128,30 @@ def _options(value) -> dict:
     return dict(value) if isinstance(value, dict) else {}
 
 
+def parse_probe(table) -> ProbeSpec:
+    if not isinstance(table, dict):
+        raise ValueError(f"[probe] must be a table (interval, token_budget, batched, enabled), got {table!r}")
+    _check_keys(table, _PROBE_KEYS, "[probe]")
+    for key in ("batched", "enabled"):
+        if key in table and not isinstance(table[key], bool):
+            raise ValueError(f"[probe]: {key} must be true or false, got {table[key]!r}")
+    budget = table.get("token_budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise ValueError(f"[probe]: token_budget must be a positive number of tokens, got {budget!r}")
+    try:
+        interval = parse_interval(table.get("interval", 60.0))
+    except ValueError as e:
+        raise ValueError(f"[probe]: {e}") from None
+    return ProbeSpec(interval=interval, token_budget=budget, batched=table.get("batched", True),
+                     enabled=table.get("enabled", True))
+
+
 def default_run_dir(name: str) -> Path:
     return Path(".infersight") / "fleets" / name
 
 
 def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
-    _check_keys(data, {"fleet", "sidecar", "defaults", "replica"}, "fleet config")
+    _check_keys(data, {"fleet", "sidecar", "defaults", "replica", "probe"}, "fleet config")
     fleet = dict(data.get("fleet", {}))
     _check_keys(fleet, _FLEET_KEYS, "[fleet]")
     name = str(fleet.get("name", source.stem if source else "local"))
@@ -177,7 +214,8 @@ def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
         startup_timeout=float(fleet.get("startup_timeout", 180.0)),
         stop_timeout=float(fleet.get("stop_timeout", 15.0)), max_restarts=int(fleet.get("max_restarts", 5)),
         log_level=str(fleet.get("log_level", "warning")),
-        sidecar=SidecarSpec(**sidecar), replicas=replicas, source=source)
+        sidecar=SidecarSpec(**sidecar), replicas=replicas, source=source,
+        probe=parse_probe(data["probe"]) if "probe" in data else None)
 
 
 def load_fleet(path: str | Path) -> FleetConfig:

@@ -4,12 +4,13 @@ up:     resolve models, give out ports, start the sidecar (the telemetry store)
         and wait for it, start every replica (`infersight serve`, its own
         process, pinned as configured, spooling telemetry under
         <run_dir>/spool/<replica id>) and wait until each answers /health,
-        then write the state file. A failure stops whatever was started.
+        then write the state file, then start the scheduled prober where the
+        config has a [probe] table. A failure stops whatever was started.
         A vLLM replica (`engine = "vllm"`) is `vllm serve` behind its recording
         proxy (engine/fleet/vllm_replica.py): the proxy is the replica's endpoint.
 status: for every process in the state file: running? healthy? (and what the
         replica says about itself).
-down:   supervisor first (so nothing restarts), then replicas (they flush
+down:   supervisor and prober first (so nothing restarts or probes), then replicas (they flush
         telemetry to the sidecar while draining), then the sidecar.
 """
 
@@ -21,10 +22,9 @@ from pathlib import Path
 
 import httpx
 
-from engine.fleet.config import FleetConfig, ReplicaSpec
+from engine.fleet.config import FleetConfig, ProbeSpec, ReplicaSpec
 from engine.fleet.models import resolve_model
-from engine.fleet.processes import (alive, free_port, infersight_command, port_in_use, spawn, stop,
-                                    wait_healthy)
+from engine.fleet.processes import alive, free_port, infersight_command, port_in_use, spawn, stop, wait_healthy
 from engine.fleet.state import FleetState, ProcessState
 from engine.fleet.vllm_replica import check_plugin, start_vllm_replica, vllm_python
 from engine.server.engine_args import engine_cli_args
@@ -67,6 +67,14 @@ def replica_command(spec: ReplicaSpec, model_dir: Path, host: str, port: int, st
 
 def sidecar_command(data_dir: Path, host: str, port: int, extra: list[str]) -> list[str]:
     return infersight_command("sidecar", "--data-dir", str(data_dir), "--host", host, "--port", str(port), *extra)
+
+
+def prober_command(run_dir: Path, spec: ProbeSpec) -> list[str]:
+    """The scheduled prober: it reads the fleet's replicas and store from the state file every round."""
+    cmd = infersight_command("probe", "--fleet", str(run_dir), "--every", f"{spec.interval:g}s")
+    if spec.token_budget is not None:
+        cmd += ["--token-budget", str(spec.token_budget)]
+    return cmd + ([] if spec.batched else ["--no-batched"])
 
 
 def _port(wanted: int, host: str, what: str) -> int:
@@ -139,6 +147,12 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
                 progress(f"replica {r.name} healthy at {r.url}")
         state.note("fleet up")
         state.save()
+        if config.probe and config.probe.enabled:  # after the replicas: its first round finds them all up
+            cmd = prober_command(run_dir, config.probe)
+            ref = spawn(cmd, logs / "prober.log")
+            state.prober = ProcessState("prober", ref.pid, ref.start_ticks, "", 0, cmd, str(logs / "prober.log"))
+            state.save()
+            progress(f"probing every {config.probe.interval:g} s (log {state.prober.log})")
         return state
     except BaseException:
         stop_all(state, timeout=config.stop_timeout)
@@ -147,17 +161,17 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
 
 
 def _processes(state: FleetState) -> list[ProcessState]:
-    procs = [state.supervisor] if state.supervisor else []
+    procs = [p for p in (state.supervisor, state.prober) if p]
     procs += state.replicas + state.upstreams
     return procs + ([state.sidecar] if state.sidecar else [])
 
 
 def stop_all(state: FleetState, timeout: float | None = None) -> dict[str, str]:
-    """Supervisor, then replicas (in parallel), then the sidecar. -> {name: outcome}."""
+    """Supervisor and prober, then replicas (in parallel), then the sidecar. -> {name: outcome}."""
     timeout = state.stop_timeout if timeout is None else timeout
     outcome: dict[str, str] = {}
     # proxies drain before the servers behind them; every recorder flushes before the sidecar goes
-    groups = [[state.supervisor] if state.supervisor else [], state.replicas, state.upstreams,
+    groups = [[p for p in (state.supervisor, state.prober) if p], state.replicas, state.upstreams,
               [state.sidecar] if state.sidecar else []]
     for group in groups:
         if not group:
@@ -184,7 +198,8 @@ def fleet_status(state: FleetState, timeout: float = 2.0) -> list[dict]:
     rows = []
     with httpx.Client(timeout=timeout) as client:
         for p in _processes(state):
-            kind = ("supervisor" if p is state.supervisor else "sidecar" if p is state.sidecar
+            kind = ("supervisor" if p is state.supervisor else "prober" if p is state.prober
+                    else "sidecar" if p is state.sidecar
                     else "upstream" if p in state.upstreams else "replica")
             row = {"name": p.name, "kind": kind, "pid": p.pid, "url": p.url, "running": alive(p.ref),
                    "healthy": False, "restarts": p.restarts, "cpus": p.cpus, "log": p.log, "detail": {}}
@@ -197,7 +212,7 @@ def fleet_status(state: FleetState, timeout: float = 2.0) -> list[dict]:
                         row["detail"] = resp.json()
                 except (httpx.HTTPError, ValueError):
                     pass
-            elif kind == "supervisor":
+            elif kind in ("supervisor", "prober"):  # no endpoint of their own: running is healthy
                 row["healthy"] = row["running"]
             rows.append(row)
     return rows

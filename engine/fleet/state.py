@@ -52,6 +52,7 @@ class FleetState:
     # engine servers behind a replica's recording proxy (a vLLM replica's `vllm serve`): the replica's
     # endpoint is its proxy, in `replicas`
     upstreams: list[ProcessState] = field(default_factory=list)
+    prober: ProcessState | None = None  # the scheduled prober (a [probe] table): `infersight probe --every`
     stop_timeout: float = 15.0
     max_restarts: int = 5
     events: list[str] = field(default_factory=list)  # deaths and restarts, newest last
@@ -79,6 +80,7 @@ class FleetState:
             raise ValueError(f"{path}: unreadable fleet state ({e})") from None
         proc = lambda d: ProcessState(**d) if d else None  # noqa: E731
         return cls(**{**data, "sidecar": proc(data.get("sidecar")), "supervisor": proc(data.get("supervisor")),
+                      "prober": proc(data.get("prober")),
                       "replicas": [ProcessState(**r) for r in data.get("replicas", [])],
                       "upstreams": [ProcessState(**r) for r in data.get("upstreams", [])]})
 

@@ -2,6 +2,9 @@
 
     infersight loadgen --endpoints http://127.0.0.1:8101,http://127.0.0.1:8102 \\
         --workload mixed --arrival poisson:2 --duration 30 --out results.json
+    # a tenth of the requests greedy (replayable token by token), a twentieth sent to two replicas
+    infersight loadgen --endpoints URL1,URL2 --workload chat --arrival poisson:2 --duration 30 \\
+        --greedy-share 0.1 --duplicate-share 0.05
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 from engine.loadgen.arrivals import parse_arrival
 from engine.loadgen.runner import LoadResult, run_load
 from engine.loadgen.stats import format_table, summarize
-from engine.loadgen.workloads import WORKLOADS, make_workload
+from engine.loadgen.workloads import DEFAULT_TEMPERATURE, WORKLOADS, make_workload
 
 
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pick", choices=("round-robin", "random"), default="round-robin")
     parser.add_argument("--out", type=Path, default=None, help="write every request and the summary as JSON")
     parser.add_argument("--no-progress", action="store_true")
+    sampling = parser.add_argument_group("sampling and duplicates")
+    sampling.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                          help=f"temperature of the sampled requests (default {DEFAULT_TEMPERATURE:g}: "
+                               "production-like)")
+    sampling.add_argument("--greedy-share", type=float, default=0.0, metavar="F",
+                          help="share of requests sent at temperature 0 (seeded draw; default 0); greedy requests "
+                               "are what `infersight replay` compares token by token")
+    sampling.add_argument("--duplicate-share", type=float, default=0.0, metavar="F",
+                          help="share of prompts also sent, same body, to a second replica as <request id>-dup "
+                               "(default 0; needs two replicas at least)")
     add_load_arguments(parser)
 
 
@@ -74,13 +87,21 @@ def run(args) -> int:
     if not urls:
         print("infersight loadgen: --endpoints is empty", file=sys.stderr)
         return 2
-    workload = make_workload(args.workload, args.seed, args.prompt_scale, args.max_tokens, not args.respect_eos)
+    try:
+        workload = make_workload(args.workload, args.seed, args.prompt_scale, args.max_tokens, not args.respect_eos,
+                                 greedy_share=args.greedy_share, temperature=args.temperature)
+    except ValueError as e:
+        print(f"infersight loadgen: {e}", file=sys.stderr)
+        return 2
     update, close = make_progress(args.num_requests, not args.no_progress)
     try:
         load = asyncio.run(run_load(urls, workload, args.arrival, duration=args.duration,
                                     num_requests=args.num_requests, seed=args.seed, pick=args.pick,
                                     api_key=args.api_key, request_timeout=args.request_timeout, progress=update,
-                                    fit_context=args.fit_context))
+                                    fit_context=args.fit_context, duplicate_share=args.duplicate_share))
+    except ValueError as e:  # knobs the endpoints cannot serve (duplicates over one replica), checked before traffic
+        print(f"infersight loadgen: {e}", file=sys.stderr)
+        return 2
     except RuntimeError as e:
         print(f"infersight loadgen: {e}", file=sys.stderr)
         return 1

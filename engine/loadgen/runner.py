@@ -5,6 +5,14 @@ ones finished; closed loop: N clients, each sends its next request when the
 last one returns. The run ends after `duration` seconds of sending or
 `num_requests` requests; requests in flight then finish (bounded by the
 request timeout). Endpoints are used round-robin or at random.
+
+Duplicates: a `duplicate_share` of the prompts also goes, with the same body, to a
+second replica (another replica id than the picked one, drawn by a seeded generator
+of its own), under the request id `<id>-dup`: two replicas answering one prompt is
+what the replica and tokenizer diagnostics compare exactly. It needs two replicas
+at least; asking for duplicates with one is an error (a run that silently measures
+no pair would look like a clean result). `num_requests` counts prompts, so a run
+returns one result more per duplicated prompt.
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ import httpx
 from engine.loadgen.arrivals import Arrival
 from engine.loadgen.client import RequestResult, send
 from engine.loadgen.fit import fit_scale
-from engine.loadgen.workloads import Workload, make_workload
+from engine.loadgen.workloads import Workload, check_share
+
+DUPLICATE_SUFFIX = "-dup"
 
 
 @dataclass
@@ -66,16 +76,38 @@ class _Picker:
         return self.rng.choice(self.endpoints) if self.how == "random" else next(self.cycle)
 
 
+class _Duplicator:
+    """Which prompts also go to a second replica, and to which one (seeded, apart from the picker)."""
+
+    def __init__(self, endpoints: list[Endpoint], share: float, seed: int):
+        self.endpoints, self.share = endpoints, share
+        self.rng = random.Random(f"duplicate:{seed}")
+        if share > 0 and len({e.replica for e in endpoints}) < 2:
+            raise ValueError(f"duplicate share {share:g} needs endpoints of two replicas at least; got "
+                             f"{', '.join(sorted({e.replica for e in endpoints}))} (give more --endpoints, "
+                             f"or a duplicate share of 0)")
+
+    def __call__(self, picked: Endpoint) -> Endpoint | None:
+        if not self.share or self.rng.random() >= self.share:
+            return None
+        return self.rng.choice([e for e in self.endpoints if e.replica != picked.replica])
+
+
 async def run_load(urls: list[str], workload: Workload, arrival: Arrival, *, duration: float | None = None,
                    num_requests: int | None = None, seed: int = 0, pick: str = "round-robin",
                    api_key: str | None = None, request_timeout: float = 300.0, run_id: str | None = None,
-                   progress=None, max_in_flight: int = 1024, fit_context: bool = True) -> LoadResult:
+                   progress=None, max_in_flight: int = 1024, fit_context: bool = True,
+                   duplicate_share: float = 0.0) -> LoadResult:
     """Run the load; `progress(result)` is called as each request finishes.
 
     With `fit_context`, prompts are first scaled down (if needed) to fit the smallest context
-    among the endpoints (see engine/loadgen/fit.py)."""
+    among the endpoints (see engine/loadgen/fit.py). ValueError on knobs that cannot run."""
     if duration is None and num_requests is None:
         raise ValueError("give a duration or a number of requests")
+    check_share(duplicate_share, "duplicate share")
+    if duplicate_share > 0 and len({u.rstrip("/") for u in urls}) < 2:  # fail before any traffic
+        raise ValueError(f"duplicate share {duplicate_share:g} needs two endpoints at least (two replicas to "
+                         f"send each duplicated prompt to); got {len(urls)}")
     run_id = run_id or f"lg{seed}-{int(time.time() * 1000) % 10**9:09d}"
     limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits, timeout=request_timeout) as client:
@@ -84,8 +116,9 @@ async def run_load(urls: list[str], workload: Workload, arrival: Arrival, *, dur
             tightest = min(endpoints, key=lambda e: e.max_model_len)
             scale = await fit_scale(client, tightest.url, tightest.model, tightest.max_model_len, workload, api_key)
             if scale != workload.scale:
-                workload = make_workload(workload.name, workload.seed, scale, workload.max_tokens, workload.ignore_eos)
+                workload = workload.rescaled(scale)
         picker = _Picker(endpoints, pick, seed)
+        duplicator = _Duplicator(endpoints, duplicate_share, seed)
         results: list[RequestResult] = []
         counter = itertools.count()
         start = time.monotonic()
@@ -95,15 +128,23 @@ async def run_load(urls: list[str], workload: Workload, arrival: Arrival, *, dur
                 return False
             return duration is None or time.monotonic() - start < duration
 
+        async def to(endpoint: Endpoint, spec, request_id: str) -> None:
+            result = await send(client, endpoint.url, endpoint.replica, endpoint.model, spec, request_id, api_key,
+                                request_timeout)
+            results.append(result)
+            if progress:
+                progress(result)
+
         async def one() -> None:
             i = next(counter)
             endpoint = picker()
             spec = workload.next()
-            result = await send(client, endpoint.url, endpoint.replica, endpoint.model, spec,
-                                f"{run_id}-{i:06d}", api_key, request_timeout)
-            results.append(result)
-            if progress:
-                progress(result)
+            twin = duplicator(endpoint)
+            request_id = f"{run_id}-{i:06d}"
+            if twin is None:
+                await to(endpoint, spec, request_id)
+            else:  # the same body, sent to both at once (send copies it, so neither sees the other's fields)
+                await asyncio.gather(to(endpoint, spec, request_id), to(twin, spec, request_id + DUPLICATE_SUFFIX))
 
         issued: list[asyncio.Task] = []
         if arrival.open_loop:
@@ -128,7 +169,8 @@ async def run_load(urls: list[str], workload: Workload, arrival: Arrival, *, dur
             await asyncio.gather(*issued, return_exceptions=True)
         wall = time.monotonic() - start
     config = {"workload": workload.name, "prompt_scale": workload.scale, "arrival": arrival.describe(),
-              "duration": duration,
+              "temperature": workload.temperature, "greedy_share": workload.greedy_share,
+              "duplicate_share": duplicate_share, "duration": duration,
               "num_requests": num_requests, "seed": seed, "pick": pick, "run_id": run_id,
               "endpoints": [e.__dict__ for e in endpoints]}
     return LoadResult(sorted(results, key=lambda r: r.request_id), wall, endpoints, config)

@@ -12,6 +12,12 @@
 Prompts are plain text made from a fixed word list, so any tokenizer works and
 a seed gives the same requests every time. `ignore_eos` keeps output lengths
 what the workload asks for (random-weight models stop at arbitrary points).
+
+Sampling: requests are sampled at `temperature` (0.8 by default: production-like
+traffic); a `greedy_share` of them, drawn by a seeded generator of their own, go at
+temperature 0 instead. Greedy production requests are what a replay can compare
+token by token (evals/replay), and the draw never touches the prompt generator, so
+the same seed gives the same prompts whatever the share.
 """
 
 from __future__ import annotations
@@ -29,6 +35,23 @@ _WORDS = (
 _TOOLS = ("search", "read_file", "run_tests", "query_store", "list_replicas", "fetch_metrics")
 
 
+DEFAULT_TEMPERATURE = 0.8
+MAX_TEMPERATURE = 100.0  # the server's limit (engine/server/protocol.py)
+
+
+def check_share(value: float, name: str) -> None:
+    """A share of requests: a number in [0, 1]."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a share of requests in [0, 1], got {value!r}")
+
+
+def check_sampling_knobs(greedy_share: float, temperature: float) -> None:
+    check_share(greedy_share, "greedy share")
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) \
+            or not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}] (0 is greedy), got {temperature!r}")
+
+
 def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(max(1, n)))
 
@@ -42,6 +65,10 @@ class RequestSpec:
     body: dict
     stream: bool
     session: str = ""  # agent session id ("" elsewhere)
+
+    @property
+    def greedy(self) -> bool:
+        return self.body.get("temperature") == 0
 
 
 @dataclass
@@ -58,10 +85,25 @@ class Workload:
     scale: float = 1.0
     max_tokens: int | None = None  # overrides the class's output lengths
     ignore_eos: bool = True
+    greedy_share: float = 0.0  # share of requests sent at temperature 0
+    temperature: float = DEFAULT_TEMPERATURE  # of the sampled ones
     rng: random.Random = field(init=False)
+    greedy_rng: random.Random = field(init=False)
 
     def __post_init__(self):
+        check_sampling_knobs(self.greedy_share, self.temperature)
         self.rng = random.Random(f"{self.name}:{self.seed}")
+        # its own generator: the prompts of a seed stay the same whatever the greedy share
+        self.greedy_rng = random.Random(f"{self.name}:{self.seed}:greedy")
+
+    def knobs(self) -> dict:
+        """Everything but the scale, to rebuild this workload at another scale (see `rescaled`)."""
+        return {"max_tokens": self.max_tokens, "ignore_eos": self.ignore_eos, "greedy_share": self.greedy_share,
+                "temperature": self.temperature}
+
+    def rescaled(self, scale: float) -> "Workload":
+        """A fresh workload of the same class, seed and knobs at another prompt scale."""
+        return make_workload(self.name, self.seed, scale, **self.knobs())
 
     def n(self, words: int) -> int:
         return max(1, int(words * self.scale))
@@ -73,8 +115,10 @@ class Workload:
         return self.rng.randint(max(1, int(lo * f)), max(1, int(hi * f)))
 
     def sampling(self) -> dict:
-        return {"temperature": 0.8, "top_p": 0.95, "seed": self.rng.randrange(2**31),
-                "ignore_eos": self.ignore_eos}
+        seed = self.rng.randrange(2**31)  # drawn either way: the prompt generator's sequence never changes
+        if self.greedy_share and self.greedy_rng.random() < self.greedy_share:
+            return {"temperature": 0.0, "ignore_eos": self.ignore_eos}
+        return {"temperature": self.temperature, "top_p": 0.95, "seed": seed, "ignore_eos": self.ignore_eos}
 
     def next(self) -> RequestSpec:
         raise NotImplementedError
@@ -151,7 +195,9 @@ WORKLOADS = {"chat": Chat, "agent": Agent, "batch": Batch, "mixed": Mixed}
 
 
 def make_workload(name: str, seed: int = 0, scale: float = 1.0, max_tokens: int | None = None,
-                  ignore_eos: bool = True) -> Workload:
+                  ignore_eos: bool = True, greedy_share: float = 0.0,
+                  temperature: float = DEFAULT_TEMPERATURE) -> Workload:
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
-    return WORKLOADS[name](seed, scale=scale, max_tokens=max_tokens, ignore_eos=ignore_eos)
+    return WORKLOADS[name](seed, scale=scale, max_tokens=max_tokens, ignore_eos=ignore_eos,
+                           greedy_share=greedy_share, temperature=temperature)

@@ -17,6 +17,7 @@ from clickhouse_connect.driver.binding import format_bind_value
 
 from telemetry.sidecar import protocol as p
 from telemetry.sidecar.bodies import BadEncoding, BodyTooLarge, decompress
+from telemetry.sidecar.forms import FormError, form_fields, is_form
 from telemetry.sidecar.metrics import SidecarMetrics
 from telemetry.sidecar.policy import QueryPolicy, Refused
 from telemetry.sidecar.statements import LOOKS_LIKE_INSERT, Statement, output_format, parse_ast, parse_insert_head
@@ -138,6 +139,12 @@ class Sidecar:
     # request -> insert or statement ----------------------------------------------------------------
 
     def _serve(self, method, params, headers, body, started) -> Response:
+        if is_form(headers.get("content-type", "")):
+            try:
+                params = {**params, **form_fields(headers["content-type"], body)}
+            except FormError as e:
+                raise RequestError(str(e), p.BAD_ARGUMENTS) from None
+            body = b""
         role = self.users.role(*credentials(params, headers))
         readonly = role == "readonly" or method == "GET" or params.get("readonly", "0") not in ("", "0")
         settings = {k: v for k, v in params.items() if k not in p.TRANSPORT_PARAMS and not k.startswith("param_")}

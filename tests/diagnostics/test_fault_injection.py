@@ -145,7 +145,8 @@ FROM requests WHERE request_id LIKE {{prefix:String}} GROUP BY replica_id ORDER 
 # findings above info that are true consequences of a fault (not false positives) though not its detector
 CONSEQUENCES = {
     "r1": {"tokenizer_hash_mismatch", "tokenizer_roundtrip", "tokenizer_unicode_roundtrip"},
-    "r2": {"lagging_replica", "host_overhead_outlier"},  # int4 dequantization costs time on a CPU
+    # int4 dequantization costs time on a CPU; int4 is an engine option (identity: quantization, group size)
+    "r2": {"lagging_replica", "host_overhead_outlier", "config_mismatch"},
     # the template file is one of the tokenizer files; its chat requests become other token IDs
     "r3": {"tokenizer_hash_mismatch", "tokenizer_divergence"},
     "r4": {"host_overhead_outlier"},

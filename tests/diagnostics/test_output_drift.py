@@ -9,6 +9,8 @@ import time
 from diag_records import replica, request
 
 from diagnostics import output_drift
+from diagnostics.baseline import Baseline, identity_key
+from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from engine.tokenization import Tokenizer
 from telemetry.contract.records import EvalItemRecord, EvalRunRecord
@@ -114,3 +116,59 @@ def test_a_fleet_of_one_config_has_nothing_to_compare(clean):
                                       for r in ("r0", "r1") for p in range(20)])
     findings = output_drift.greedy_drift(clean, Scope(start=t0 - 60))
     assert [(f.severity, f.insufficient) for f in findings] == [("info", True)]
+
+
+def _canary_pair(store, tiny_llama, t0: float, prompts: int = 40):
+    """r0 served first; r1, started a minute later with int4 weights, answers every prompt otherwise."""
+    tok = Tokenizer(tiny_llama)
+    ident = dict(model_dir=str(tiny_llama), tokenizer_hash=tok.tokenizer_hash,
+                 chat_template_hash=tok.chat_template_hash)
+    store.insert_records("replicas", [replica("r0", t0, config_hash="cfg-fp32", **ident),
+                                      replica("r1", t0 + 60, config_hash="cfg-int4", quantization="int4", **ident)])
+    store.insert_records("requests", [request(r, p, t0 + 120 + p + (0.1 if r == "r1" else 0),
+                                              prompt_ids=[0, 10 + p, 11],
+                                              output_ids=[20 + p, 21, 22] if r == "r0" else [20 + p, 99, 98])
+                                      for r in ("r0", "r1") for p in range(prompts)])
+
+
+def test_a_two_replica_canary_whose_greedy_outputs_all_differ_is_critical(clean, tiny_llama):
+    # the old rule called every 1-to-1 disagreement a tie (info): this canary never alerted
+    t0 = time.time() - 3600
+    _canary_pair(clean, tiny_llama, t0)
+    findings = output_drift.greedy_drift(clean, Scope(start=t0 - 60))
+    above = [f for f in findings if f.severity != "info"]
+    assert [(f.subject, f.severity) for f in above] == [("r1", "critical")]
+    ev = above[0].evidence
+    assert (ev["differ"], ev["compared"], ev["tied"], ev["decided_by_baseline"]) == (40, 40, 0, 40)
+    assert ev["baseline"]["rule"] == "first_served" and ev["baseline"]["replicas"] == ["r0"]
+    assert "baseline: r0, first served" in above[0].summary
+    assert ev["examples"][0]["reference_replica"] == "r0" and ev["examples"][0]["first_divergence"] == 1
+    # the baseline side is the reference: it differs from nothing
+    assert not [f for f in findings if f.subject == "r0"]
+
+
+def test_a_named_baseline_decides_which_side_of_the_pair_drifted(clean, tiny_llama):
+    t0 = time.time() - 3600
+    _canary_pair(clean, tiny_llama, t0)
+    scope = Scope(start=t0 - 60)
+    request_ = DiagnosticRequest(scope, baseline=scope.with_side("replica=r1"))
+    above = [f for f in output_drift.greedy_drift(clean, scope, request=request_) if f.severity != "info"]
+    assert [(f.subject, f.severity) for f in above] == [("r0", "critical")]
+    assert "baseline: r1, requested" in above[0].summary
+
+
+def _row(rid: str, config_hash: str) -> dict:
+    return {"replica_id": rid, "weights_hash": "w", "tokenizer_hash": "t", "chat_template_hash": "c",
+            "config_hash": config_hash, "engine_version": "0.1.0"}
+
+
+def test_a_majority_still_wins_over_the_baseline_and_a_tie_without_it_stays_a_tie():
+    identity = {"r0": _row("r0", "cfg-a"), "c1": _row("c1", "cfg-b"), "c2": _row("c2", "cfg-c")}
+    b = Baseline("tiny", identity_key(identity["r0"]), ("r0",), "first_served", "r0 served first")
+    # three replicas, two agree: the majority is the reference even against the baseline
+    assert output_drift.reference([("r0", "cfg-a", 1), ("c1", "cfg-b", 2), ("c2", "cfg-c", 2)], b, identity)[::2] \
+        == (2, "majority")
+    # 1-to-1 with the baseline: the baseline's output
+    assert output_drift.reference([("c1", "cfg-b", 2), ("r0", "cfg-a", 1)], b, identity) == (1, "r0", "baseline")
+    # 1-to-1 between two candidates: no side can be told wrong
+    assert output_drift.reference([("c1", "cfg-b", 2), ("c2", "cfg-c", 3)], b, identity)[2] == "tie"

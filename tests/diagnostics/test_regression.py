@@ -104,6 +104,20 @@ def test_run_compares_versions_in_order_and_finds_the_creeping_change_point(clea
     assert any(f.subject == "ttft: version=0.10.0 vs version=0.9.0" for f in findings)
 
 
+def test_probe_rounds_are_not_a_change_point(clean):
+    """Probes come in rounds (alone, or in a burst of fillers): their latency follows the prober.
+    Served traffic flat, probes 3x slower in the second half: no change point."""
+    t0 = time.time() - 3600
+    rng = random.Random(5)
+    clean.insert_records("replicas", [replica("r0", t0 - 10)])
+    reqs = [request("r0", j, t0 + j, ttft=jittered(rng, 0.02), itl=jittered(rng, 0.01)) for j in range(1000)]
+    reqs += [request("r0", 5000 + j, t0 + j + 0.5, ttft=jittered(rng, 0.02 * (3.0 if j >= 500 else 1.0)),
+                     itl=jittered(rng, 0.01 * (3.0 if j >= 500 else 1.0)), workload="probe") for j in range(1000)]
+    clean.insert_records("requests", reqs)
+    creep = regression.creep(clean, Scope(start=t0 - 60))
+    assert not [f for f in creep if f.severity != "info"], [f.summary for f in creep]
+
+
 def test_compare_groups_is_what_the_dashboard_shows(clean):
     t0 = time.time() - 3600
     fleet(clean, t0, {"r2": 2.0})

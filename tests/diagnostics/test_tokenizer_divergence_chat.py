@@ -67,6 +67,15 @@ def test_the_same_conversation_tokenized_differently_is_named(clean, fleet_dirs)
         assert ex["reference_replica"] in ("a", "c")
         pos = ex["first_divergence"]
         assert ex["replica_token_ids"][:pos] == ex["reference_token_ids"][:pos]
-    # the template replica is also named for its template; the lowercasing one for its tokenizer
-    assert {f.subject for f in found if f.kind == "chat_template_mismatch"} == {"b"}
-    assert "d" in {f.subject for f in found if f.kind == "tokenizer_hash_mismatch"}
+        # the same messages rendered differently: the template's divergence, said as such (d: the tokenizer's)
+        cause = "chat template" if rid == "b" else "tokenizer"
+        assert ev["template_divergent"] == (len(CONVERSATIONS) if rid == "b" else 0)
+        assert {e["cause"] for e in ev["examples"]} == {cause}
+        assert ("the template's divergence" in divergent[rid].summary) == (rid == "b")
+        assert ex["first_divergent_token"]["position"] == pos
+    # the template replica is also named for its template; the lowercasing one for its tokenizer (identity)
+    from diagnostics import identity_drift
+
+    identity = identity_drift.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
+    assert {f.subject for f in identity if f.kind == "chat_template_mismatch"} == {"b"}
+    assert "d" in {f.subject for f in identity if f.kind == "tokenizer_hash_mismatch"}

@@ -71,6 +71,23 @@ def test_clickhouse_connect_binds_parameters_server_side(client):
     assert client.command("EXISTS TABLE requests") == 1
 
 
+def test_parameters_too_long_for_a_url_come_as_a_form_and_are_bound(client, http):
+    """clickhouse-connect sends bound parameters over 4 KiB as a multipart/form-data body (query and
+    param_* fields); the sidecar read that body as SQL and answered a syntax error."""
+    ids = [f"probe.p1764601234567.probe_number_{i}.solo.r{i % 3}" for i in range(300)]
+    result = client.query("SELECT length({ids:Array(String)}) AS n, {ids:Array(String)}[300] AS last",
+                          parameters={"ids": ids})
+    assert result.result_rows == [(300, ids[-1])]
+    # urlencoded forms too (curl --data-urlencode), with a setting among the fields
+    form = {"query": "SELECT {n:UInt32} + 1 AS x FORMAT TabSeparated", "param_n": "41", "max_threads": "1"}
+    assert http.post("/", data=form).text == "42\n"
+    # an external-table file part is refused with a reason, never run as SQL or ignored
+    refused = http.post("/", files={"query": (None, "SELECT 1"), "ext": ("t.tsv", b"1\n", "text/plain")})
+    assert refused.status_code == 400 and "external tables are not supported" in refused.text
+    broken = http.post("/", content=b"--nope\r\n", headers={"Content-Type": "multipart/form-data; boundary=x"})
+    assert broken.status_code == 400 and "multipart" in broken.text
+
+
 def test_clickhouse_connect_native_insert_compressed(client):
     now = datetime.datetime.now(datetime.timezone.utc)
     step = synthetic.step(7, "native")

@@ -1,0 +1,224 @@
+"""The fault matrix: each fault, deployed the ordinary way, on real local fleets under
+production-shaped traffic; which finding catches it, on which replica, after how much traffic.
+
+    python -m diagnostics.benchmarks.fault_matrix [--faults a,b] [--shapes canary,three]
+                                                  [--clean-runs 3] [--requests 300]
+
+A run, per (fault, fleet shape):
+1. the baseline replicas start on a copy of the reference model at one path P (one sidecar);
+2. the fault is deployed: a file fault changes P in place (the usual incident: a new checkpoint or
+   tokenizer pushed to the path a replica serves from), an option fault is the candidate's engine
+   option; the candidate then starts on P - same path, its own options;
+3. traffic: a probe round (engine/probe), the loadgen's default mix (sampled at 0.8, each request
+   to one replica picked at random, nothing broadcast) in checkpoints, a second probe round;
+4. after each checkpoint every diagnostic runs over the window (not written), and the first
+   checkpoint where a finding above info names the candidate with one of the fault's detector
+   kinds is "requests needed".
+Shapes: "canary" (one baseline + one candidate, started later) and "three" (two baselines + the
+candidate). A clean run (no fault) must give nothing above info on any replica.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from diagnostics import DIAGNOSTICS
+from diagnostics import run as run_diagnostics
+from diagnostics.benchmarks.model_faults import FILE_FAULTS
+from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope
+from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
+from engine.fleet.fleet import fleet_down, fleet_up
+from engine.fleet.models import REFERENCE_MODEL
+from engine.loadgen.arrivals import Arrival
+from engine.loadgen.runner import run_load
+from engine.loadgen.workloads import make_workload
+from engine.probe.runner import run_probe_round
+from telemetry.store import open_store
+
+# small engines: three replicas, the sidecar and the load share two cores
+ENGINE = {"served_model_name": "reference", "max_num_seqs": 8, "num_kv_blocks": 128, "block_size": 16}
+SERVE_ARGS = ["--store-text"]  # the recorder keeps prompt text: the text checks use it
+RATE = 4.0  # requests/s over the fleet: busy, not saturated (2 cores for 3 replicas, the sidecar and the load)
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    what: str  # as a person would say what was deployed
+    detectors: frozenset  # finding kinds that catch it (above info, naming the candidate)
+    file_fault: str | None = None  # diagnostics.benchmarks.model_faults.FILE_FAULTS, applied at P
+    engine: dict = field(default_factory=dict)  # the candidate's engine options
+
+
+FAULTS = {f.name: f for f in (
+    Fault("lowercase_normalizer", "tokenizer.json gains a Lowercase normalizer",
+          frozenset({"tokenizer_divergence", "token_distribution_shift", "probe_drift", "tokenizer_hash_mismatch"}),
+          file_fault="lowercase_normalizer"),
+    Fault("template_newline", "the chat template gains a newline after each role marker",
+          frozenset({"chat_template_mismatch", "probe_drift", "tokenizer_divergence"}), file_fault="template_newline"),
+    Fault("double_bos", "the tokenizer's post-processor adds a second BOS",
+          frozenset({"tokenizer_divergence", "probe_drift", "tokenizer_hash_mismatch"}), file_fault="double_bos"),
+    Fault("int4_coarse", "int4 weights with the coarsest group (one group per 128-wide row)",
+          frozenset({"config_mismatch", "probe_drift", "output_drift"}),
+          engine={"quantization": "int4", "quant_group_size": 128}),
+    Fault("noisy_weights", "weights with 5% relative noise at the same path, same options",
+          frozenset({"weights_mismatch", "probe_drift"}), file_fault="noisy_weights"),
+    Fault("eos_ids", "generation_config.json names another eos id",
+          frozenset({"config_mismatch", "probe_drift"}), file_fault="eos_ids"),
+    Fault("prefix_caching_off", "prefix caching switched off", frozenset({"config_mismatch"}),
+          engine={"enable_prefix_caching": False}),
+    Fault("batched_tokens", "max_num_batched_tokens 64 instead of 2048", frozenset({"config_mismatch"}),
+          engine={"max_num_batched_tokens": 64}),
+)}
+SHAPES = {"canary": 1, "three": 2}  # shape -> baseline replicas (the candidate is one more)
+
+
+@dataclass
+class Outcome:
+    fault: str
+    shape: str
+    candidate: str
+    caught_after: str | None  # "probe round 1", "150 requests" ... None: missed
+    explanation: str  # the catching finding's summary
+    false_positives: list  # (kind, subject, severity) above info that are not the candidate's
+    requests: int = 0
+
+
+def _spec(rid: str, model: Path, engine: dict) -> ReplicaSpec:
+    return ReplicaSpec(id=rid, model=str(model), threads=1, engine={**ENGINE, **engine}, drain_timeout=3.0,
+                       args=list(SERVE_ARGS))
+
+
+def _up(run_dir: Path, name: str, replicas: list[ReplicaSpec], sidecar: SidecarSpec):
+    config = FleetConfig(name=name, run_dir=run_dir / name, startup_timeout=240.0, stop_timeout=10.0,
+                         log_level="warning", sidecar=sidecar, replicas=replicas)
+    return fleet_up(config)
+
+
+def _wait_for(store, prefix: str, expected: int, timeout: float = 30.0) -> int:
+    deadline, n = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        n = int(store.query_df("SELECT count() AS n FROM requests WHERE request_id LIKE {p:String}",
+                               {"p": prefix + "%"})["n"].iloc[0])
+        if n >= expected:
+            break
+        time.sleep(0.5)
+    return n
+
+
+def _diagnose(store_url: str, since: float) -> list:
+    with open_store(store_url) as store:
+        return run_diagnostics(DIAGNOSTICS, store, DiagnosticRequest(Scope(start=since)), write=False)
+
+
+def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, seed: int = 0,
+             checkpoints: int = 3, log=print) -> Outcome:
+    """One fleet, one fault (None: clean), the traffic and the diagnostics (see the module doc)."""
+    model = work / "model"
+    shutil.copytree(REFERENCE_MODEL, model)
+    baselines = [f"r{i}" for i in range(SHAPES[shape])]
+    candidate = f"r{len(baselines)}"
+    fleets = []
+    try:
+        base = _up(work, "base", [_spec(r, model, {}) for r in baselines], SidecarSpec(port=0))
+        fleets.append(base.run_dir)
+        if fault is not None and fault.file_fault:
+            FILE_FAULTS[fault.file_fault](model)
+        cand = _up(work, "cand", [_spec(candidate, model, fault.engine if fault else {})],
+                   SidecarSpec(enabled=False, url=base.store_url))
+        fleets.append(cand.run_dir)
+        urls = [r.url for r in base.replicas] + [r.url for r in cand.replicas]
+        since = time.time() - 1
+        stages = []  # (label, findings)
+
+        def check(label: str) -> None:
+            stages.append((label, _diagnose(base.store_url, since)))
+
+        run_probe_round(urls)
+        check("probe round 1")
+        run_id = f"fm{seed}-{int(time.time())}"
+        workload = make_workload("mixed", seed)
+        sent = 0
+        per = max(1, requests // checkpoints)
+        for k in range(checkpoints):
+            n = per if k < checkpoints - 1 else requests - sent
+            load = asyncio.run(run_load(urls, workload, Arrival("poisson", rate=RATE), num_requests=n,
+                                        seed=seed * 100 + k, pick="random", run_id=f"{run_id}c{k}",
+                                        request_timeout=60.0))
+            workload = make_workload("mixed", seed * 100 + k + 1)  # the next checkpoint's prompts are new ones
+            sent += len(load.results)
+            with open_store(base.store_url) as store:
+                _wait_for(store, f"{run_id}c{k}-", len(load.results))
+            check(f"probe round 1 + {sent} requests")
+        run_probe_round(urls)
+        check(f"two probe rounds + {sent} requests")
+    finally:
+        for run_dir in reversed(fleets):
+            fleet_down(run_dir)
+    return _outcome(fault, shape, candidate, stages, sent, log)
+
+
+def _outcome(fault, shape, candidate, stages, sent, log) -> Outcome:
+    caught, explanation = None, ""
+    final = stages[-1][1]
+    for label, findings in stages:
+        hits = [f for f in findings if f.severity != "info" and f.subject == candidate
+                and fault is not None and f.kind in fault.detectors]
+        if hits:
+            caught, explanation = label, f"{hits[0].kind} ({hits[0].severity}): {hits[0].summary}"
+            break
+    above = [f for f in final if f.severity != "info"]
+    false_positives = [(f.kind, f.subject, f.severity, f.summary) for f in above
+                       if fault is None or f.subject != candidate]
+    out = Outcome(fault.name if fault else "clean", shape, candidate, caught, explanation, false_positives, sent)
+    verdict = "clean run" if fault is None else f"caught: {caught}" if caught else "MISSED"
+    log(f"{out.fault:22s} {shape:7s} {verdict}  {explanation[:140]}")
+    for fp in false_positives:
+        log(f"    false positive: {fp}")
+    return out
+
+
+def table(outcomes: list[Outcome]) -> str:
+    lines = ["| fault | fleet | caught after | explanation | false positives |", "|---|---|---|---|---|"]
+    for o in outcomes:
+        if o.fault == "clean":
+            caught = "(clean: nothing expected)"
+        else:
+            caught = o.caught_after or "**missed**"
+        fps = "; ".join(f"{k} {s} on {subj}" for k, subj, s, _ in o.false_positives) or "none"
+        lines.append(f"| {o.fault} | {o.shape} | {caught} | {o.explanation[:120]} | {fps} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated; 'none' for clean runs only")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--clean-runs", type=int, default=3, help="clean fleets per shape")
+    parser.add_argument("--requests", type=int, default=300)
+    args = parser.parse_args(argv)
+    names = [] if args.faults == "none" else [f for f in args.faults.split(",") if f]
+    unknown = sorted(set(names) - set(FAULTS))
+    if unknown:
+        parser.error(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+    outcomes = []
+    for shape in args.shapes.split(","):
+        cases = [FAULTS[n] for n in names] + [None] * args.clean_runs
+        for i, fault in enumerate(cases):
+            with tempfile.TemporaryDirectory(prefix="infersight-fm-") as work:
+                outcomes.append(run_case(fault, shape, Path(work), args.requests, seed=i))
+    print(table(outcomes))
+    missed = [o for o in outcomes if o.fault != "clean" and o.caught_after is None]
+    noisy = [o for o in outcomes if o.false_positives]
+    return 1 if missed or noisy else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""`infersight probe`: send the golden probe suite to every replica, once or on an interval.
+
+    infersight probe --endpoints http://127.0.0.1:8101,http://127.0.0.1:8102
+    infersight probe --fleet engine/fleet/examples/canary.toml --pin --replica r0 --note "before the canary"
+    infersight probe --fleet canary --every 60s --token-budget 20000
+
+One round by default: a table per replica (probes ok / failed / skipped) and the round id; exit
+status 1 when a probe failed or a replica did not answer. `--pin` pins the round's solo answers of
+one replica (default: the first endpoint) as its model's baseline (table probe_baselines).
+`--every` runs rounds until SIGTERM (the fleet's scheduled prober: a `[probe]` table in its config),
+one log line per round. `--fleet` takes the fleet's config file, run directory or name; the
+replicas and the store are read from its state file before every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from engine.fleet.config import default_run_dir, load_fleet
+from engine.fleet.state import FleetState
+from engine.probe.interval import parse_interval
+from engine.probe.pin import pin_round
+from engine.probe.results import ProbeRound
+from engine.probe.runner import run_probe_round
+from engine.probe.schedule import probe_every
+from telemetry.contract.probes import MODES
+from telemetry.store import StoreError, open_store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--endpoints", help="replica URLs, comma-separated")
+    where.add_argument("--fleet", help="a fleet that is up: its TOML config, run directory or name")
+    parser.add_argument("--store", help="the telemetry store (URL or directory) for --pin (default: the fleet's)")
+    parser.add_argument("--pin", action="store_true", help="pin this round's solo answers as the model's baseline")
+    parser.add_argument("--replica", help="with --pin: the replica whose answers are pinned (default: the first)")
+    parser.add_argument("--note", default="", help="with --pin: why (stored with the pin)")
+    parser.add_argument("--every", type=_interval, metavar="DURATION",
+                        help="run a round every DURATION (60s, 5m, or seconds) until SIGTERM")
+    parser.add_argument("--token-budget", type=_positive, default=None,
+                        help="most prompt + output tokens per round, over all replicas (the rest is skipped)")
+    parser.add_argument("--no-batched", dest="batched", action="store_false",
+                        help="solo sends only (no probe inside a busy batch)")
+    parser.add_argument("--batch-fillers", type=int, default=4, help="filler requests beside a batched probe")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--request-timeout", type=float, default=60.0)
+    parser.add_argument("--pin-timeout", type=float, default=30.0,
+                        help="seconds to wait for the round's rows to reach the store before pinning")
+    parser.add_argument("--out", type=Path, default=None, help="write the round as JSON")
+
+
+def _interval(text: str) -> float:
+    try:
+        return parse_interval(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive number of tokens")
+    return int(text)
+
+
+def fleet_run_dir(ref: str) -> Path:
+    """A fleet's run directory from its config file, its run directory or its name."""
+    path = Path(ref)
+    if path.is_file():
+        return Path(load_fleet(path).run_dir)
+    return path if path.is_dir() else default_run_dir(ref)
+
+
+def fleet_targets(ref: str) -> tuple[list[str], str]:
+    """(replica URLs, store URL) of the fleet `ref`, from its state file (ValueError when it is not up)."""
+    state = FleetState.load(fleet_run_dir(ref))
+    return [r.url for r in state.replicas], state.store_url
+
+
+def _targets(args) -> tuple[list[str], str | None]:
+    if args.fleet:
+        urls, store = fleet_targets(args.fleet)
+        return urls, args.store or store or None
+    urls = [u.strip() for u in args.endpoints.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("--endpoints is empty")
+    return urls, args.store
+
+
+def _round_options(args) -> dict:
+    return {"modes": MODES if args.batched else ("solo",), "token_budget": args.token_budget,
+            "batch_fillers": args.batch_fillers, "api_key": args.api_key, "request_timeout": args.request_timeout}
+
+
+def _pin(args, round_: ProbeRound, store_url: str) -> None:
+    answered = ", ".join(r.replica for r in round_.replicas if r.replica and not r.error) or "none"
+    if args.replica:
+        chosen = round_.replica(args.replica)
+        if chosen is None or chosen.error:
+            raise ValueError(f"cannot pin {args.replica}: not among the replicas that answered this round ({answered})")
+    else:
+        chosen = round_.replicas[0]
+        if chosen.error:
+            raise ValueError(f"cannot pin the first endpoint {chosen.url}: it did not answer this round; name "
+                             f"another with --replica (answered: {answered})")
+    expect = chosen.solo_ok()
+    if not expect:
+        raise ValueError(f"replica {chosen.replica} answered no solo probe in round {round_.round_id}: nothing to pin")
+    with open_store(store_url) as store:
+        records = pin_round(store, round_.round_id, chosen.replica, args.note, expect=expect,
+                            timeout=args.pin_timeout)
+    print(f"pinned {len(records)} probes of {records[0].model_name} from replica {chosen.replica} "
+          f"(round {round_.round_id}) into {store_url}")
+
+
+def _one_round(args) -> int:
+    urls, store_url = _targets(args)
+    if args.pin and not store_url:  # before the round, not after it
+        raise ValueError("--pin needs a store: --store URL (or --fleet, whose store it uses)")
+    round_ = run_probe_round(urls, **_round_options(args))
+    print(round_.format_table())
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(round_.to_dict(), indent=1))
+        print(f"round: {args.out}")
+    if args.pin:
+        _pin(args, round_, store_url)
+    return 0 if round_.all_ok else 1
+
+
+def _scheduled(args) -> int:
+    _targets(args)  # fail now, not inside the loop, when the fleet is not up
+    print(f"probing every {args.every:g} s (SIGTERM stops)", flush=True)
+    rounds = asyncio.run(probe_every(args.every, lambda: _targets(args)[0],
+                                     lambda r: print(r.one_line(), flush=True), **_round_options(args)))
+    print(f"stopped after {rounds} round(s)", flush=True)
+    return 0
+
+
+def run(args) -> int:
+    try:
+        if args.every is not None and args.pin:
+            raise ValueError("--pin pins one round: run it without --every")
+        if not args.pin and (args.replica or args.note):
+            raise ValueError("--replica and --note go with --pin")
+        if args.batch_fillers < 0:
+            raise ValueError("--batch-fillers must be 0 or more")
+        return _scheduled(args) if args.every is not None else _one_round(args)
+    except (ValueError, RuntimeError, OSError, StoreError) as e:
+        print(f"infersight probe: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
