@@ -17,41 +17,14 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 from telemetry.contract.derived import latest_starts_sql, replica_filter_sql, selected_sql, window_sql
+from telemetry.contract.times import parse_time
 
 FAR_FUTURE = 7.0e9  # inside DateTime64(6)'s range (year 2191)
-_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIDE_KEYS = {"version": "versions", "versions": "versions", "replica": "replicas", "replicas": "replicas",
               "config_hash": "config_hashes", "config_hashes": "config_hashes", "config": "config_hashes",
               "model": "models", "models": "models"}
-
-
-def parse_time(text: str | float | None, now: float | None = None) -> float | None:
-    """A point in time as epoch seconds (see the module doc for the accepted forms)."""
-    if text is None or text == "":
-        return None
-    if isinstance(text, (int, float)):
-        return float(text)
-    now = time.time() if now is None else now
-    s = str(text).strip()
-    if s == "now":
-        return now
-    if m := _RELATIVE.match(s):
-        return now - float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-    try:
-        return float(s)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"not a time: {text!r} (epoch seconds, ISO 8601, 'now', or relative like 2h / 30m / 7d)")
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
 
 
 def _items(values) -> tuple[str, ...]:

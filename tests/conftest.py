@@ -56,3 +56,33 @@ def store(tmp_path_factory):
     migrate(s)
     yield s
     s.close()
+
+
+@pytest.fixture(scope="session")
+def served_replica():
+    """`with served_replica(model, replica_id, store, **engine) as (url, parts)`: one replica in this
+    process as `infersight serve` assembles it (engine, app, recorder), its telemetry into `store`."""
+    import contextlib
+    import time
+    from pathlib import Path
+
+    @contextlib.contextmanager
+    def serve(model, replica_id: str, store, **engine):
+        from engine.async_engine import AsyncLLM
+        from engine.config import EngineConfig
+        from engine.server.app import build_app
+        from engine.server.background import BackgroundServer
+        from engine.server.model_info import ServedModel
+        from telemetry.replica_wiring import build_observer
+
+        config = EngineConfig(model=str(model), max_model_len=512, num_kv_blocks=96, block_size=16, max_num_seqs=8,
+                              replica_id=replica_id, **engine)
+        observer, parts = build_observer(replica_id, Path(model).name, store_target=store, metrics=False)
+        served = ServedModel.from_engine(AsyncLLM(config, observer), created=int(time.time()))
+        try:
+            with BackgroundServer(build_app(served)) as server:
+                yield server.url, parts
+        finally:
+            parts.close()
+
+    return serve

@@ -4,19 +4,15 @@
     START..END    either side may be empty (from the beginning / up to now); each side is epoch
                   seconds, ISO 8601 (UTC unless a zone is given), `now`, or relative (2h = two hours ago)
 
-The same forms as `infersight diagnose --since/--until` (diagnostics/scope.py), written again here
-because evals sits below diagnostics in the import order.
+The same forms as `infersight diagnose --since/--until`: both parse with telemetry.contract.times.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
-_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+from telemetry.contract.times import RELATIVE, parse_time
 
 
 @dataclass(frozen=True)
@@ -24,23 +20,6 @@ class Window:
     spec: str  # as the user gave it: part of the run's suite name
     start: float  # epoch seconds, inclusive
     end: float  # exclusive; `now` (when the replay started) where the spec leaves it open
-
-
-def parse_time(text: str, now: float) -> float:
-    s = text.strip()
-    if s == "now":
-        return now
-    if m := _RELATIVE.match(s):
-        return now - float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-    try:
-        return float(s)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"not a time: {text!r} (epoch seconds, ISO 8601, 'now', or relative like 2h / 30m / 7d)")
-    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def parse_window(spec: str, now: float | None = None) -> Window:
@@ -53,7 +32,7 @@ def parse_window(spec: str, now: float | None = None) -> Window:
         start = parse_time(since, now) if since.strip() else 0.0
         end = parse_time(until, now) if until.strip() else now
     else:
-        if not _RELATIVE.match(spec):
+        if not RELATIVE.match(spec):
             raise ValueError(f"window {spec!r}: give a duration back from now (2h, 30m) or START..END")
         start, end = parse_time(spec, now), now
     if start >= end:

@@ -14,10 +14,8 @@ traffic from the load generator, the replay through the CLI and the library, and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -35,27 +33,6 @@ MAX_TOKENS = 8
 PER_WORKLOAD = 8
 
 
-@contextlib.contextmanager
-def replica(model, replica_id: str, store, **engine):
-    """One replica as `infersight serve` assembles it, its telemetry into `store`."""
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
-    from engine.server.model_info import ServedModel
-    from telemetry.replica_wiring import build_observer
-
-    config = EngineConfig(model=str(model), max_model_len=512, num_kv_blocks=96, block_size=16, max_num_seqs=8,
-                          replica_id=replica_id, **engine)
-    observer, parts = build_observer(replica_id, Path(model).name, store_target=store, metrics=False)
-    served = ServedModel.from_engine(AsyncLLM(config, observer), created=int(time.time()))
-    try:
-        with BackgroundServer(build_app(served)) as server:
-            yield server.url, parts
-    finally:
-        parts.close()
-
-
 def wait_for_rows(store, prefix: str, expected: int, timeout: float = 30.0) -> int:
     deadline = time.monotonic() + timeout
     while True:
@@ -67,9 +44,10 @@ def wait_for_rows(store, prefix: str, expected: int, timeout: float = 30.0) -> i
 
 
 @pytest.fixture(scope="module")
-def fleet(tiny_llama, store):
+def fleet(tiny_llama, store, served_replica):
     """Production (recording), a same-model candidate and an int4 candidate (both recording too, as
     canaries in the fleet do); production served greedy chat traffic and sampled batch traffic."""
+    replica = served_replica
     with replica(tiny_llama, "replay-prod", store) as (prod, prod_parts), \
             replica(tiny_llama, "replay-same", store) as (same, _), \
             replica(tiny_llama, "replay-int4", store, quantization="int4", quant_group_size=32) as (int4, _):

@@ -9,12 +9,9 @@ sampling parameters on two replica ids.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import math
-import time
-from pathlib import Path
 
 import pytest
 
@@ -111,27 +108,8 @@ def test_cli_refuses_knobs_out_of_range(capsys):
         assert match in capsys.readouterr().err
 
 
-@contextlib.contextmanager
-def replica(model, replica_id: str, store):
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
-    from engine.server.model_info import ServedModel
-    from telemetry.replica_wiring import build_observer
-
-    config = EngineConfig(model=str(model), max_model_len=512, num_kv_blocks=96, block_size=16, max_num_seqs=8,
-                          replica_id=replica_id)
-    observer, parts = build_observer(replica_id, Path(model).name, store_target=store, metrics=False)
-    served = ServedModel.from_engine(AsyncLLM(config, observer), created=int(time.time()))
-    try:
-        with BackgroundServer(build_app(served)) as server:
-            yield server.url, parts
-    finally:
-        parts.close()
-
-
-def test_duplicates_go_to_two_replicas_with_identical_bodies(tiny_llama, store, tmp_path):
+def test_duplicates_go_to_two_replicas_with_identical_bodies(tiny_llama, store, tmp_path, served_replica):
+    replica = served_replica
     out = tmp_path / "load.json"
     with replica(tiny_llama, "dup-a", store) as (a, parts_a), replica(tiny_llama, "dup-b", store) as (b, parts_b):
         rc = main(["loadgen", "--endpoints", f"{a},{b}", "--workload", "chat", "--arrival", "closed:2",
