@@ -95,6 +95,13 @@ LIVE_FINDINGS = {
                                "diagnostic": "drift"},
     "InfersightLaggingReplica": {"kind": "lagging_replica", "severity": "warning", "subject": "r3",
                                  "diagnostic": "replicas"},
+    "InfersightCanaryDrift": {"kind": "probe_drift", "severity": "critical", "subject": "r1", "diagnostic": "probe"},
+    "InfersightIdentityDrift": {"kind": "weights_mismatch", "severity": "critical", "subject": "r1",
+                                "diagnostic": "identity"},
+    "InfersightBatchVariance": {"kind": "batch_variance", "severity": "warning", "subject": "r2",
+                                "diagnostic": "probe"},
+    "InfersightTokenDistributionShift": {"kind": "token_distribution_shift", "severity": "warning",
+                                         "subject": "r1 workload=chat", "diagnostic": "tokenizer"},
 }
 
 
