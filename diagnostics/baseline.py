@@ -115,5 +115,16 @@ def choose_baseline(store, model: str, replicas: list[dict], request: Diagnostic
                     + (f"; {', '.join(newer)} started later with another identity" if newer else ""))
 
 
+def baselines_by_model(store, replicas: list[dict], request: DiagnosticRequest | None = None,
+                       models=None) -> dict[str, Baseline | None]:
+    """model -> its Baseline among `replicas` (rows of diagnostics.scope.replicas_in), for every
+    model in `models` (default: every model the rows serve; a model without rows maps to None)."""
+    by_model: dict[str, list[dict]] = {}
+    for r in replicas:
+        by_model.setdefault(r["model_name"], []).append(r)
+    wanted = sorted(by_model) if models is None else sorted(set(models))
+    return {m: choose_baseline(store, m, by_model.get(m, []), request) for m in wanted}
+
+
 def _clock(started) -> str:
     return started.strftime("%Y-%m-%d %H:%M:%S UTC") if hasattr(started, "strftime") else str(started)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from diagnostics.baseline import Baseline, choose_baseline
+from diagnostics.baseline import Baseline, baselines_by_model
 from diagnostics.findings import Finding, insufficient
 from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.replicas import identity_differences
@@ -224,8 +224,7 @@ def greedy_drift(store, scope: Scope, source: TokenizerSource | None = None,
     params = {**scope.parameters(), "permille": permille}
     groups = store.query_arrow(_GREEDY.replace("{source}", _source()), params).to_pylist()
     identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
-    baselines = {m: choose_baseline(store, m, [r for r in identity.values() if r["model_name"] == m], request)
-                 for m in sorted({g["model_name"] for g in groups})}
+    baselines = baselines_by_model(store, list(identity.values()), request, {g["model_name"] for g in groups})
     stats: dict[str, dict] = {}
     for g in groups:
         outputs = [tuple(o.values()) if isinstance(o, dict) else tuple(o) for o in g["outputs"]]

@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 
 from diagnostics import token_frequencies
-from diagnostics.baseline import choose_baseline
+from diagnostics.baseline import baselines_by_model
 from diagnostics.findings import Finding
 from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.request import DiagnosticRequest
@@ -153,14 +153,6 @@ def text_sample_permille(store, scope: Scope) -> int:
     text prompts, else a sample chosen by the text's hash (so every replica's copy of a text is in or out)."""
     n = store.query_arrow(_TEXT_PROMPTS.replace("{filters}", _window_filters()), scope.parameters()).to_pylist()[0]["n"]
     return 1000 if n <= TEXT_SAMPLE_ROWS else max(1, -(-1000 * TEXT_SAMPLE_ROWS // n))
-
-
-def model_baselines(store, replicas: list[dict], request: DiagnosticRequest) -> dict:
-    """model -> its Baseline (diagnostics.baseline.choose_baseline): the side that breaks ties."""
-    by_model: dict[str, list[dict]] = {}
-    for r in replicas:
-        by_model.setdefault(r["model_name"], []).append(r)
-    return {m: choose_baseline(store, m, rows, request) for m, rows in sorted(by_model.items())}
 
 
 def divergence_severity(divergent: int, compared: int) -> str:
@@ -585,7 +577,7 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
     toks = {r["replica_id"]: source.for_replica(r) for r in replicas}
     identity = {r["replica_id"]: r for r in replicas}
     permille = text_sample_permille(store, scope)
-    baselines = model_baselines(store, replicas, request)  # the side that breaks two-replica ties
+    baselines = baselines_by_model(store, replicas, request)  # the side that breaks two-replica ties
     # tokenizer / chat-template hash disagreements: the identity diagnostic (diagnostics.identity_drift)
     findings = same_text_different_ids(store, scope, replicas, toks, permille, baselines)
     findings += token_frequencies.shifts(store, scope, toks, baselines)
