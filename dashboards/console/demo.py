@@ -81,12 +81,13 @@ def run_traffic(state: FleetState, args, run_id: str):
 
 def report(state: FleetState, load, run_id: str, since: float) -> None:
     """The store's view of the run, then the diagnostics' findings."""
-    from dashboards.console.demo_report import collect, format_report, wait_for_rows
+    from dashboards.console.demo_report import collect, format_report
     from telemetry.store import open_store
+    from telemetry.store.waiting import wait_for_requests
 
     store = open_store(state.store_url)
     try:
-        stored = wait_for_rows(store, run_id + "-", len(load.results))
+        stored = wait_for_requests(store, run_id + "-", len(load.results))
         say(f"the store holds {stored} of the {len(load.results)} requests sent")
         data = collect(store, run_id, [r.name for r in state.replicas], since)
         print(format_report(data))

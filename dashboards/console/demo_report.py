@@ -7,8 +7,6 @@ shows what an operator would see after the fact.
 
 from __future__ import annotations
 
-import time
-
 from telemetry.contract import derived
 
 # latencies as the dashboards define them (telemetry.contract.derived): ITL per gap between
@@ -48,20 +46,6 @@ FROM steps
 WHERE start_time >= {since:Float64} AND replica_id IN {replicas:Array(String)}
 GROUP BY replica_id ORDER BY replica_id
 """
-
-COUNT = "SELECT count() AS n FROM requests WHERE request_id LIKE {prefix:String}"
-
-
-def wait_for_rows(store, prefix: str, expected: int, timeout: float = 30.0) -> int:
-    """Recorders flush in the background: wait until the run's requests are all stored (bounded)."""
-    deadline = time.monotonic() + timeout
-    n = 0
-    while True:
-        n = int(store.query_df(COUNT, {"prefix": prefix + "%"})["n"].iloc[0])
-        if n >= expected or time.monotonic() > deadline:
-            return n
-        time.sleep(0.5)
-
 
 def collect(store, run_id: str, replicas: list[str], since: float) -> dict:
     prefix = {"prefix": run_id + "-%"}

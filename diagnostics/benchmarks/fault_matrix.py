@@ -41,6 +41,7 @@ from engine.loadgen.runner import run_load
 from engine.loadgen.workloads import make_workload
 from engine.probe.runner import run_probe_round
 from telemetry.store import open_store
+from telemetry.store.waiting import wait_for_requests
 
 # small engines: three replicas, the sidecar and the load share two cores
 ENGINE = {"served_model_name": "reference", "max_num_seqs": 8, "num_kv_blocks": 128, "block_size": 16}
@@ -102,17 +103,6 @@ def _up(run_dir: Path, name: str, replicas: list[ReplicaSpec], sidecar: SidecarS
     return fleet_up(config)
 
 
-def _wait_for(store, prefix: str, expected: int, timeout: float = 30.0) -> int:
-    deadline, n = time.monotonic() + timeout, 0
-    while time.monotonic() < deadline:
-        n = int(store.query_df("SELECT count() AS n FROM requests WHERE request_id LIKE {p:String}",
-                               {"p": prefix + "%"})["n"].iloc[0])
-        if n >= expected:
-            break
-        time.sleep(0.5)
-    return n
-
-
 def _diagnose(store_url: str, since: float) -> list:
     with open_store(store_url) as store:
         return run_diagnostics(DIAGNOSTICS, store, DiagnosticRequest(Scope(start=since)), write=False)
@@ -155,7 +145,7 @@ def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, s
             workload = make_workload("mixed", seed * 100 + k + 1)  # the next checkpoint's prompts are new ones
             sent += len(load.results)
             with open_store(base.store_url) as store:
-                _wait_for(store, f"{run_id}c{k}-", len(load.results))
+                wait_for_requests(store, f"{run_id}c{k}-", len(load.results))
             check(f"probe round 1 + {sent} requests")
         run_probe_round(urls)
         check(f"two probe rounds + {sent} requests")

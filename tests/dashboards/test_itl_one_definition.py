@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dashboards import data, queries
 from dashboards.console import demo_report
 from telemetry.contract import derived
+from telemetry.store.waiting import wait_for_requests
 
 REPLICA = "itl-r0"
 RUN = "itlrun"
@@ -76,7 +77,7 @@ def served(tiny_llama, tmp_path_factory):
             scrape = client.get("/metrics").text
         parts.close()  # the recorder's final flush
         end = time.time() + 1.0
-        assert demo_report.wait_for_rows(store, RUN + "-", len(WORK)) == len(WORK)
+        assert wait_for_requests(store, RUN + "-", len(WORK)) == len(WORK)
         yield dict(store=store, start=start - 1.0, end=end, scrape=scrape, responses=responses)
     finally:
         store.close()

@@ -23,7 +23,6 @@ import time
 import pytest
 from diag_faults import ALTERED_TEMPLATE, with_chat_template, with_normalizer
 
-from dashboards.console.demo_report import wait_for_rows
 from diagnostics import DIAGNOSTICS
 from diagnostics import run as run_diagnostics
 from diagnostics.findings import format_table
@@ -38,6 +37,7 @@ from engine.loadgen.runner import run_load
 from engine.loadgen.workloads import RequestSpec, Workload
 from telemetry.contract import derived
 from telemetry.store import open_store
+from telemetry.store.waiting import wait_for_requests
 
 pytestmark = pytest.mark.slow
 
@@ -191,7 +191,7 @@ def test_faults_are_named_and_a_clean_fleet_is_quiet(tiny_llama, tmp_path, capsy
         ok = [r for r in load.results if r.ok]
         assert len(ok) >= 0.9 * len(load.results), [r.error for r in load.results if not r.ok][:5]
         with open_store(state.store_url) as store:
-            stored = wait_for_rows(store, run_id + "-", len(load.results), timeout=30)
+            stored = wait_for_requests(store, run_id + "-", len(load.results), timeout=30)
             assert stored >= 0.9 * len(load.results)  # telemetry completeness is the recorder's own test
             latencies = store.query_df(LATENCIES, {"prefix": run_id + "-%"})
         findings = diagnose(state, since - 1)
@@ -237,7 +237,7 @@ def test_faults_are_named_and_a_clean_fleet_is_quiet(tiny_llama, tmp_path, capsy
         since = time.time()
         run_id, load = traffic(state, copies=len(clean))
         with open_store(state.store_url) as store:
-            wait_for_rows(store, run_id + "-", len(load.results), timeout=30)
+            wait_for_requests(store, run_id + "-", len(load.results), timeout=30)
             latencies = store.query_df(LATENCIES, {"prefix": run_id + "-%"})
         findings = diagnose(state, since - 1)
     finally:

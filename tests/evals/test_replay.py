@@ -28,19 +28,10 @@ from evals.replay.runner import ReplayError, ReplayOptions, replay
 from evals.replay.summary import reference_tokens, summarize_replay
 from evals.replay.window import parse_window
 from evals.results import EvalRun
+from telemetry.store.waiting import wait_for_requests
 
 MAX_TOKENS = 8
 PER_WORKLOAD = 8
-
-
-def wait_for_rows(store, prefix: str, expected: int, timeout: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        n = int(store.query_df("SELECT count() AS n FROM requests WHERE startsWith(request_id, {p:String})",
-                               {"p": prefix})["n"].iloc[0])
-        if n >= expected or time.monotonic() > deadline:
-            return n
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +50,7 @@ def fleet(tiny_llama, store, served_replica):
                                         run_id=f"prod-{name}"))
             assert all(r.ok for r in load.results), [r.error for r in load.results]
         prod_parts.recorder.flush()
-        assert wait_for_rows(store, "prod-", 2 * PER_WORKLOAD) == 2 * PER_WORKLOAD
+        assert wait_for_requests(store, "prod-", 2 * PER_WORKLOAD) == 2 * PER_WORKLOAD
         window = f"{start:.6f}..{time.time():.6f}"
         yield {"prod": prod, "same": same, "int4": int4, "window": window}
 
@@ -94,7 +85,7 @@ def test_greedy_production_replayed_on_the_same_model_is_identical(fleet, store)
     assert len(run_all.items) == PER_WORKLOAD and all(i.score == 1.0 for i in run_all.items)
     assert any(f"{PER_WORKLOAD} sampled" in n and "--greedy --baseline-url" in n for n in notes), notes
     # the replayed requests were recorded by the candidate (tag "replay"), and are never replayed again
-    assert wait_for_rows(store, "replay-", 2 * PER_WORKLOAD) >= 2 * PER_WORKLOAD
+    assert wait_for_requests(store, "replay-", 2 * PER_WORKLOAD) >= 2 * PER_WORKLOAD
 
 
 def test_int4_candidate_drops_agreement_and_fails_the_gate(fleet, store, tmp_path, heldout_subset, capsys):
