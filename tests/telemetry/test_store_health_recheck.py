@@ -5,7 +5,7 @@ re-run, damage found by a failing read stayed unreported for min_recheck_seconds
 CI run showed it: the start-up check was still finishing when the first corrupt read came).
 """
 
-from telemetry.sidecar.store_health import StoreHealth
+from telemetry.sidecar.store_health import CORRUPTION_ERRORS, StoreHealth
 
 
 def test_a_corrupt_read_during_a_running_check_runs_the_check_again(store, monkeypatch):
@@ -29,4 +29,20 @@ def test_errors_that_are_not_corruption_start_no_check(store, monkeypatch):
     assert started == []
     health.on_error_code(432)  # UNKNOWN_CODEC: random bytes where a block header was
     health.on_error_code(40)  # within min_recheck_seconds of the last: no second check
+    assert started == [1]
+
+
+def test_every_corruption_code_names_the_error_it_means_in_the_running_store(store):
+    codes = sorted(CORRUPTION_ERRORS)
+    names = store.query_arrow("SELECT errorCodeToName(c) AS name FROM (SELECT arrayJoin({codes:Array(UInt32)}) AS c)",
+                              {"codes": codes}).column("name").to_pylist()
+    assert dict(zip(codes, names)) == CORRUPTION_ERRORS
+
+
+def test_a_compressed_block_claiming_a_huge_size_starts_a_check(store, monkeypatch):
+    # what scrambled bytes gave on a CI run: TOO_LARGE_SIZE_COMPRESSED, not a checksum error
+    health = StoreHealth(store)
+    started = []
+    monkeypatch.setattr(health, "start", lambda: started.append(1) or True)
+    health.on_error_code(39)
     assert started == [1]
