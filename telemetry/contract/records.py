@@ -101,6 +101,9 @@ class RequestRecord:
     # prompts, whose text is not rendered): same messages (prompt_text_hash) with a different
     # rendered_prompt_hash on two replicas means their chat templates differ
     rendered_prompt_hash: str = ""
+    # natural-log probability of each sampled output token (one per output_token_ids entry) under the
+    # distribution the engine sampled from; [] where it was not computed
+    output_logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -144,6 +147,7 @@ class StepRecord:
     # accepted count per draft position (index 0 = first draft token) this step
     spec_accepted_per_pos: list[int] = field(default_factory=list)
     spec_num_drafts: int = 0  # sequences that got a non-empty draft this step
+    num_context_tokens: int = 0  # tokens attention reads this step: sum of the batch's context lengths
 
 
 @dataclass(slots=True)
