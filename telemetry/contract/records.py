@@ -102,7 +102,7 @@ class RequestRecord:
     # rendered_prompt_hash on two replicas means their chat templates differ
     rendered_prompt_hash: str = ""
     # natural-log probability of each sampled output token (one per output_token_ids entry) under the
-    # distribution the engine sampled from; [] where it was not computed
+    # model's raw distribution (log-softmax before temperature / top-k / top-p); [] where not computed
     output_logprobs: list[float] = field(default_factory=list)
 
 
