@@ -71,13 +71,14 @@ def run_round(mode: str, url: str, model: str, texts: list[str], max_tokens: int
             [r[1] for r in results])
 
 
-def start_proxy(upstream: str, store_url: str, work: Path) -> tuple[subprocess.Popen, str]:
+def start_proxy(upstream: str, store_url: str, work: Path, replica_id: str = REPLICA,
+                replica_row: bool = True) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = open(work / "proxy.log", "wb")
     process = subprocess.Popen([sys.executable, "-m", "dashboards.console.cli", "proxy", "--upstream", upstream,
-                                "--store", store_url, "--port", str(port), "--replica-id", REPLICA,
-                                "--model-dir", str(REFERENCE), "--spool-dir", str(work / "spool"),
-                                "--log-level", "warning"],
+                                "--store", store_url, "--port", str(port), "--replica-id", replica_id,
+                                "--model-dir", str(REFERENCE), "--spool-dir", str(work / "proxy-spool"),
+                                "--log-level", "warning", *([] if replica_row else ["--no-replica-row"])],
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

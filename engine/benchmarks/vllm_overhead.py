@@ -15,7 +15,11 @@ ON/OFF latency ratio of the medians over rounds and the median of the ratios of 
 rounds (robust to the bursts of other load a shared machine has; goal: within 3%); the CPU time of
 each server's processes (API server, engine core, worker) per generated token over the whole run,
 less sensitive to other load than wall time; and the noise (how far apart the OFF rounds are).
-After the run every ON request must be in the store.
+After the run every ON request must be in the store. `--proxy`: ON is the whole attachment, vLLM
+with the plugin (`INFERSIGHT_REQUEST_ROWS=0`) behind `infersight proxy` (token IDs, the row per
+request), as `infersight fleet` runs a vLLM replica; every ON request must then be stored with its
+token IDs and joined by vLLM's own timing (engine_request_timings). The median pair ratio comes with
+a bootstrap 95% interval over the pairs.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from pathlib import Path
 
 import httpx
 
-from engine.benchmarks.telemetry_overhead import DetachedSidecar, round_order
+from engine.benchmarks.proxy_overhead import start_proxy
+from engine.benchmarks.telemetry_overhead import DetachedSidecar, bootstrap_median_ci, round_order
 from engine.vllm_adapter.launch import REPO, start_vllm_server
+from telemetry.contract import derived
 from telemetry.store import open_store
 
 GOAL_RATIO = 1.03
@@ -70,14 +76,16 @@ def prompts(n: int, seed: int) -> list[str]:
 
 
 def run_round(mode: str, url: str, model: str, texts: list[str], max_tokens: int, concurrency: int,
-              tag: str) -> Round:
+              tag: str, behind_proxy: bool = False) -> Round:
     def one(i: int) -> tuple[float, int, str]:
         start = time.perf_counter()
         resp = client.post(url + "/v1/completions", headers={"X-Request-Id": f"{tag}-{i}"},
                            json={"model": model, "prompt": texts[i], "max_tokens": max_tokens, "temperature": 0,
                                  "ignore_eos": True})
         resp.raise_for_status()
-        return time.perf_counter() - start, resp.json()["usage"]["completion_tokens"], f"cmpl-{tag}-{i}-0"
+        # the plugin's row is named as vLLM names the request; the proxy's (and the timing it joins) as sent
+        return (time.perf_counter() - start, resp.json()["usage"]["completion_tokens"],
+                f"{tag}-{i}" if behind_proxy else f"cmpl-{tag}-{i}-0")
 
     with httpx.Client(timeout=300, limits=httpx.Limits(max_connections=concurrency)) as client, \
             ThreadPoolExecutor(concurrency) as pool:
@@ -115,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2, help="torch threads of each vLLM")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--proxy", action="store_true",
+                   help="ON = the plugin behind infersight's recording proxy (the whole attachment)")
     p.add_argument("--json", help="write every round and the ratios here")
     args = p.parse_args(argv)
 
@@ -122,21 +132,27 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     sidecar = DetachedSidecar(work / "store")
     servers = {}
+    proxy = None
     try:
         print(f"starting two vLLM servers on {args.model} (minutes on a small CPU) ...", flush=True)
         servers["off"] = start_vllm_server(args.model, plugin=False, threads=args.threads, log_path=work / "off.log")
         servers["on"] = start_vllm_server(args.model, store=sidecar.store_url, replica_id=REPLICA,
-                                          threads=args.threads, spool_dir=work / "spool", log_path=work / "on.log")
+                                          threads=args.threads, spool_dir=work / "spool", log_path=work / "on.log",
+                                          env={"INFERSIGHT_REQUEST_ROWS": "0"} if args.proxy else None)
+        urls = {mode: server.url for mode, server in servers.items()}
+        if args.proxy:
+            proxy, urls["on"] = start_proxy(servers["on"].url, sidecar.store_url, work, replica_id=REPLICA,
+                                          replica_row=False)
         texts = prompts(args.requests, args.seed)
         for mode in ("off", "on"):  # warm-up, untimed
-            run_round(mode, servers[mode].url, servers[mode].model, texts, args.max_tokens, args.concurrency,
-                      f"warm-{mode}")
+            run_round(mode, urls[mode], servers[mode].model, texts, args.max_tokens, args.concurrency,
+                      f"warm-{mode}", args.proxy and mode == "on")
         order = round_order(args.rounds)
         rounds = []
         cpu_start = {mode: session_cpu_seconds(server.pid) for mode, server in servers.items()}
         for i, mode in enumerate(order):
-            r = run_round(mode, servers[mode].url, servers[mode].model, texts, args.max_tokens, args.concurrency,
-                          f"r{i}-{mode}")
+            r = run_round(mode, urls[mode], servers[mode].model, texts, args.max_tokens, args.concurrency,
+                          f"r{i}-{mode}", args.proxy and mode == "on")
             rounds.append(r)
             print(f"round {i:2d} {mode:3s}  median {r.median * 1000:7.1f} ms  p90 {r.p90 * 1000:7.1f} ms  "
                   f"{r.tokens_per_s:7.1f} tok/s", flush=True)
@@ -163,15 +179,21 @@ def main(argv: list[str] | None = None) -> int:
                                             for mode in ("off", "on")},
         }
         result["median_pair_ratio"] = statistics.median(result["pair_ratios"])
+        result["median_pair_ratio_ci95"] = bootstrap_median_ci(result["pair_ratios"])
         result["cpu_ratio"] = result["cpu_ms_per_token"]["on"] / result["cpu_ms_per_token"]["off"]
         expected = {rid for r in on for rid in r.request_ids}
+        # behind the proxy: the proxy's row with token IDs, joined by vLLM's own timing of it
+        stored_sql = ("SELECT t.request_id AS request_id FROM requests AS t " + derived.ENGINE_TIMING_JOIN_SQL +
+                      " WHERE t.replica_id = {r:String} AND e.request_id != '' AND length(t.output_token_ids) > 0"
+                      if args.proxy else "SELECT request_id FROM requests WHERE replica_id = {r:String}")
         with open_store(sidecar.store_url) as store:
-            stored = set(store.query_df("SELECT request_id FROM requests WHERE replica_id = {r:String}",
-                                        {"r": REPLICA})["request_id"])
+            stored = set(store.query_df(stored_sql, {"r": REPLICA})["request_id"])
         result["on_requests_stored"] = f"{len(expected & stored)} of {len(expected)}"
         print(f"\nlatency ON/OFF: median {result['median_latency_ratio']:.3f}, p90 {result['p90_latency_ratio']:.3f}"
               f" (goal <= {GOAL_RATIO}); throughput ON/OFF {result['throughput_ratio']:.3f}")
-        print(f"latency ON/OFF, median of adjacent pairs: {result['median_pair_ratio']:.3f}")
+        low, high = result["median_pair_ratio_ci95"]
+        print(f"latency ON/OFF, median of adjacent pairs: {result['median_pair_ratio']:.3f} "
+              f"(95% interval {low:.3f} .. {high:.3f}; ON = {'plugin + proxy' if args.proxy else 'plugin'})")
         print(f"CPU of vLLM's processes per token: OFF {result['cpu_ms_per_token']['off']:.2f} ms, "
               f"ON {result['cpu_ms_per_token']['on']:.2f} ms (ratio {result['cpu_ratio']:.3f})")
         for mode in ("off", "on"):
@@ -186,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         ok = expected <= stored
         return 0 if ok else 1
     finally:
+        if proxy is not None:
+            proxy.terminate()
+            proxy.wait(timeout=30)
         for server in servers.values():
             server.stop()
         sidecar.stop()

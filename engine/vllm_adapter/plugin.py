@@ -5,7 +5,9 @@ group (pyproject.toml), so a vLLM that sees `pip install infersight` loads it; i
 switched on (settings.py: `INFERSIGHT_STORE` or `--additional-config '{"infersight": {...}}'`).
 
 vLLM calls `record()` on its front-end event loop once per engine iteration: the plugin builds one
-`steps` row and a `requests` row per finished request (stats_records.py) and hands them to
+`steps` row and a `requests` row per finished request (stats_records.py; behind a recording proxy,
+which writes the `requests` rows with token IDs, an `engine_request_timings` row the proxy's row
+joins on instead) and hands them to
 infersight's Recorder, which only appends them to a buffer; a background thread writes them with
 clickhouse-connect, spools them to disk while the store is down and replays them with their dedup
 tokens. The replica row (identity.py reads the weights to hash them) is built on a thread of its
@@ -24,7 +26,7 @@ import threading
 import time
 
 from engine.vllm_adapter.settings import PluginSettings, SettingsError, read_settings
-from engine.vllm_adapter.stats_records import request_record, step_record
+from engine.vllm_adapter.stats_records import engine_timing_record, request_record, step_record
 from telemetry.contract.hooks import ObserverGuard, replay_request
 
 log = logging.getLogger(__name__)
@@ -99,10 +101,12 @@ class InfersightStatLoggerCore:
             return
         try:
             now = iteration_stats.iteration_timestamp if iteration_stats is not None else time.time()
-            if iteration_stats is not None and self.request_rows:
-                for finished in iteration_stats.finished_requests:
-                    replay_request(self.observer, request_record(finished, now, replica_id=self.replica_id,
-                                                                 model_name=self.model_name))
+            for finished in iteration_stats.finished_requests if iteration_stats is not None else ():
+                record = request_record(finished, now, replica_id=self.replica_id, model_name=self.model_name)
+                if self.request_rows:
+                    replay_request(self.observer, record)
+                else:  # a proxy in front writes the request's row; this is the engine's timing it joins
+                    self.recorder.record("engine_request_timings", engine_timing_record(record))
             # a SchedulerStats is one engine-core step; without one (another front end got it), a step that generated
             if scheduler_stats is not None or iteration_stats.num_generation_tokens:
                 self._step_id += 1

@@ -15,7 +15,7 @@ or, in vLLM's own arguments (they win over the environment, key by key):
 | `replica_id` | `INFERSIGHT_REPLICA_ID` | the replica's id in every row (default `vllm-<host>-<pid>`); engine index k > 0 of a data-parallel vLLM gets `<id>-engine<k>` |
 | `spool_dir` | `INFERSIGHT_SPOOL_DIR` | where the Recorder spools while the store is down; a directory that survives a restart is replayed by the next start (default: a fresh temporary directory) |
 | `labels` | `INFERSIGHT_LABELS` | JSON object of operator labels for the replica row (fleet, zone ...) |
-| `request_rows` | `INFERSIGHT_REQUEST_ROWS` | `false` / `0`: write steps and the replica row only, no `requests` rows (a recording proxy in front writes them, with token IDs: two rows per request would count it twice) |
+| `request_rows` | `INFERSIGHT_REQUEST_ROWS` | `false` / `0`: no `requests` rows (a recording proxy in front writes them, with token IDs: two rows per request would count it twice); the engine's timing of each request goes to `engine_request_timings` instead, under the proxy's request id, so the two join |
 """
 
 from __future__ import annotations

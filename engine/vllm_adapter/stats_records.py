@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 
+from engine.vllm_adapter.request_ids import proxy_request_id
 from telemetry.contract.derived import e2e_seconds, ttft_split
-from telemetry.contract.records import RequestRecord, StepRecord
+from telemetry.contract.records import EngineRequestTimingRecord, RequestRecord, StepRecord
 
 # vLLM's FinishReason names -> the contract's finish_reason (repetition: vLLM stopped a degenerate output)
 FINISH_REASONS = {"STOP": "stop", "LENGTH": "length", "ABORT": "abort", "ERROR": "error", "REPETITION": "stop"}
@@ -63,6 +64,19 @@ def request_record(finished, now: float, *, replica_id: str, model_name: str) ->
         preemptions=int(finished.num_preemptions),
     )
 
+
+
+def engine_timing_record(request: RequestRecord) -> EngineRequestTimingRecord:
+    """The engine's timing of a request (a `request_record`) for the table a proxy's row joins on:
+    named with the proxy's id for it (request_ids.proxy_request_id)."""
+    return EngineRequestTimingRecord(
+        replica_id=request.replica_id, request_id=proxy_request_id(request.request_id),
+        engine_request_id=request.request_id, model_name=request.model_name, arrival_time=request.arrival_time,
+        scheduled_time=request.scheduled_time, first_token_time=request.first_token_time,
+        finish_time=request.finish_time, queue_seconds=request.queue_seconds, prefill_seconds=request.prefill_seconds,
+        ttft_seconds=request.ttft_seconds, e2e_seconds=request.e2e_seconds, prompt_tokens=request.prompt_tokens,
+        output_tokens=request.output_tokens, cached_tokens=request.cached_tokens, preemptions=request.preemptions,
+        finish_reason=request.finish_reason, error=request.error)
 
 def _phase(prefill_seqs: int, decode_seqs: int) -> str:
     if prefill_seqs and decode_seqs:

@@ -25,6 +25,7 @@ SHARDING_KEYS = {
     "findings": "cityHash64(finding_id)",
     "profiles": "cityHash64(replica_id)",
     "probe_baselines": "cityHash64(model_name)",
+    "engine_request_timings": "cityHash64(replica_id)",
 }
 
 _CREATE = re.compile(

@@ -25,6 +25,7 @@ from vllm_fleet_marks import vllm_marks
 from engine.fleet.config import parse_fleet
 from engine.fleet.fleet import fleet_down, fleet_up
 from engine.fleet.models import REFERENCE_MODEL
+from telemetry.contract import derived
 from telemetry.store import open_store
 
 pytestmark = [*vllm_marks(), pytest.mark.slow]
@@ -138,6 +139,27 @@ def test_every_answered_request_is_stored_with_its_token_ids(clean_run):
         assert row["prompt_tokens"] == row["n_prompt"] == r["prompt_tokens"] > 0
         if r["stream"]:
             assert row["n_times"] == row["output_tokens"]
+
+
+def test_the_vllm_replicas_requests_join_vllms_own_timing(clean_run):
+    """Behind the proxy the plugin writes no request rows but vLLM's timing of each request, under the
+    proxy's request id: joined, a request has vLLM's queue / prefill split and the proxy's token IDs."""
+    store, load = clean_run["store"], clean_run["load"]
+    ids = [r["request_id"] for r in load if r["ok"] and r["replica"] == "v0"]
+    queue = derived.engine_timed_sql("queue_seconds")
+    rows = store.query_df(f"SELECT t.request_id AS id, e.engine_request_id AS engine_id, {queue} AS queue, "
+                          "e.queue_seconds + e.prefill_seconds - e.ttft_seconds AS split_gap, "
+                          "e.ttft_seconds AS engine_ttft, t.ttft_seconds AS proxy_ttft, "
+                          "e.output_tokens AS engine_out, length(t.output_token_ids) AS proxy_out "
+                          f"FROM requests AS t {derived.ENGINE_TIMING_JOIN_SQL} "
+                          "WHERE t.replica_id = 'v0' AND has({ids:Array(String)}, t.request_id)", {"ids": ids})
+    assert len(ids) >= 3 and sorted(rows["id"]) == sorted(ids)
+    assert all(e.startswith(("cmpl-", "chatcmpl-")) and i in e for i, e in zip(rows["id"], rows["engine_id"]))
+    assert (rows["engine_out"] == rows["proxy_out"]).all() and (rows["proxy_out"] > 0).all()
+    assert (rows["queue"] >= 0).all() and (rows["split_gap"].abs() < 1e-6).all()  # queue + prefill = TTFT
+    streamed = rows[rows["proxy_ttft"] > 0]  # the proxy sees a first token only in a stream
+    assert (streamed["engine_ttft"] <= streamed["proxy_ttft"] + 0.05).all()  # the engine got it after the proxy
+    assert (rows["engine_ttft"] > 0).all()  # and a non-streamed request gets its TTFT from the engine
 
 
 def test_the_vllm_replica_row_is_vllms_identity(clean_run):

@@ -15,7 +15,7 @@ from engine.tokenization import Tokenizer
 from engine.vllm_adapter import launch, plugin
 from engine.vllm_adapter.config_json import config_document, config_hash, jsonable
 from engine.vllm_adapter.identity import chat_template_argument, local_dir, model_name, weights_hash
-from engine.vllm_adapter.request_ids import vllm_request_id
+from engine.vllm_adapter.request_ids import proxy_request_id, vllm_request_id
 from engine.vllm_adapter.settings import SettingsError, read_settings
 
 REFERENCE = Path(__file__).resolve().parents[2] / "evals" / "reference" / "models" / "target"
@@ -77,6 +77,15 @@ def test_request_ids_as_vllm_names_them():
     assert vllm_request_id("/v1/chat/completions", "abc") == "chatcmpl-abc"
     with pytest.raises(ValueError, match="unknown endpoint"):
         vllm_request_id("/v1/embeddings", "abc")
+
+
+@pytest.mark.parametrize("base", ["abc", "a-b-7", "0f3e9c", "x-0"])
+def test_the_proxys_row_id_is_recovered_from_every_engine_id(base):
+    assert proxy_request_id(vllm_request_id("/v1/completions", base)) == base
+    assert proxy_request_id(vllm_request_id("/v1/completions", base, 3)) == f"{base}-3"  # a list's 4th prompt
+    assert proxy_request_id(vllm_request_id("/v1/chat/completions", base)) == base
+    assert proxy_request_id("7") == "7"  # the offline LLM's ids: no proxy, kept as they are
+    assert proxy_request_id("cmpl-") == "cmpl-"
 
 
 class Mode(enum.Enum):
