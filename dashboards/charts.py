@@ -9,13 +9,25 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-LAYOUT = {"margin": {"t": 40, "l": 10, "r": 10, "b": 10}, "legend": {"orientation": "h", "y": -0.15},
-          "hovermode": "x unified"}
+# the legend sits above the plot, under the title: below it, it overlapped the x axis title
+LAYOUT = {"margin": {"t": 80, "l": 10, "r": 10, "b": 10},
+          "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
+          "title": {"y": 0.97, "yanchor": "top", "yref": "container"}, "hovermode": "x unified"}
 
 
 def _figure(traces, title: str, x_title: str, y_title: str, height: int, **layout) -> go.Figure:
     fig = go.Figure(traces)
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, height=height, **{**LAYOUT, **layout})
+    fig.update_layout(**{**LAYOUT, **layout})
+    fig.update_layout(title_text=title, xaxis_title=x_title, yaxis_title=y_title, height=height)
+    return fig
+
+
+def _empty_note(fig: go.Figure, values, what: str) -> go.Figure:
+    """All zero (or nothing): a 0-based axis and a note, not plotly's -1..1 around an invisible zero line."""
+    if pd.Series(values, dtype=float).fillna(0).eq(0).all():
+        fig.update_yaxes(range=[0, 1])
+        fig.add_annotation(text=f"no {what} in the window", showarrow=False, xref="paper", yref="paper",
+                           x=0.5, y=0.5, font={"size": 14})
     return fig
 
 
@@ -46,7 +58,48 @@ def lines(frame: pd.DataFrame, x: str, y: str | list[str], color: str | None = N
 def bars(frame: pd.DataFrame, x: str, y: str, color: str | None = None, title: str = "",
          x_title: str = "time (UTC)", y_title: str = "", height: int = 380, barmode: str = "stack") -> go.Figure:
     traces = [go.Bar(x=group[x], y=group[y], name=name or y) for name, group in _groups(frame, color)]
-    return _figure(traces, title, x_title, y_title or y, height, barmode=barmode)
+    fig = _figure(traces, title, x_title, y_title or y, height, barmode=barmode)
+    fig.update_yaxes(rangemode="tozero")
+    return _empty_note(fig, frame[y] if y in frame else [], (title or y).lower())
+
+
+def intervals(labels, values, lows, highs, title: str = "", x_title: str = "", reference: float | None = None,
+              height: int | None = None, colors=None) -> go.Figure:
+    """A point with its interval per label (a forest plot); `reference` draws the no-effect line."""
+    values, lows, highs = (pd.Series(list(v), dtype=float) for v in (values, lows, highs))
+    trace = go.Scatter(x=values, y=[str(v) for v in labels], mode="markers", name="estimate",
+                       marker={"size": 10, "color": colors},
+                       error_x={"type": "data", "symmetric": False, "array": (highs - values).clip(lower=0),
+                                "arrayminus": (values - lows).clip(lower=0)})
+    fig = _figure([trace], title, x_title, "", height or 120 + 40 * len(values), showlegend=False,
+                  hovermode="closest")
+    fig.update_yaxes(autorange="reversed")
+    if reference is not None:
+        fig.add_vline(x=reference, line_dash="dot", line_color="gray")
+    return fig
+
+
+def distributions(curves: dict[str, tuple[list[float], list[float]]], highlight: str = "", title: str = "",
+                  x_title: str = "seconds", height: int = 380) -> go.Figure:
+    """Cumulative distributions, one line per name: x the value, y the share of requests at or below it;
+    the `highlight`ed one drawn thicker (the replica a finding is about)."""
+    traces = [go.Scatter(x=x, y=y, mode="lines", name=name, line={"width": 4 if name == highlight else 1.5})
+              for name, (x, y) in curves.items()]
+    fig = _figure(traces, title, x_title, "share of requests at or below", height, hovermode="closest")
+    fig.update_yaxes(range=[0, 1])
+    return fig
+
+
+def series_with_change(frame: pd.DataFrame, x: str, y: str, change_at=None, title: str = "", y_title: str = "",
+                       height: int = 380) -> go.Figure:
+    """One series with a vertical line where a change point was found."""
+    fig = _figure([go.Scatter(x=frame[x], y=frame[y], mode="lines+markers", name=y)], title, "time (UTC)",
+                  y_title or y, height, showlegend=False)
+    if change_at is not None:
+        fig.add_vline(x=change_at, line_dash="dash", line_color="red")
+        fig.add_annotation(x=change_at, y=1, yref="paper", text="change point", showarrow=False,
+                           xanchor="left", yanchor="bottom", font={"color": "red"})
+    return fig
 
 
 def stacked_area(frame: pd.DataFrame, x: str, columns: list[str], title: str = "", y_title: str = "",

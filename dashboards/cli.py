@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model (or tokenizer) directory used to decode every token ID")
     parser.add_argument("--tokenizer", action="append", default=[], metavar="MODEL=DIR",
                         help="tokenizer directory for one model name (repeatable; overrides --model for it)")
+    parser.add_argument("--sidecar-port", type=int, default=0, metavar="PORT",
+                        help="with a data directory: the port of the read-only sidecar started on it "
+                             "(default 0: a free one, printed)")
     parser.add_argument("--direct", action="store_true",
                         help="with a data directory: open it in the dashboard process instead of via a sidecar")
 
@@ -96,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
             password = secrets.token_urlsafe(16)
             print(f"infersight dashboard: starting a sidecar on {path} ...", flush=True)
-            sidecar = start_sidecar(path, readonly_user=READONLY_USER, readonly_password=password)
+            sidecar = start_sidecar(path, port=args.sidecar_port,  # local: only this dashboard reads it
+                                    readonly_user=READONLY_USER, readonly_password=password)
             target = f"{sidecar.url.split('://')[0]}://{READONLY_USER}:{password}@{sidecar.url.split('://')[1]}"
             print(f"infersight dashboard: sidecar at {sidecar.url} (read-only user {READONLY_USER!r})", flush=True)
         else:

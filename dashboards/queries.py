@@ -121,6 +121,19 @@ ORDER BY arrival_time DESC
 LIMIT 1
 """
 
+# what the engine itself measured of the request, where a proxy wrote its row (vLLM's plugin behind
+# `infersight proxy`: telemetry.contract.derived.ENGINE_TIMING_JOIN_SQL)
+ENGINE_TIMING = """
+SELECT e.engine_request_id AS engine_request_id, e.queue_seconds AS queue_seconds,
+       e.prefill_seconds AS prefill_seconds, e.ttft_seconds AS ttft_seconds, e.e2e_seconds AS e2e_seconds,
+       t.ttft_seconds - e.ttft_seconds AS before_engine_seconds, e.cached_tokens AS cached_tokens,
+       e.preemptions AS preemptions, e.finish_reason AS finish_reason
+FROM (SELECT * FROM requests WHERE request_id = {request_id:String} ORDER BY arrival_time DESC LIMIT 1) AS t
+""" + derived.ENGINE_TIMING_JOIN_SQL + """
+WHERE e.request_id != ''
+LIMIT 1
+"""
+
 # the steps a request took part in: its replica's steps that started during its lifetime
 REQUEST_STEPS = """
 WITH (SELECT tuple(replica_id, arrival_time, finish_time) FROM requests
@@ -336,6 +349,23 @@ FINDING_EVIDENCE = """
 SELECT argMax(evidence_json, last_seen) AS evidence_json
 FROM findings
 WHERE finding_id = {finding_id:String}
+"""
+
+# a lagging-replica finding's metric, per replica of its window: 99 quantiles (the distribution as a curve);
+# the metric definitions are diagnostics.request_strata's (completed requests that produced a token)
+DISTRIBUTION_LEVELS = tuple(round(k / 100, 2) for k in range(1, 100))
+FINDING_LATENCY_DISTRIBUTION = f"""
+SELECT replica_id, count() AS requests, {derived.quantiles_sql("value", levels=DISTRIBUTION_LEVELS)} AS q
+FROM (SELECT replica_id,
+             multiIf({{metric:String}} = 'queue', queue_seconds, {{metric:String}} = 'prefill', prefill_seconds,
+                     {{metric:String}} = 'ttft', ttft_seconds, {{metric:String}} = 'tpot', {derived.TPOT_SQL},
+                     {{metric:String}} = 'itl', {derived.mean_itl_sql("token_times")}, e2e_seconds) AS value
+      FROM requests
+      WHERE {REQUEST_WINDOW} AND {REPLICA_FILTER} AND finish_reason NOT IN ('abort', 'error') AND output_tokens > 0)
+WHERE isFinite(value)
+GROUP BY replica_id
+ORDER BY replica_id
+LIMIT 1000
 """
 
 # -- profiles --------------------------------------------------------------------------------------

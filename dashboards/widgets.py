@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
 from dashboards import data, queries, settings
+from dashboards.evidence import shown
 from dashboards.tokens import load_tokenizer
 from engine.tokenization import Tokenizer, TokenizerLoadError
 from telemetry.contract.derived import QUANTILE_NAMES
@@ -117,9 +119,29 @@ def rounded(frame: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
     return frame.round({c: digits for c in floats})
 
 
+def displayable(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame as a table shows it: st.dataframe draws "None" in every missing cell (a Styler's
+    na_rep does not reach numeric cells), so each column with a missing or blank value becomes text,
+    "-" there and `evidence.shown` elsewhere; complete columns stay as they are (numbers sort)."""
+    blank = frame.isna() | frame.apply(lambda c: c.map(lambda v: isinstance(v, str) and not v.strip()))
+    if not blank.to_numpy().any():
+        return frame
+    out = frame.copy()
+    for c in frame.columns[blank.any().to_numpy()]:
+        out[c] = [("-" if is_blank else shown(list(v) if isinstance(v, np.ndarray) else v))
+                  for v, is_blank in zip(frame[c], blank[c])]
+    return out
+
+
+def table(frame: pd.DataFrame, key: str | None, **kwargs) -> None:
+    """st.dataframe of `displayable(frame)`, without the index unless asked for."""
+    kwargs.setdefault("hide_index", True)
+    st.dataframe(displayable(frame), key=key, **kwargs)
+
+
 def query_timings() -> None:
     """What this page asked the store, and how long each query took (for the curious and for
     anyone chasing a slow page)."""
     timings = data.take_timings()
     with st.expander(f"Queries ({len(timings)})", expanded=False):
-        st.dataframe(pd.DataFrame(timings, columns=["query", "seconds", "rows"]), hide_index=True)
+        table(pd.DataFrame(timings, columns=["query", "seconds", "rows"]), key=None)

@@ -11,13 +11,16 @@ import logging
 import time
 
 from diagnostics import (
+    cross_scores,
     identity_drift,
     output_drift,
     overhead,
     probes,
     regression,
     replicas,
+    sampled_logprobs,
     speculative,
+    step_model,
     tokenizer_divergence,
 )
 from diagnostics.findings import Finding, resolved, worst_first, write_findings
@@ -34,8 +37,11 @@ DIAGNOSTICS = {
     "identity": identity_drift,
     "drift": output_drift,
     "probe": probes,
+    "quality": sampled_logprobs,
+    "rescore": cross_scores,
     "speculative": speculative,
     "overhead": overhead,
+    "steps": step_model,
 }
 DEFAULT_WINDOW = "24h"
 

@@ -34,9 +34,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokenizer/model directory of a replica id or model name (repeatable)")
     parser.add_argument("--no-write", action="store_true", help="print the findings, do not record them")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON lines (with evidence)")
+    parser.add_argument("--wide", action="store_true",
+                        help="one line per finding, however long (default on a terminal: summaries wrap to its "
+                             "width; piped: one line each)")
     parser.add_argument("--fail-on", choices=("never", "warning", "critical"), default="never",
                         help="exit 1 when a finding is at least this severe (default never)")
     parser.add_argument("--log-level", default="warning")
+
+
+def table_width(wide: bool, stream=None) -> int | None:
+    """Columns to wrap summaries to: the terminal's, or None (no wrapping) with --wide or when not a TTY."""
+    import shutil
+
+    stream = sys.stdout if stream is None else stream
+    if wide or not stream.isatty():
+        return None
+    return shutil.get_terminal_size().columns
 
 
 def build_scopes(args, now: float | None = None):
@@ -88,7 +101,7 @@ def run(args) -> int:
                                        "subject": f.subject, "diagnostic": f.diagnostic, "summary": f.summary,
                                        "evidence": f.evidence})))
     else:
-        print(format_table(findings))
+        print(format_table(findings, table_width(args.wide)))
         if not args.no_write:
             print(f"\n{len(findings)} finding(s) recorded in the store's findings table")
     for name, e in errors:

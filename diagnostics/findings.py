@@ -159,7 +159,12 @@ def write_findings(store, findings: list[Finding], now: float | None = None) -> 
 
 # -- printing ------------------------------------------------------------------------------------
 
-def format_table(findings: list[Finding], width: int = 110) -> str:
+def format_table(findings: list[Finding], width: int | None = None) -> str:
+    """Findings worst first, one row each. Summaries are never cut: with `width` (a terminal's columns)
+    a long one wraps onto continuation lines under the SUMMARY column (at least 40 characters wide, so a
+    narrow terminal still reads); without, each stays on its row (for pipes, files, `--wide`)."""
+    import textwrap
+
     if not findings:
         return "no findings"
     rows = [("SEVERITY", "DIAGNOSTIC", "KIND", "SUBJECT", "SUMMARY")]
@@ -168,7 +173,11 @@ def format_table(findings: list[Finding], width: int = 110) -> str:
     lines = []
     for r in rows:
         head = "  ".join(c.ljust(w) for c, w in zip(r[:4], widths))
-        room = max(30, width - len(head) - 2)
-        summary = r[4] if len(r[4]) <= room else r[4][:room - 1] + "…"
-        lines.append(f"{head}  {summary}")
+        if width is None:
+            lines.append(f"{head}  {r[4]}")
+            continue
+        room = max(40, width - len(head) - 2)
+        wrapped = textwrap.wrap(r[4], room, break_long_words=True, break_on_hyphens=False) or [""]
+        lines.append(f"{head}  {wrapped[0]}")
+        lines += [" " * (len(head) + 2) + more for more in wrapped[1:]]
     return "\n".join(lines)

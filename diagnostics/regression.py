@@ -3,14 +3,22 @@
 Populations are scopes (versions, config hashes, replicas or time windows). Request latencies
 (TTFT, inter-token latency, end-to-end, queue time) are compared within strata of workload and
 prompt-length bucket, per-step host time and throughput within strata of step phase and batch
-size, so that a different traffic mix is not mistaken for a slower engine. Each stratum gets
-Mann-Whitney U and Kolmogorov-Smirnov (Holm-adjusted over all strata and metrics), Cliff's delta,
-and the ratio of medians with a bootstrap confidence interval. ClickHouse does the heavy lifting:
-counts, quantiles and a uniform sample per stratum (groupArraySample); Python only sees samples.
+size, so that a different traffic mix is not mistaken for a slower engine. The unit of comparison
+is the request for request metrics and, for step metrics, the time block: the median of one
+replica's steps of the stratum in each BLOCK_SECONDS window. Consecutive steps are autocorrelated
+(they share a batch, a load level, a host's state), so a thousand steps are not a thousand
+observations; blocks nearly are. Each stratum gets Mann-Whitney U and Kolmogorov-Smirnov,
+Holm-adjusted over all strata and metrics together (one family: a run tests them all), Cliff's
+delta, and the ratio of medians with a bootstrap confidence interval. ClickHouse does the heavy
+lifting: counts, block medians, quantiles and a uniform sample per stratum (groupArraySample);
+Python only sees samples.
 
-Change points: per time bucket, the median of each request's latency relative to its stratum's
-median, segmented with ruptures (PELT); a level shift up that the raw samples confirm (MWU) is a
-regression that crept in.
+Change points: requests are split by a hash of request_id into a placement half and a confirmation
+half. Per time bucket, the median of each placement request's latency relative to its stratum's
+median is segmented with ruptures (PELT); a level shift up counts only when the confirmation half,
+which played no part in placing it, shows it too (MWU + KS, Bonferroni over the change points, and
+the ratio of medians >= min_shift). Placement on noise finds the noise's own extremes; data that did
+not choose them does not confirm them.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, requests_in, steps_in
 from telemetry.contract import derived
-from telemetry.contract.probes import PROBE_WORKLOAD
+from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
 
 DIAGNOSTIC = "regression"
 # per stratum and side, drawn in ClickHouse; aggregate-function parameters must be literals in the SQL
@@ -34,6 +42,7 @@ SAMPLE_SIZE = 1000
 SEED = 1
 ALPHA = 0.01
 MIN_RATIO = 1.05  # a slowdown smaller than 5% is not worth a finding, however significant
+BLOCK_SECONDS = 10  # step metrics: one value (the median) per replica, stratum and block of this length
 
 PROMPT_BUCKET = ("multiIf(t.prompt_tokens < 64, 'prompt<64', t.prompt_tokens < 256, 'prompt 64-255', "
                  "t.prompt_tokens < 1024, 'prompt 256-1023', t.prompt_tokens < 4096, 'prompt 1024-4095', "
@@ -71,12 +80,18 @@ def _request_sample_sql(prefix: str, scope: Scope) -> str:
 
 
 def _step_sample_sql(prefix: str) -> str:
+    """Per stratum: a sample of block medians (one per replica and BLOCK_SECONDS window), not of steps."""
     names = [m for m, (table, _, _) in METRICS.items() if table == "steps"]
     cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in names)
-    source = steps_in(f"t.phase AS phase, {BATCH_BUCKET} AS bucket, {cols}", prefix)
+    source = steps_in(f"t.replica_id AS replica_id, t.start_time AS start_time, t.phase AS phase, "
+                      f"{BATCH_BUCKET} AS bucket, {cols}", prefix)
+    medians = ", ".join(f"median({m}) AS block_{m}" for m in names)
+    blocks = (f"SELECT model_name, phase, bucket, {medians} FROM {source} WHERE phase != 'idle' "
+              f"GROUP BY model_name, phase, bucket, replica_id, "
+              f"intDiv(toUnixTimestamp64Milli(start_time), {{{prefix}block_ms:Int64}})")
     return (f"SELECT model_name, phase AS group_a, bucket AS group_b, count() AS n, "
-            f"groupArraySample({SAMPLE_SIZE}, {SEED})(({', '.join(names)})) AS sample "
-            f"FROM {source} WHERE phase != 'idle' GROUP BY model_name, group_a, group_b")
+            f"groupArraySample({SAMPLE_SIZE}, {SEED})(({', '.join(f'block_{m}' for m in names)})) AS sample "
+            f"FROM ({blocks}) GROUP BY model_name, group_a, group_b")
 
 
 def _samples(store, scope: Scope, table: str) -> dict[tuple, dict]:
@@ -84,7 +99,8 @@ def _samples(store, scope: Scope, table: str) -> dict[tuple, dict]:
     sql = _request_sample_sql("s_", scope) if table == "requests" else _step_sample_sql("s_")
     names = [m for m, (t, _, _) in METRICS.items() if t == table]
     out = {}
-    for row in store.query_arrow(sql, scope.parameters("s_")).to_pylist():
+    params = {**scope.parameters("s_"), "s_block_ms": BLOCK_SECONDS * 1000}
+    for row in store.query_arrow(sql, params).to_pylist():
         values = np.array([list(v.values()) if isinstance(v, dict) else list(v) for v in row["sample"]],
                           dtype=np.float64).reshape(-1, len(names))
         entry = {"n": int(row["n"])}
@@ -92,6 +108,11 @@ def _samples(store, scope: Scope, table: str) -> dict[tuple, dict]:
             entry[m] = values[:, i]
         out[(row["model_name"], row["group_a"], row["group_b"])] = entry
     return out
+
+
+def unit_of(metric: str) -> str:
+    """What one sampled value (and n) of a metric is."""
+    return "request" if METRICS[metric][0] == "requests" else f"{BLOCK_SECONDS}-second block median of one replica"
 
 
 @dataclass
@@ -108,7 +129,7 @@ class StratumResult:
 
     def row(self) -> dict:
         c = self.comparison
-        return {"metric": self.metric, "model": self.model, "stratum": self.stratum,
+        return {"metric": self.metric, "model": self.model, "stratum": self.stratum, "unit": unit_of(self.metric),
                 "n_baseline": self.n_baseline, "n_candidate": self.n_candidate,
                 "median_baseline": c.median_baseline, "median_candidate": c.median_candidate,
                 "ratio": c.ratio, "ratio_ci": c.ratio_ci, "cliffs_delta": round(c.cliffs_delta, 4),
@@ -243,15 +264,19 @@ def _findings(result: RegressionResult, metrics, seed: int) -> list[Finding]:
             summary = (f"{LABELS[metric]} {verdict}: {cand.label()} vs {base.label()} median "
                        f"{_fmt(metric, c.median_baseline)} -> {_fmt(metric, c.median_candidate)} = {ratio}{ci} "
                        f"in {worst.stratum}" + (f" of {worst.model}" if worst.model else "")
-                       + f" ({len(hit)}/{len(rows)} strata; MWU p={c.mwu_p:.1e}, KS p={c.ks_p:.1e}, "
+                       + f" ({len(hit)}/{len(rows)} strata; unit: {unit_of(metric)}; Holm p={worst.p_adjusted:.1e}; "
+                         f"MWU p={c.mwu_p:.1e}, KS p={c.ks_p:.1e}, "
                          f"Cliff's delta {c.cliffs_delta:+.2f})")
             severity = _severity(c, METRICS[metric][2]) if verdict == "regression" else "info"
             kind = "regression" if verdict == "regression" else "improvement"
             evidence = {"metric": metric, "metric_label": LABELS[metric], "verdict": verdict,
                         "baseline": base.describe(), "candidate": cand.describe(),
                         "worst_stratum": worst.row(), "strata": [s.row() for s in rows],
-                        "tests": "Mann-Whitney U + Kolmogorov-Smirnov per stratum, Holm-adjusted; "
-                                 "effect: Cliff's delta, ratio of medians (bootstrap 95% CI)",
+                        "unit": unit_of(metric),
+                        "tests": "Mann-Whitney U + Kolmogorov-Smirnov per stratum, Holm-adjusted over all strata "
+                                 "and metrics; effect: Cliff's delta, ratio of medians (bootstrap 95% CI)",
+                        "controlled_for": "workload and prompt-length bucket" if METRICS[metric][0] == "requests"
+                        else "step phase and batch-size bucket; autocorrelation (time blocks as the unit)",
                         "alpha": ALPHA, "min_ratio": MIN_RATIO}
             findings.append(Finding(kind, severity, subject, summary, DIAGNOSTIC, cand, evidence))
     return findings
@@ -324,14 +349,15 @@ WHERE finish_reason NOT IN ('abort', 'error')
 GROUP BY stratum
 """
 
-# one pass: per time bucket, each metric's median relative to its stratum's median, and a sample
+# one pass: per time bucket, each metric's median relative to its stratum's median over the placement
+# half (the series PELT segments), and a sample of the confirmation half (what tests the shift)
 _SERIES = f"""
 SELECT toUInt32(intDiv(toUnixTimestamp64Micro(arrival_time) - {{t0:Int64}}, {{width:Int64}})) AS bucket_index,
-       {", ".join(f"countIf(isFinite(rel_{m})) AS n_{m}, medianIf(rel_{m}, isFinite(rel_{m})) AS level_{m}"
-                  for m in CREEP_METRICS)},
-       groupArraySample(200, 1)(({", ".join(f"rel_{m}" for m in CREEP_METRICS)})) AS sample
+       {", ".join(f"countIf(isFinite(rel_{m}) AND NOT confirm) AS n_{m}, "
+                  f"medianIf(rel_{m}, isFinite(rel_{m}) AND NOT confirm) AS level_{m}" for m in CREEP_METRICS)},
+       groupArraySampleIf(200, 1)(({", ".join(f"rel_{m}" for m in CREEP_METRICS)}), confirm) AS sample
 FROM (
-    SELECT arrival_time, indexOf({{keys:Array(String)}}, {_STRATUM}) AS i,
+    SELECT arrival_time, indexOf({{keys:Array(String)}}, {_STRATUM}) AS i, cityHash64(request_id) % 2 = 1 AS confirm,
            {", ".join(f"{m} / arrayElement({{med_{m}:Array(Float64)}}, i) AS rel_{m}" for m in CREEP_METRICS)}
     FROM {{source}}
     WHERE finish_reason NOT IN ('abort', 'error') AND has({{keys:Array(String)}}, {_STRATUM})
@@ -342,12 +368,13 @@ ORDER BY bucket_index
 
 
 def _creep_source(scope: Scope) -> str:
-    """Served traffic only: probes (workload "probe", telemetry.contract.probes) come in rounds, alone
+    """Served traffic only: probes and rescores (telemetry.contract.probes.ACTIVE_WORKLOADS) come in rounds, alone
     or in a burst of fillers on purpose, so their latency level follows the prober, not the engine."""
     cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in CREEP_METRICS)
     source = requests_in(f"t.model_name AS model_name, t.workload AS workload, {PROMPT_BUCKET} AS bucket, "
-                         f"t.finish_reason AS finish_reason, t.arrival_time AS arrival_time, {cols}", scope=scope)
-    return f"(SELECT * FROM {source} WHERE workload != '{PROBE_WORKLOAD}')"
+                         f"t.finish_reason AS finish_reason, t.arrival_time AS arrival_time, "
+                         f"t.request_id AS request_id, {cols}", scope=scope)
+    return f"(SELECT * FROM {source} WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL})"
 
 
 def _positive(x) -> float:
@@ -356,7 +383,8 @@ def _positive(x) -> float:
 
 def creep(store, scope: Scope, metrics=CREEP_METRICS, buckets: int = 120, min_per_bucket: int = 5,
           min_shift: float = 1.2) -> list[Finding]:
-    """Level shifts up over time in each metric (relative to its stratum's median)."""
+    """Level shifts up over time in each metric (relative to its stratum's median), placed on one half of
+    the requests and confirmed on the other."""
     source = _creep_source(scope)
     strata = [r for r in store.query_arrow(_STRATUM_MEDIANS.replace("{source}", source),
                                            scope.parameters()).to_pylist() if r["n"] >= min_per_bucket]
@@ -383,7 +411,8 @@ def creep(store, scope: Scope, metrics=CREEP_METRICS, buckets: int = 120, min_pe
         subject = f"{metric}: {scope.label()}"
         if len(series) < 12:
             findings.append(insufficient("latency_change_point", subject, DIAGNOSTIC, scope,
-                                         f"{len(series)} time buckets with {min_per_bucket}+ requests (need 12)",
+                                         f"{len(series)} time buckets with {min_per_bucket}+ placement-half requests "
+                                         f"(need 12)",
                                          buckets=len(series)))
             continue
         finding = _shift_finding(metric, scope, series, lo, width_us, min_shift)
@@ -394,8 +423,8 @@ def creep(store, scope: Scope, metrics=CREEP_METRICS, buckets: int = 120, min_pe
 
 def _shift_finding(metric: str, scope: Scope, series: list[dict], t0: float, width_us: int,
                    min_shift: float) -> Finding | None:
-    levels = np.log([s["level"] for s in series])
-    cps = hypothesis_tests.change_points(levels)
+    levels = np.log([s["level"] for s in series])  # placement half
+    cps = hypothesis_tests.change_points(levels)  # each then tested on the confirmation half's samples
     bounds = [0, *cps, len(series)]
     segments = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
     best = None
@@ -424,7 +453,9 @@ def _shift_finding(metric: str, scope: Scope, series: list[dict], t0: float, wid
                            for s in series],
                 "comparison": c.to_dict(),
                 "method": "ruptures PELT (l2 cost, KernelCPD linear) on log bucket medians of latency relative to "
-                          "its stratum median; confirmed by MWU + KS"}
+                          "its stratum median over the placement half of requests (cityHash64(request_id) % 2 = 0); "
+                          "confirmed by MWU + KS on the other half only (Bonferroni over the change points)",
+                "confirmation": "hold-out half: requests with cityHash64(request_id) % 2 = 1"}
     return Finding("latency_change_point", severity, f"{metric}: {scope.label()}", summary, DIAGNOSTIC, scope,
                    evidence)
 

@@ -1,165 +1,176 @@
-"""Speculative decoding: acceptance rate per draft position by replica and version, and its drops.
+"""Speculative decoding: acceptance rate (overall and per draft position) by replica and version, and its drops.
 
-Steps carry, per step, the draft tokens proposed and accepted and the accepted count per draft
-position. The number of drafts is not recorded, so a position's rate is accepted / (proposed / k)
-with k the replica's num_speculative_tokens: exact when every draft has k tokens (draft-model
-mode), a lower bound for n-gram drafts that can be shorter. The overall rate (accepted /
-proposed) is exact. A group (a replica against the others of its model and mode, or a candidate
-scope against a baseline) whose rate is lower by at least 10 points on a two-proportion z test
-(Bonferroni over positions) is a drop; a chi-square test says whether replicas differ at all.
+The unit is the request, never the draft token: acceptance varies between requests far more than
+a binomial over tokens allows (prompts differ in how predictable they are), so token-level tests
+call identical replicas different. Each group's rate is a ratio estimator, accepted / proposed
+summed over its clusters, with the delta-method cluster variance (diagnostics.hypothesis_tests.
+ClusterSums; sums from diagnostics.spec_sums):
+- overall: requests as clusters, stratified by workload and standardised to the two sides' pooled
+  mix, so a replica that served more of a low-acceptance workload is not called a drop; where
+  requests carry no speculative counts, 10-second blocks of steps as clusters (unstratified);
+- per position (steps only carry them): time blocks as clusters; rate = accepted / (proposed / k).
+Comparisons: each replica against the rest of its model and mode, each version against the one
+before, or an explicit candidate against a baseline. A drop is a finding when the overall rate
+falls significantly (Holm over every overall comparison of the run, alpha 0.01; both the
+difference and the log ratio Wald tests) and materially: by >= 20% relative or >= 10 points
+absolute. Positions (Holm over comparisons x positions) say where it dropped; they do not fire
+on their own, since they cannot be stratified by workload (the overall rate is their mean). A
+cluster-robust Wald test says whether the replicas of a group differ at all.
 """
 
 from __future__ import annotations
 
-import json
-
 from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding, insufficient
+from diagnostics.hypothesis_tests import ClusterSums, RatioComparison
 from diagnostics.request import DiagnosticRequest
-from diagnostics.scope import Scope, replicas_in, requests_in, steps_in
+from diagnostics.scope import Scope
+from diagnostics.spec_sums import BLOCK_SECONDS, acceptance, pool
 
 DIAGNOSTIC = "speculative"
 KIND = "spec_acceptance_drop"
 MIN_PROPOSED = 100
+MIN_CLUSTERS = 20  # requests (or time blocks) per side in a shared workload for a cluster variance
 MIN_DROP = 0.10  # absolute drop in acceptance rate worth a finding
+MIN_RELATIVE_DROP = 0.20  # or relative: 9.9% -> 7.7% matters although it is 2.2 points
 CRITICAL_DROP = 0.25
+CRITICAL_RELATIVE_DROP = 0.5
 ALPHA = 0.01
 
-_STEPS = """
-SELECT replica_id, model_name, engine_version, speculative_mode, count() AS steps,
-       sum(spec_proposed) AS proposed, sum(spec_accepted) AS accepted, sumForEach(per_pos) AS per_pos
-FROM {source}
-WHERE spec_proposed > 0
-GROUP BY replica_id, model_name, engine_version, speculative_mode
-ORDER BY model_name, replica_id
-"""
 
-_REQUESTS = """
-SELECT replica_id, workload, count() AS requests, sum(spec_proposed) AS proposed, sum(spec_accepted) AS accepted
-FROM {source}
-WHERE spec_proposed > 0
-GROUP BY replica_id, workload
-"""
+def _overall(base: dict, cand: dict) -> tuple[str, RatioComparison | None]:
+    """Requests (stratified by workload) where both sides have them, else time blocks of steps."""
+    c = hypothesis_tests.compare_ratios(base["requests"], cand["requests"], min_clusters=MIN_CLUSTERS,
+                                        confidence=1 - ALPHA)
+    if c is not None:
+        return "request", c
+    return f"{BLOCK_SECONDS}-second block of steps", hypothesis_tests.compare_ratios(
+        {"all": base["blocks"]}, {"all": cand["blocks"]}, min_clusters=MIN_CLUSTERS, confidence=1 - ALPHA)
 
 
-def _k(identity: dict) -> int:
-    try:
-        return int(json.loads(identity.get("config_json") or "{}").get("num_speculative_tokens") or 0)
-    except (json.JSONDecodeError, TypeError, ValueError):
-        return 0
-
-
-def acceptance(store, scope: Scope) -> list[dict]:
-    """Per replica (and version): proposed, accepted, per-position accepted and estimated drafts."""
-    source = steps_in("t.replica_id AS replica_id, t.spec_proposed AS spec_proposed, "
-                      "t.spec_accepted AS spec_accepted, t.spec_accepted_per_pos AS per_pos")
-    rows = store.query_arrow(_STEPS.replace("{source}", source), scope.parameters()).to_pylist()
-    identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
-    for r in rows:
-        k = _k(identity.get(r["replica_id"], {})) or max(1, len(r["per_pos"]))
-        r["k"] = k
-        r["drafts"] = r["proposed"] / k
-        r["rate"] = r["accepted"] / r["proposed"] if r["proposed"] else None
-        r["per_pos_rate"] = [a / r["drafts"] for a in r["per_pos"]] if r["drafts"] else []
-    return rows
-
-
-def _pool(rows: list[dict]) -> dict:
-    per_pos: list[float] = []
-    for r in rows:
-        per_pos += [0] * (len(r["per_pos"]) - len(per_pos))
-        for i, a in enumerate(r["per_pos"]):
-            per_pos[i] += a
-    proposed = sum(r["proposed"] for r in rows)
-    drafts = sum(r["drafts"] for r in rows)
-    return {"proposed": proposed, "accepted": sum(r["accepted"] for r in rows), "drafts": drafts, "per_pos": per_pos,
-            "replicas": sorted({r["replica_id"] for r in rows})}
-
-
-def compare_groups(base: dict, cand: dict) -> dict | None:
-    """Overall and per-position tests of candidate against baseline; None when there is no drop."""
-    overall = hypothesis_tests.two_proportions(base["accepted"], base["proposed"], cand["accepted"], cand["proposed"])
+def compare_groups(base: dict, cand: dict) -> dict:
+    """Overall and per-position comparisons of candidate against baseline (not yet corrected)."""
+    unit, overall = _overall(base, cand)
     positions = []
-    for i in range(min(len(base["per_pos"]), len(cand["per_pos"]))):
-        t = hypothesis_tests.two_proportions(int(base["per_pos"][i]), max(1, round(base["drafts"])),
-                                  int(cand["per_pos"][i]), max(1, round(cand["drafts"])))
-        positions.append({"position": i, **t.to_dict()})
-    tests = 1 + len(positions)
-    drops = [p for p in positions if -p["difference"] >= MIN_DROP and p["p_value"] * tests < ALPHA]
-    overall_drop = overall is not None and -overall.difference >= MIN_DROP and overall.p_value * tests < ALPHA
-    if not drops and not overall_drop:
-        return None
-    return {"overall": overall.to_dict() if overall else None, "positions": positions, "dropped_positions": drops,
-            "overall_drop": overall_drop, "bonferroni_tests": tests}
+    for i in range(min(len(base["positions"]), len(cand["positions"]))):
+        c = hypothesis_tests.compare_ratios({"all": base["positions"][i]}, {"all": cand["positions"][i]},
+                                            min_clusters=MIN_CLUSTERS, confidence=1 - ALPHA)
+        if c is not None:
+            positions.append({"position": i, "rate_a": c.rate_baseline, "rate_b": c.rate_candidate,
+                              "difference": c.difference, "difference_ci": c.difference_ci,
+                              "relative": c.relative, "relative_ci": c.relative_ci, "p_value": c.p_value,
+                              "blocks_a": c.clusters_baseline, "blocks_b": c.clusters_candidate})
+    return {"unit": unit, "overall": overall, "positions": positions}
 
 
-def _finding(subject: str, scope: Scope, base: dict, cand: dict, result: dict, what: str, extra: dict) -> Finding:
-    worst = max([-p["difference"] for p in result["dropped_positions"]]
-                + ([-result["overall"]["difference"]] if result["overall_drop"] else []))
-    severity = "critical" if worst >= CRITICAL_DROP else "warning"
-    o = result["overall"]
+def _material(difference: float, relative: float | None) -> bool:
+    return -difference >= MIN_DROP or (relative is not None and -relative >= MIN_RELATIVE_DROP)
+
+
+def decide(results: list[dict]) -> None:
+    """Holm over the overall tests of all comparisons, and over all their positions; marks drops in place."""
+    tested = [r for r in results if r["overall"] is not None]
+    for r, p in zip(tested, hypothesis_tests.holm([r["overall"].p_value for r in tested])):
+        o = r["overall"]
+        r["p_adjusted"] = p
+        r["overall_drop"] = p < ALPHA and o.difference < 0 and _material(o.difference, o.relative)
+    positions = [p for r in tested for p in r["positions"]]
+    for pos, p in zip(positions, hypothesis_tests.holm([p["p_value"] for p in positions])):
+        pos["p_adjusted"] = p
+        pos["dropped"] = p < ALPHA and pos["difference"] < 0 and _material(pos["difference"], pos["relative"])
+    for r in tested:
+        r["dropped_positions"] = [p for p in r["positions"] if p["dropped"]]
+
+
+def _finding(r: dict) -> Finding:
+    o: RatioComparison = r["overall"]
+    worst_abs = max([-o.difference] + [-p["difference"] for p in r["dropped_positions"]])
+    critical = worst_abs >= CRITICAL_DROP or -o.relative >= CRITICAL_RELATIVE_DROP
     pos = ", ".join(f"position {p['position']}: {p['rate_a']:.0%} -> {p['rate_b']:.0%}"
-                    for p in result["dropped_positions"][:3])
-    summary = (f"{what}: speculative acceptance {o['rate_a']:.0%} -> {o['rate_b']:.0%} "
-               f"(z test p={o['p_value']:.1e})" + (f"; {pos}" if pos else ""))
-    evidence = {"baseline": base, "candidate": cand, **result, **extra,
-                "method": "two-proportion z tests (overall accepted/proposed; per position accepted/drafts with "
-                          "drafts = proposed / k), Bonferroni over positions"}
-    return Finding(KIND, severity, subject, summary, DIAGNOSTIC, scope, evidence)
+                    for p in r["dropped_positions"][:3])
+    summary = (f"{r['what']}: speculative acceptance {o.rate_baseline:.1%} -> {o.rate_candidate:.1%} "
+               f"({o.relative:+.0%}, {1 - ALPHA:.0%} CI {o.relative_ci[0]:+.0%} to {o.relative_ci[1]:+.0%}; "
+               f"per {r['unit']}, {o.clusters_baseline} vs {o.clusters_candidate}; Holm p={r['p_adjusted']:.1e})"
+               + (f"; {pos}" if pos else ""))
+    evidence = {"baseline": _describe(r["base"]), "candidate": _describe(r["cand"]), "unit": r["unit"],
+                "overall": o.to_dict(), "overall_drop": True, "p_adjusted": r["p_adjusted"],
+                "positions": r["positions"], "dropped_positions": r["dropped_positions"], **r["extra"],
+                "controlled_for": "workload mix (strata standardised to the pooled mix)" if r["unit"] == "request"
+                else "nothing: steps carry no workload",
+                "method": f"ratio estimator accepted/proposed per group with delta-method cluster variance "
+                          f"(cluster = {r['unit']}); Wald z on the difference and the log ratio; Holm over all "
+                          f"overall comparisons (and over comparisons x positions); a drop is significant and "
+                          f">= {MIN_RELATIVE_DROP:.0%} relative or >= {MIN_DROP:.0%} points"}
+    return Finding(KIND, "critical" if critical else "warning", r["subject"], summary, DIAGNOSTIC, r["scope"], evidence)
+
+
+def _describe(g: dict) -> dict:
+    return {"replicas": g["replicas"], "proposed": g["proposed"], "accepted": g["accepted"],
+            "drafts": g["drafts"], "per_pos": g["per_pos"], "requests": g["requests_n"], "blocks": g["blocks"].n}
+
+
+def _comparison(subject: str, what: str, scope: Scope, base: dict, cand: dict, extra: dict) -> dict:
+    return {"subject": subject, "what": what, "scope": scope, "base": base, "cand": cand, "extra": extra,
+            **compare_groups(base, cand)}
+
+
+def _insufficient(r: dict) -> Finding:
+    return insufficient(KIND, r["subject"], DIAGNOSTIC, r["scope"],
+                        f"fewer than {MIN_CLUSTERS} requests with drafts per side in any shared workload, and fewer "
+                        f"than {MIN_CLUSTERS} {BLOCK_SECONDS}-second blocks of speculative steps per side "
+                        f"(baseline {r['base']['requests_n']} requests / {r['base']['blocks'].n} blocks, candidate "
+                        f"{r['cand']['requests_n']} / {r['cand']['blocks'].n})")
+
+
+def _heterogeneity(group: list[dict]) -> tuple[float, float] | None:
+    use_requests = all(r["requests"] for r in group)
+    sums = [sum(r["requests"].values(), ClusterSums()) if use_requests else r["blocks"] for r in group]
+    return hypothesis_tests.ratio_homogeneity(sums)
 
 
 def run(store, request: DiagnosticRequest) -> list[Finding]:
     scope, baseline, candidate = request.scope, request.baseline, request.candidate
+    findings, comparisons = [], []
     if baseline is not None and candidate is not None:
-        base, cand = _pool(acceptance(store, baseline)), _pool(acceptance(store, candidate))
+        base, cand = pool(acceptance(store, baseline)), pool(acceptance(store, candidate))
         subject = f"{candidate.label()} vs {baseline.label()}"
         if min(base["proposed"], cand["proposed"]) < MIN_PROPOSED:
             return [insufficient(KIND, subject, DIAGNOSTIC, candidate, f"draft tokens proposed: baseline "
                                  f"{base['proposed']}, candidate {cand['proposed']} (need {MIN_PROPOSED} each)")]
-        result = compare_groups(base, cand)
-        return [_finding(subject, candidate, base, cand, result, subject, {})] if result else []
-    rows = acceptance(store, scope)
-    findings = []
-    by_group: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if r["proposed"] < MIN_PROPOSED:
-            findings.append(insufficient(KIND, r["replica_id"], DIAGNOSTIC, scope,
-                                         f"{r['proposed']} draft tokens proposed on {r['replica_id']} "
-                                         f"(need {MIN_PROPOSED})", proposed=r["proposed"]))
-        else:
-            by_group.setdefault((r["model_name"], r["speculative_mode"]), []).append(r)
-    workloads = _by_workload(store, scope)
-    for (model, mode), group in by_group.items():
-        heterogeneity = hypothesis_tests.chi_square_homogeneity([r["accepted"] for r in group], [r["proposed"] for r in group])
-        table = [{k: r[k] for k in ("replica_id", "engine_version", "proposed", "accepted", "rate", "per_pos_rate")}
-                 for r in group]
-        for r in group:  # each replica against the rest of its model and mode
-            rest = [x for x in group if x["replica_id"] != r["replica_id"]]
-            if not rest:
-                continue
-            result = compare_groups(_pool(rest), _pool([r]))
-            if result:
-                extra = {"model_name": model, "speculative_mode": mode, "replicas": table,
-                         "chi_square": heterogeneity, "by_workload": workloads.get(r["replica_id"], [])}
-                findings.append(_finding(r["replica_id"], scope, _pool(rest), _pool([r]), result,
-                                         f"{r['replica_id']} vs its {len(rest)} peer(s)", extra))
-        versions = sorted({r["engine_version"] for r in group})
-        for old, new in zip(versions, versions[1:]):  # and version against version
-            base = _pool([r for r in group if r["engine_version"] == old])
-            cand = _pool([r for r in group if r["engine_version"] == new])
-            result = compare_groups(base, cand)
-            if result:
+        comparisons.append(_comparison(subject, subject, candidate, base, cand, {}))
+    else:
+        by_group: dict[tuple, list[dict]] = {}
+        for r in acceptance(store, scope):
+            if r["proposed"] < MIN_PROPOSED:
+                findings.append(insufficient(KIND, r["replica_id"], DIAGNOSTIC, scope,
+                                             f"{r['proposed']} draft tokens proposed on {r['replica_id']} "
+                                             f"(need {MIN_PROPOSED})", proposed=r["proposed"]))
+            else:
+                by_group.setdefault((r["model_name"], r["speculative_mode"]), []).append(r)
+        for (model, mode), group in by_group.items():
+            table = [{k: r[k] for k in ("replica_id", "engine_version", "proposed", "accepted", "rate", "per_pos_rate")}
+                     for r in group]
+            context = {"model_name": model, "speculative_mode": mode, "replicas": table}
+            heterogeneity = _heterogeneity(group)
+            for r in group:  # each replica against the rest of its model and mode
+                rest = [x for x in group if x["replica_id"] != r["replica_id"]]
+                if rest:
+                    by_workload = [{"workload": w, "requests": s.n, "proposed": s.p, "accepted": s.a, "rate": s.rate}
+                                   for w, s in sorted(r["requests"].items())]
+                    comparisons.append(_comparison(r["replica_id"], f"{r['replica_id']} vs its {len(rest)} peer(s)",
+                                                   scope, pool(rest), pool([r]),
+                                                   {**context, "chi_square": heterogeneity,
+                                                    "by_workload": by_workload}))
+            versions = sorted({r["engine_version"] for r in group})
+            for old, new in zip(versions, versions[1:]):  # and version against version
                 subject = f"version={new} vs version={old}"
-                findings.append(_finding(subject, scope, base, cand, result, subject,
-                                         {"model_name": model, "speculative_mode": mode, "replicas": table}))
+                comparisons.append(_comparison(subject, subject, scope,
+                                               pool([r for r in group if r["engine_version"] == old]),
+                                               pool([r for r in group if r["engine_version"] == new]), context))
+    decide(comparisons)
+    for r in comparisons:
+        if r["overall"] is None:
+            findings.append(_insufficient(r))
+        elif r["overall_drop"]:
+            findings.append(_finding(r))
     return findings
-
-
-def _by_workload(store, scope: Scope) -> dict[str, list[dict]]:
-    source = requests_in("t.replica_id AS replica_id, t.workload AS workload, t.spec_proposed AS spec_proposed, "
-                         "t.spec_accepted AS spec_accepted", scope=scope)
-    out: dict[str, list[dict]] = {}
-    for r in store.query_arrow(_REQUESTS.replace("{source}", source), scope.parameters()).to_pylist():
-        r["rate"] = r["accepted"] / r["proposed"] if r["proposed"] else None
-        out.setdefault(r["replica_id"], []).append(r)
-    return out

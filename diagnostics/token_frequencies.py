@@ -36,7 +36,7 @@ from scipy import special
 from diagnostics.findings import Finding, insufficient
 from diagnostics.hypothesis_tests import holm
 from diagnostics.scope import Scope, requests_in
-from telemetry.contract.probes import PROBE_WORKLOAD
+from telemetry.contract.probes import ACTIVE_WORKLOADS
 
 DIAGNOSTIC = "tokenizer"
 KIND = "token_distribution_shift"
@@ -53,7 +53,7 @@ _COUNT = "SELECT count() AS n FROM {source}"
 _CUT = "SELECT quantile({level:Float64})(toFloat64(arrival_time)) AS cut FROM {source}"
 _PROMPTS = """
 SELECT model_name, workload, replica_id, prompt_token_ids FROM {source}
-WHERE notEmpty(prompt_token_ids) AND workload != {probe:String}
+WHERE notEmpty(prompt_token_ids) AND NOT has({active:Array(String)}, workload)
 ORDER BY model_name, workload, replica_id, arrival_time
 """
 _COLUMNS = ("t.model_name AS model_name, t.workload AS workload, t.replica_id AS replica_id, "
@@ -123,9 +123,10 @@ def _runs(keys: list) -> list[tuple[int, int]]:
 
 def read_workloads(store, scope: Scope) -> list[Workload]:
     """The sampled prompts, counted per (model, workload): one query, the counting in numpy."""
-    # probes are the same prompts on every replica: compared one to one (same_text_different_ids), not here
+    # probes are the same prompts on every replica: compared one to one (same_text_different_ids), not here;
+    # rescore requests repeat served ones (cross-scoring): neither is client traffic
     table = store.query_arrow(_PROMPTS.replace("{source}", requests_in(_COLUMNS, scope=scope)),
-                              {**scope.parameters(), "probe": PROBE_WORKLOAD})
+                              {**scope.parameters(), "active": list(ACTIVE_WORKLOADS)})
     if table.num_rows == 0:
         return []
     ids = table.column("prompt_token_ids").combine_chunks()

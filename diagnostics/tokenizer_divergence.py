@@ -35,7 +35,7 @@ from diagnostics.token_evidence import divergence, tokens
 from diagnostics.unicode_corpus import corpus
 from engine.tokenization import Tokenizer
 from evals.gate_statistics import first_divergence
-from telemetry.contract.probes import PROBE_WORKLOAD
+from telemetry.contract.probes import ACTIVE_WORKLOADS
 
 DIAGNOSTIC = "tokenizer"
 MAX_EXAMPLES = 3
@@ -402,11 +402,11 @@ FROM (
            t.prompt_text AS prompt_text, arrayMax(t.prompt_token_ids) AS pmax, arrayMax(t.output_token_ids) AS omax,
            length(t.prompt_token_ids) >= 2 AND t.prompt_token_ids[1] = {bos:Int64}
                AND t.prompt_token_ids[2] = {bos:Int64} AS is_double_bos,
-           t.workload != {probe:String} AND t.prompt_text_hash != '' AND t.rendered_prompt_hash = ''
+           NOT has({active:Array(String)}, t.workload) AND t.prompt_text_hash != '' AND t.rendered_prompt_hash = ''
                AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}
                AND hasAny(arraySlice(t.prompt_token_ids, 2), {specials:Array(UInt32)}) AS is_special,
            -- chat: a transition between special tokens (or the prompt's ends) its template never writes
-           {chat:UInt8} AND t.workload != {probe:String} AND t.rendered_prompt_hash != '' AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}
+           {chat:UInt8} AND NOT has({active:Array(String)}, t.workload) AND t.rendered_prompt_hash != '' AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}
                AND NOT hasAll({transitions:Array(UInt64)}, arrayMap((a, b) -> bitShiftLeft(toUInt64(a), 32) + b,
                    arrayPushFront(arrayFilter(x -> has({chat_specials:Array(UInt32)}, x), t.prompt_token_ids),
                                   4294967295),
@@ -490,7 +490,7 @@ def token_id_checks(store, scope: Scope, toks: dict, identity: dict, permille: i
     for (bos, vocab, model_vocab, specials, chat_specials, transitions), ids in _tokenizer_groups(toks).items():
         params = {**scope.parameters(), "ids": sorted(ids), "bos": bos, "vocab": vocab, "model_vocab": model_vocab,
                   "specials": list(specials), "permille": permille, "chat": int(bool(transitions)),
-                  "probe": PROBE_WORKLOAD,  # the probe suite types special-token strings on purpose
+                  "active": list(ACTIVE_WORKLOADS),  # the probe suite types special-token strings on purpose
                   "chat_specials": list(chat_specials), "transitions": list(transitions)}
         for r in store.query_arrow(sql, params).to_pylist():
             findings += _token_findings(r, toks[r["replica_id"]], identity, scope, permille)

@@ -49,6 +49,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per output instead of text")
 
 
+def json_row(prompt: str, out, tokenizer) -> dict:
+    """One output as `--json` prints it. With --logprobs N: `logprobs` (the sampled tokens' own, one per
+    token) and `top_logprobs` (per token: the top N as [{token_id, token, logprob}], best first)."""
+    row = {"prompt": prompt, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+           "logprobs": None, "top_logprobs": None}
+    if out.logprobs:
+        row["logprobs"] = [lp.logprob for lp in out.logprobs]
+        row["top_logprobs"] = [[{"token_id": t, "token": tokenizer.decode([t]), "logprob": v}
+                                for t, v in sorted(lp.top.items(), key=lambda kv: -kv[1])]
+                               for lp in out.logprobs]
+    return row
+
+
 def run(args) -> int:
     import torch
 
@@ -81,9 +94,7 @@ def run(args) -> int:
 
     for prompt, out in zip(prompts, outs):
         if args.json:
-            print(json.dumps({"prompt": prompt, "text": out.text, "token_ids": out.token_ids,
-                              "finish_reason": out.finish_reason,
-                              "logprobs": [lp.logprob for lp in out.logprobs] if out.logprobs else None}))
+            print(json.dumps(json_row(prompt, out, llm.tokenizer)))
             continue
         print(f"--- {prompt!r}\n{out.text!r}\n    [{len(out.token_ids)} tokens, {out.finish_reason}]")
         if out.logprobs:

@@ -31,7 +31,7 @@ from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, is
 from engine.sampler import Sampler, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import Sequence
 from engine.tokenization import Tokenizer
 from telemetry.contract import derived
 from telemetry.contract.hooks import NOOP_OBSERVER, EngineObserver, ObserverGuard
@@ -239,7 +239,8 @@ class LLMEngine:
         if self.observer.enabled:
             num_generated = sampled.num_tokens if self.speculator is not None and sampling else len(sampling)
             split = (t1 - t0, t2 - t1 - draft_s, t3 - t2 + draft_s, t4 - t3, t5 - t4)
-            self._report_step(batch, start_wall, t0, split, num_generated, finished)
+            context_lens = inputs.metadata.context_lens  # what attention read: computed + new tokens
+            self._report_step(batch, start_wall, t0, split, num_generated, finished, context_lens)
         self.step_id += 1
         return outputs
 
@@ -389,7 +390,7 @@ class LLMEngine:
         self.observer.on_request_finished(record)
 
     def _report_step(self, batch: ScheduledBatch, start_wall: float, t0: float, split: tuple,
-                     num_generated: int, finished: list) -> None:
+                     num_generated: int, finished: list, context_lens: list[int]) -> None:
         # this record carries the observer time measured before it; its own cost goes to the next one
         t = perf_counter()
         telemetry_seconds, self._telemetry_seconds = self._telemetry_seconds, 0.0
@@ -398,7 +399,7 @@ class LLMEngine:
         record = build_step_record(
             self.config.replica_id, self.step_id, batch, start_wall, split, num_generated, telemetry_seconds,
             self.kv_cache, self.kv_cache.evictions - self._last_evictions, self.scheduler,
-            self.speculator.step_record_fields if self.speculator is not None else {})
+            self.speculator.step_record_fields if self.speculator is not None else {}, context_lens)
         self._last_evictions = self.kv_cache.evictions
         self.observer.on_step(record)
         self._telemetry_seconds += perf_counter() - t

@@ -100,15 +100,23 @@ def build_request_record(seq: Sequence, *, replica_id: str, model_name: str, out
         preemptions=seq.num_preemptions, spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted,
         prompt_text_hash=seq.prompt_text_hash, rendered_prompt_hash=seq.rendered_prompt_hash,
         prompt_text=seq.prompt_text or "", output_text=output_text,
+        # a speculative step can emit tokens past a stop: keep one logprob per output token
+        output_logprobs=seq.output_logprobs[:seq.num_output_tokens],
+        # asked-for prompt logprobs (teacher-forced scoring); the first prompt token has none
+        prompt_logprobs=[lp.logprob for lp in (seq.prompt_logprobs or [])[1:] if lp is not None],
     )
 
 
 def build_step_record(replica_id: str, step_id: int, batch, start_wall: float, split: tuple, num_generated: int,
-                      telemetry_seconds: float, kv, evictions: int, scheduler, spec_fields: dict) -> StepRecord:
+                      telemetry_seconds: float, kv, evictions: int, scheduler, spec_fields: dict,
+                      context_lens: list[int] = ()) -> StepRecord:
     """One scheduler step: the batch's shape, the host-time split, the KV pool and the queues after it.
 
     `split` is (schedule, prepare, forward, sample, postprocess) seconds; `kv` the KVCacheManager;
-    `spec_fields` the speculator's proposed / accepted counters for this step (empty without one).
+    `spec_fields` the speculator's proposed / accepted counters for this step (empty without one);
+    `context_lens` each batch sequence's context length as the step's attention read it (computed +
+    new tokens, drafts included): taken when the batch was prepared, since after the step the
+    sequences have moved on (a speculator rolls rejected drafts back).
     """
     schedule_s, prepare_s, forward_s, sample_s, post_s = split
     return StepRecord(
@@ -123,4 +131,4 @@ def build_step_record(replica_id: str, step_id: int, batch, start_wall: float, s
         kv_blocks_cached=kv.num_cached_blocks, prefix_hit_tokens=batch.prefix_hit_tokens,
         prefix_query_tokens=batch.prefix_query_tokens, evictions=evictions,
         num_waiting=scheduler.num_waiting, num_running=scheduler.num_running,
-        num_preempted=len(batch.preempted), **spec_fields)
+        num_preempted=len(batch.preempted), num_context_tokens=sum(context_lens), **spec_fields)

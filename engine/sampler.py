@@ -1,14 +1,21 @@
 """Turns logits into tokens, for the whole batch at once.
 
-Greedy rows take the argmax of the raw logits. Other rows are scaled by their
-temperature, cut by top-k and top-p (one sort shared by both), and sampled
-with the exponential race `argmax(p / E)`, E ~ Exp(1) - which draws exactly
-from p. A request with a seed draws its noise from its own torch.Generator,
-always a full vocabulary row per step, so its tokens depend only on its seed
-and its logits, never on what else is in the batch.
+First the logits processors that change greedy output too (logit_bias,
+repetition / frequency / presence penalties: engine/logits_processors.py, on a
+copy, only when a row uses them). Greedy rows take the argmax of those logits.
+Other rows are scaled by their temperature, cut by min_p, then by top-k and
+top-p (one sort shared by both), and sampled with the exponential race
+`argmax(p / E)`, E ~ Exp(1) - which draws exactly from p. A request with a
+seed draws its noise from its own torch.Generator, always a full vocabulary
+row per step, so its tokens depend only on its seed and its logits, never on
+what else is in the batch.
 
 Logprobs are those of the model (log_softmax of the raw logits, before
-temperature and truncation), as vLLM and transformers report them.
+penalties, bias, temperature and truncation), as vLLM and transformers report
+them. Every row's sampled token gets its raw logprob whether or not the
+request asked (`Sequence.output_logprobs`, the store's requests.output_logprobs:
+quality drift under sampled traffic reads it); it costs one logsumexp and one
+gather over the batch, `logit[token] - logsumexp(logits)`, no [N, V] output.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logits_processors import apply_min_p, apply_raw_processors
 from engine.outputs import TokenLogprob
 from engine.sequence import Sequence
 
@@ -25,6 +33,7 @@ from engine.sequence import Sequence
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]  # per row; None where not asked
+    sampled_logprobs: list[float] | None = None  # per row: the raw logprob of its token
 
 
 class Sampler:
@@ -40,11 +49,15 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         """`logits` [N, V] float32, one row per sequence in `seqs`."""
         params = [s.sampling_params for s in seqs]
+        processed = apply_raw_processors(logits, seqs)  # `logits` itself when no row uses them
         if all(p.temperature == 0.0 for p in params):
-            tokens = logits.argmax(dim=-1)
+            tokens = processed.argmax(dim=-1)
         else:
-            tokens = self._sample(logits, seqs)
+            tokens = self._sample(processed, seqs)
         token_ids = tokens.tolist()
+        sampled_lps = sampled_logprobs(logits, tokens).tolist()
+        for seq, lp in zip(seqs, sampled_lps):
+            seq.output_logprobs.append(lp)
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
         if wanted:
@@ -52,15 +65,18 @@ class Sampler:
             top_n = [params[i].logprobs for i in wanted]
             for i, lp in zip(wanted, token_logprobs(logits[rows], tokens[rows], top_n)):
                 logprobs[i] = lp
-        return SamplerOutput(token_ids, logprobs)
+        return SamplerOutput(token_ids, logprobs, sampled_lps)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """`logits`: after the raw processors (the greedy rows' argmax is theirs too)."""
         params = [s.sampling_params for s in seqs]
         n, vocab = logits.shape
         device = logits.device
         greedy = torch.tensor([p.temperature == 0.0 for p in params], device=device)
         temps = torch.tensor([p.temperature or 1.0 for p in params], device=device, dtype=logits.dtype)
         x = logits / temps[:, None]
+        if any(p.min_p > 0.0 for p in params):
+            x = apply_min_p(x, torch.tensor([p.min_p for p in params], device=device, dtype=logits.dtype))
 
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
             top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
@@ -95,6 +111,12 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     mass_before = probs.cumsum(dim=-1) - probs  # probability of the better tokens
     sorted_logits.masked_fill_(mass_before >= top_p[:, None], float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sampled_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """[N] raw log-softmax value of `token_ids[i]` under row i (float32, whatever the logits' dtype)."""
+    x = logits.float()
+    return x.gather(-1, token_ids.view(-1, 1).long()).squeeze(-1) - torch.logsumexp(x, dim=-1)
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, top_n: list[int]) -> list[TokenLogprob]:

@@ -18,6 +18,16 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs of each generated token (0: only the chosen token's)
     prompt_logprobs: int | None = None  # logprobs of the prompt tokens (teacher forcing)
+    # logits processors (engine/logits_processors.py), vLLM's semantics
+    presence_penalty: float = 0.0  # OpenAI: minus this where an output token already appeared
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # HF/CTRL over prompt + output tokens; 1: off
+    min_p: float = 0.0  # drop tokens below min_p * the top token's probability; 0: off
+    logit_bias: dict[int, float] | None = None  # token ID -> added to its logit
+    # the API request this sample is part of (engine/server/choices.py): n choices kept of best_of samples
+    n: int = 1
+    best_of: int | None = None
+    response_format: dict | None = None  # {"type": "json_object"} / {"type": "json_schema", ...}: constrained
 
     def __post_init__(self):
         self.validate()
@@ -40,6 +50,21 @@ class SamplingParams:
             raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
         if self.prompt_logprobs is not None and not (0 <= self.prompt_logprobs <= 20):
             raise ValueError(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not (-2.0 <= getattr(self, name) <= 2.0):
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for token, bias in (self.logit_bias or {}).items():
+            if not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias keys must be token IDs (integers >= 0), got {token!r}")
+            if not (-100.0 <= bias <= 100.0):
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        d = asdict(self)
+        if self.logit_bias is not None:  # string keys, as JSON (and the proxy's copy of the body) has them
+            d["logit_bias"] = {str(t): float(b) for t, b in self.logit_bias.items()}
+        return json.dumps(d, sort_keys=True)

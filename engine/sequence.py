@@ -65,6 +65,9 @@ class Sequence:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[TokenLogprob] | None = [] if sampling_params.logprobs is not None else None
+        # raw logprob of every sampled token, asked or not (the sampler / speculator append one per token
+        # they emit; a speculative step may emit tokens past a stop, so readers take num_output_tokens)
+        self.output_logprobs: list[float] = []
         self.prompt_logprobs: list[TokenLogprob | None] | None = (
             [None] if sampling_params.prompt_logprobs is not None else None)
         self.generator: torch.Generator | None = None  # per-request RNG when a seed is given

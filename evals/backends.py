@@ -47,6 +47,13 @@ def _progress(total: int, enabled: bool, desc: str):
     return tqdm(total=total, disable=not enabled, desc=desc, unit="item", dynamic_ncols=True)
 
 
+def _token_progress(total_tokens: int, enabled: bool, items: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total_tokens, disable=not enabled, desc=f"eval ({items} items)", unit="tok",
+                dynamic_ncols=True)
+
+
 class EngineBackend:
     """Greedy generation with an in-process `LLMEngine` built from an EngineConfig."""
 
@@ -87,19 +94,26 @@ class EngineBackend:
                 eng.add_request(rid, prompt, params, stream=False)
             except ValueError as e:  # admission error: recorded on the item, the run goes on
                 results[rid] = Generation([], [], "", error=str(e))
-        with _progress(len(items), progress, "eval") as bar:
-            bar.update(len(results))
+        # the engine batches every item, so items all finish near the end: the bar counts output tokens
+        # (each item's budget; an item that stops early fills the rest of its budget), moving every step
+        budgets = {f"eval-{i}": item.max_tokens or max_tokens for i, item in enumerate(items)}
+        finished_budget = sum(budgets[rid] for rid in results)
+        with _token_progress(sum(budgets.values()), progress, len(items)) as bar:
             while eng.has_unfinished():
                 for out in eng.step():
                     if not out.finished:
                         continue
+                    finished_budget += budgets[out.request_id]
                     m = out.metrics
                     results[out.request_id] = Generation(
                         list(out.prompt_token_ids), list(out.token_ids), out.text,
                         [lp.logprob for lp in (out.logprobs or [])], out.finish_reason or "",
                         time.perf_counter() - started[out.request_id], out.error or "",
                         m.spec_proposed if m else 0, m.spec_accepted if m else 0)
-                    bar.update(1)
+                running = sum(min(seq.num_output_tokens, budgets[rid]) for rid, seq in eng.requests.items()
+                              if rid in budgets)
+                bar.update(finished_budget + running - bar.n)
+                bar.set_postfix_str(f"{len(results)}/{len(items)} items", refresh=False)
         return [results[f"eval-{i}"] for i in range(len(items))]
 
     def close(self) -> None:

@@ -228,7 +228,7 @@ def run_gate(baseline: Side, candidate: Side, policy: Policy, progress: bool = T
                 raise GateError(f"cannot compute the KL statistics ({why}); give configurations, "
                                 f"or set require_logit_drift = false in the policy")
             notes.append(f"KL statistics not computed: {why}")
-        drift = compute_drift(base_runs, base_scorer, cand_scorer, cand_runs)
+        drift = compute_drift(base_runs, base_scorer, cand_scorer, cand_runs, progress=progress)
     finally:
         for backend in engines.values():
             backend.close()

@@ -30,6 +30,10 @@ class WorstPosition:
     kl: float
     baseline_top: int
     candidate_top: int
+    # the same three tokens as text (the tokenizer's piece for each ID), so a report reads without a vocab
+    token: str = ""
+    baseline_top_token: str = ""
+    candidate_top_token: str = ""
 
 
 @dataclass
@@ -61,9 +65,25 @@ def _sequences(runs: list[EvalRun]) -> tuple[list[str], list[list[int]], list[in
     return ids, seqs, starts
 
 
+def _piece_of(scorer):
+    """token id -> its text, from the scorer's tokenizer (the ID in brackets where there is none)."""
+    tok = getattr(getattr(scorer, "engine", None), "tokenizer", None)
+    if tok is None:
+        return lambda i: f"<{i}>"
+    return tok.piece if hasattr(tok, "piece") else (lambda i: tok.decode([i]))
+
+
+def _teacher_forcing_bar(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not enabled, desc="teacher-forcing (baseline + candidate)", unit="seq",
+                dynamic_ncols=True)
+
+
 def logit_drift(baseline_runs: list[EvalRun], baseline: EngineScorer, candidate: EngineScorer,
-                worst: int = 5) -> tuple[DriftStats, float, list[WorstPosition]]:
-    """Teacher-force the baseline runs' outputs under both scorers and summarise the drift."""
+                worst: int = 5, progress: bool = False) -> tuple[DriftStats, float, list[WorstPosition]]:
+    """Teacher-force the baseline runs' outputs under both scorers and summarise the drift (a progress
+    bar per scored sequence when `progress`)."""
     if baseline.vocab_size != candidate.vocab_size:
         raise ValueError(f"baseline and candidate vocabularies differ ({baseline.vocab_size} vs "
                          f"{candidate.vocab_size}): they cannot be compared position by position")
@@ -72,8 +92,10 @@ def logit_drift(baseline_runs: list[EvalRun], baseline: EngineScorer, candidate:
         raise ValueError("the baseline runs hold no output tokens to teacher-force")
     kls, same, dps, repro = [], [], [], []
     candidates: list[WorstPosition] = []
+    bar = _teacher_forcing_bar(len(seqs), progress)
     for (i, p), (j, q) in zip(baseline.logprobs(seqs, starts), candidate.logprobs(seqs, starts)):
         assert i == j
+        bar.update(1)
         tok = np.asarray(seqs[i][starts[i]:])
         rows = np.arange(len(tok))
         kl = np.sum(np.exp(p) * (p - q), axis=-1)
@@ -84,8 +106,13 @@ def logit_drift(baseline_runs: list[EvalRun], baseline: EngineScorer, candidate:
         repro.append(ptop == tok)
         k = int(kl.argmax())
         candidates.append(WorstPosition(names[i], k, int(tok[k]), float(kl[k]), int(ptop[k]), int(qtop[k])))
+    bar.close()
     stats = drift_from_positions(np.concatenate(kls), np.concatenate(same), np.concatenate(dps))
     candidates.sort(key=lambda w: -w.kl)
+    piece = _piece_of(baseline)
+    for w in candidates[:worst]:
+        w.token, w.baseline_top_token, w.candidate_top_token = (piece(w.token_id), piece(w.baseline_top),
+                                                                piece(w.candidate_top))
     return stats, float(np.mean(np.concatenate(repro))), candidates[:worst]
 
 
@@ -100,10 +127,12 @@ def output_agreement(baseline_runs: list[EvalRun], candidate_runs: list[EvalRun]
 
 
 def compute_drift(baseline_runs: list[EvalRun], baseline: EngineScorer | None = None,
-                  candidate: EngineScorer | None = None, candidate_runs: list[EvalRun] | None = None) -> DriftReport:
+                  candidate: EngineScorer | None = None, candidate_runs: list[EvalRun] | None = None,
+                  progress: bool = False) -> DriftReport:
     report = DriftReport(items=sum(len(r.items) for r in baseline_runs))
     if baseline is not None and candidate is not None:
-        report.stats, report.baseline_reproduction, report.worst = logit_drift(baseline_runs, baseline, candidate)
+        report.stats, report.baseline_reproduction, report.worst = logit_drift(baseline_runs, baseline, candidate,
+                                                                               progress=progress)
     if candidate_runs:
         report.greedy = output_agreement(baseline_runs, candidate_runs)
     return report

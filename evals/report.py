@@ -10,6 +10,14 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def _tok(token_id: int, text: str) -> str:
+    """`17 'ing'`: the ID and its text, escaped so that a newline or a pipe cannot break the table."""
+    if not text:
+        return str(token_id)
+    shown = repr(text).replace("|", "\\|")
+    return f"{token_id} {shown}"
+
+
 def drift_lines(d: DriftReport) -> list[str]:
     lines = []
     s = d.stats
@@ -65,7 +73,8 @@ def gate_markdown(r: GateResult) -> str:
     if r.drift.worst:
         out += ["", "Largest KL positions:", "", "| item | output index | token | KL | baseline top | candidate top |",
                 "|---|---|---|---|---|---|"]
-        out += [f"| {w.item_id} | {w.position} | {w.token_id} | {w.kl:.4f} | {w.baseline_top} | {w.candidate_top} |"
+        out += [f"| {w.item_id} | {w.position} | {_tok(w.token_id, w.token)} | {w.kl:.4f} "
+                f"| {_tok(w.baseline_top, w.baseline_top_token)} | {_tok(w.candidate_top, w.candidate_top_token)} |"
                 for w in r.drift.worst]
     out += ["", "## Checks", "", "| check | scope | value | threshold | result | detail |", "|---|---|---|---|---|---|"]
     for c in r.checks:

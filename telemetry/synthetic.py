@@ -12,6 +12,7 @@ import random
 import time
 
 from telemetry.contract.records import (
+    EngineRequestTimingRecord,
     EvalItemRecord,
     EvalRunRecord,
     FindingRecord,
@@ -67,6 +68,7 @@ def step(i: int, replica_id: str = "r0", t: float = T0, num_generated: int = 4) 
         postprocess_seconds=0.0005, telemetry_seconds=0.00002, kv_blocks_total=256, kv_blocks_used=40,
         kv_blocks_free=216, kv_blocks_cached=8, prefix_hit_tokens=0, prefix_query_tokens=0, evictions=0,
         num_waiting=1, num_running=num_generated, num_preempted=0, spec_accepted_per_pos=[],
+        num_context_tokens=num_generated * 40,  # each decoding sequence ~32 prompt + ~8 output tokens in
     )
 
 
@@ -105,6 +107,15 @@ def probe_baseline(i: int, replica_id: str = "r0", t: float = T0) -> ProbeBaseli
                                prompt_token_ids=[1, 2 + i, 3], output_token_ids=[4, 5, 6 + i], finish_reason="length")
 
 
+def engine_request_timing(i: int, replica_id: str = "r0", t: float = T0) -> EngineRequestTimingRecord:
+    arrival = t + i * 0.1
+    return EngineRequestTimingRecord(replica_id=replica_id, request_id=f"req-{i}", engine_request_id=f"cmpl-req-{i}-0",
+                                     model_name="tiny", arrival_time=arrival, scheduled_time=arrival + 0.002,
+                                     first_token_time=arrival + 0.01, finish_time=arrival + 0.05, queue_seconds=0.002,
+                                     prefill_seconds=0.008, ttft_seconds=0.01, e2e_seconds=0.05, prompt_tokens=10,
+                                     output_tokens=8, cached_tokens=0, preemptions=0, finish_reason="length")
+
+
 def records(table: str, n: int, replica_id: str = "r0", t: float = T0) -> list:
     """`n` records for `table`."""
     make = {
@@ -116,5 +127,6 @@ def records(table: str, n: int, replica_id: str = "r0", t: float = T0) -> list:
         "findings": lambda i: finding(f"f-{i}", t + 60 + i),
         "profiles": lambda i: profile(i, replica_id, t),
         "probe_baselines": lambda i: probe_baseline(i, replica_id, t),
+        "engine_request_timings": lambda i: engine_request_timing(i, replica_id, t),
     }[table]
     return [make(i) for i in range(n)]

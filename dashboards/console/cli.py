@@ -125,6 +125,27 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; output piped into a reader that stops early (`| head`) ends it quietly."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # also on SystemExit (--help): the last buffered output fails here, not at interpreter exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of stdout closed its end: point stdout at /dev/null, so the exit's flush cannot raise again,
+    and exit as a process killed by SIGPIPE would (128 + 13), which shells treat as a normal stop."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     if command not in COMMANDS:

@@ -38,7 +38,7 @@ c2.caption("replicas: " + ", ".join(b_ids))
 st.subheader("Identity")
 identity = groups[groups["replica_id"].isin(a_ids + b_ids)].copy()
 identity.insert(0, "side", identity["replica_id"].map(lambda r: "A" if r in a_ids else "B"))
-st.dataframe(identity, hide_index=True, key="cmp_identity")
+widgets.table(identity, key="cmp_identity")
 
 st.subheader(f"Latency ({window.label})")
 summary = data.query(queries.COMPARE_SUMMARY, **window.params, a=a_ids, b=b_ids)
@@ -50,7 +50,7 @@ else:
     table = summary.set_index("side").T
     if {"A", "B"} <= set(table.columns):
         table["B / A"] = (table["B"].astype(float) / table["A"].astype(float).where(table["A"] != 0)).round(3)
-    st.dataframe(widgets.rounded(table.astype(float), 4), key="cmp_summary")
+    widgets.table(widgets.rounded(table.astype(float), 4), key="cmp_summary", hide_index=False)
     st.caption("itl: per gap between consecutive output tokens. The regression verdict below compares each "
                "request's mean ITL instead: the request is its unit of resampling.")
 
@@ -68,7 +68,7 @@ verdict = regression_verdict.cached(column, a, b, tuple(a_ids), tuple(b_ids), wi
 if verdict.available:
     (st.error if verdict.regressed else st.success)(verdict.headline)
     if verdict.table is not None:
-        st.dataframe(pd.DataFrame(verdict.table), hide_index=True, key="cmp_verdict")
+        widgets.table(pd.DataFrame(verdict.table), key="cmp_verdict")
     if verdict.details:
         with st.expander("Evidence"):
             st.json(verdict.details)

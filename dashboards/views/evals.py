@@ -8,7 +8,7 @@ import streamlit as st
 from dashboards import charts, data, gate_verdict, queries, widgets
 from dashboards.tokendiff import diff_html
 from dashboards.tokens import visible
-from evals.gate_statistics import first_divergence
+from evals.gate_statistics import first_divergence, wilson_interval
 
 st.title("Evals")
 runs = data.query(queries.EVAL_RUNS)
@@ -16,7 +16,7 @@ if runs.empty:
     widgets.no_data("eval runs")
     st.info("Run one with `infersight eval run ...`.")
     st.stop()
-st.dataframe(widgets.rounded(runs, 4), hide_index=True, key="ev_runs")
+widgets.table(widgets.rounded(runs, 4), key="ev_runs")
 
 suites = sorted(runs["suite"].unique())
 suite = st.selectbox("Suite", suites, key="ev_suite")
@@ -25,6 +25,17 @@ labels = {r.run_id: f"{r.run_id} · {r.model_name} · {r.quantization} · {r.spe
           for r in in_suite.itertuples()}
 ids = in_suite["run_id"].tolist()
 if len(ids) < 2:
+    # one run: what it measured, per task with 95% Wilson intervals; comparing needs a second run
+    only = ids[0]
+    st.subheader(f"Accuracy by task: {labels[only]}")
+    tasks = data.query(queries.EVAL_TASK_ACCURACY, base=only, candidate=only)
+    if not tasks.empty:
+        bounds = [wilson_interval(round(a * n), int(n)) for a, n in zip(tasks["accuracy"], tasks["items"])]
+        tasks["ci_low"], tasks["ci_high"] = [b[0] for b in bounds], [b[1] for b in bounds]
+        st.plotly_chart(charts.intervals(tasks["task"], tasks["accuracy"], tasks["ci_low"], tasks["ci_high"],
+                                         title="Accuracy by task (95% Wilson interval)", x_title="accuracy"),
+                        key="ev_single_tasks")
+        widgets.table(widgets.rounded(tasks.drop(columns=["run_id"]), 4), key="ev_single_table")
     st.info("One run of this suite: a second run (another config) is needed to compare.")
     st.stop()
 c1, c2 = st.columns(2)
@@ -44,7 +55,7 @@ verdict = gate_verdict.cached(base, candidate)
 if verdict.available:
     cols[2].metric("Gate", "pass" if verdict.passed else "FAIL")
     (st.success if verdict.passed else st.error)(f"Gate {verdict.headline}")
-    st.dataframe(pd.DataFrame(verdict.checks), hide_index=True, key="ev_gate_checks")
+    widgets.table(pd.DataFrame(verdict.checks), key="ev_gate_checks")
     for note in verdict.notes:
         st.caption(note)
 else:
@@ -63,7 +74,7 @@ changed = drift[(drift["delta"] != 0) | drift["output_changed"].astype(bool)]
 st.caption(f"{len(changed)} of {len(drift)} items changed score or output")
 only_changed = st.toggle("Only changed items", value=True, key="ev_only_changed")
 shown = changed if only_changed and not changed.empty else drift
-st.dataframe(shown, hide_index=True, key="ev_drift")
+widgets.table(shown, key="ev_drift")
 if shown.empty:
     st.stop()
 

@@ -1,15 +1,14 @@
-"""Findings: what the diagnostics concluded, with their evidence (numbers, tests, token IDs)."""
+"""Findings: what the diagnostics concluded, each drawn by the view of its kind (dashboards.finding_views).
+
+`?finding=<id>` in the URL opens that finding (links from alerts and reports)."""
 
 from __future__ import annotations
 
-import json
+import re
 
 import streamlit as st
 
-from dashboards import data, queries, widgets
-from dashboards.tokens import token_frame, visible
-
-SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+from dashboards import data, finding_views, queries, widgets
 
 st.title("Findings")
 kinds = data.query(queries.FINDING_KINDS)
@@ -25,48 +24,27 @@ if found.empty:
 counts = found["severity"].value_counts()
 cols = st.columns(3)
 for col, severity in zip(cols, ("critical", "warning", "info")):
-    col.metric(f"{SEVERITY_ICON[severity]} {severity}", int(counts.get(severity, 0)))
-st.dataframe(found, hide_index=True, key="fd_table")
+    col.metric(severity, int(counts.get(severity, 0)))
+widgets.table(found, key="fd_table", column_config={"summary": st.column_config.TextColumn(width="large")})
 
 by_id = found.set_index("finding_id")
-labels = {f: f"{r.kind}: {r.summary}" for f, r in by_id.iterrows()}
-finding_id = st.selectbox("Finding", list(labels), key="fd_selected", format_func=labels.get)
+labels = {f: f"{r.severity.upper()} · {r.kind}: {r.summary}" for f, r in by_id.iterrows()}
+wanted = st.query_params.get("finding")
+index = list(labels).index(wanted) if wanted in labels else 0
+finding_id = st.selectbox("Finding", list(labels), index=index, key="fd_selected", format_func=labels.get)
 row = by_id.loc[finding_id]
-st.subheader(f"{SEVERITY_ICON.get(row['severity'], '')} {row['summary']}")
-st.caption(f"kind `{row['kind']}` · subject `{row['subject']}` · diagnostic `{row['diagnostic'] or '-'}` · "
-           f"window {row['window_start']} → {row['window_end']} · first seen {row['first_seen_at']} · "
+st.subheader(row["summary"])
+st.markdown(f"{finding_views.severity_badge(row['severity'])} kind `{row['kind']}` · subject `{row['subject']}` · "
+            f"diagnostic `{row['diagnostic'] or '-'}`")
+st.caption(f"window {row['window_start']} to {row['window_end']} · first seen {row['first_seen_at']} · "
            f"last seen {row['last_seen_at']}")
 evidence_raw = data.query(queries.FINDING_EVIDENCE, finding_id=finding_id).loc[0, "evidence_json"]
-try:
-    evidence = json.loads(evidence_raw or "{}")
-except json.JSONDecodeError:
-    st.code(evidence_raw)
-    evidence = {}
-
-
-def token_lists(obj, path=""):
-    """(path, ids) for every list of ints in the evidence whose key says it holds token IDs."""
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from token_lists(v, f"{path}.{k}" if path else k)
-    elif isinstance(obj, list):
-        if obj and all(isinstance(x, int) for x in obj) and ("token" in path or "ids" in path):
-            yield path, obj
-        else:
-            for i, v in enumerate(obj):
-                yield from token_lists(v, f"{path}[{i}]")
-
-
-if evidence:
-    st.json(evidence, expanded=2)
-    lists = list(token_lists(evidence))
-    if lists:
-        st.markdown("**Token IDs in the evidence**")
-        model = evidence.get("model_name") or evidence.get("model") or ""
-        decoder = widgets.decoder_for(model)
-        for path, ids in lists:
-            st.markdown(f"`{path}`")
-            if decoder is not None:
-                st.code(visible(decoder.decode(ids, skip_special_tokens=False)), language=None)
-            st.dataframe(token_frame(ids, decoder).T, key=f"fd_tokens_{path}")
+evidence = finding_views.raw_json(evidence_raw)
+if not evidence:
+    st.caption("This finding carries no evidence.")
+    if (evidence_raw or "").strip() not in ("", "{}"):
+        with st.expander("Stored evidence (not JSON)"):
+            st.code(evidence_raw, language=None)
+else:
+    finding_views.render(row["kind"], evidence, row, key="fd_" + re.sub(r"\W", "_", finding_id))
 widgets.query_timings()

@@ -21,7 +21,7 @@ else:
     # hashes that differ between replicas of one model are config or tokenizer drift
     for col in ("config_hash", "tokenizer_hash", "chat_template_hash", "weights_hash"):
         view[f"{col} drift"] = view.groupby("model_name")[col].transform("nunique") > 1
-    st.dataframe(view.drop(columns=["labels_json"]), hide_index=True, key="fleet_replicas")
+    widgets.table(view.drop(columns=["labels_json"]), key="fleet_replicas")
     mismatched = view.loc[view["numa_mismatch"].astype(bool), "replica_id"].tolist()
     if mismatched:
         st.warning(f"NUMA mismatch (CPUs, memory or GPU on different nodes): {', '.join(mismatched)}")
@@ -51,7 +51,7 @@ else:
     worst = health.sort_values("ttft_p99", ascending=False).iloc[0]
     cols[2].metric("Worst TTFT p99", f"{worst['ttft_p99']:.3f} s", help=f"replica {worst['replica_id']}")
     cols[3].metric("Failed requests", f"{int(health['failed'].sum()):,}")
-    st.dataframe(widgets.rounded(health, 4), hide_index=True, key="fleet_health")
+    widgets.table(widgets.rounded(health, 4), key="fleet_health")
     st.caption("itl: per gap between consecutive output tokens of the window's requests (as Prometheus' "
                "inter-token-latency histogram counts them); ttft over requests that produced a token.")
 

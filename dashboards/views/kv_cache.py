@@ -16,7 +16,7 @@ if summary.empty:
     widgets.no_data("steps")
     st.stop()
 st.subheader(f"Per replica ({window.label})")
-st.dataframe(widgets.rounded(summary, 4), hide_index=True, key="kv_summary")
+widgets.table(widgets.rounded(summary, 4), key="kv_summary")
 
 timeline = data.query(queries.KV_TIMELINE, **params, bucket_ms=window.bucket_ms)
 timeline["prefix_hit_rate"] = timeline["prefix_hit_tokens"] / timeline["prefix_query_tokens"].where(

@@ -13,7 +13,7 @@ if profiles.empty:
     widgets.no_data("profiles")
     st.info("Record one with `infersight profile --replica URL --seconds 10`.")
     st.stop()
-st.dataframe(widgets.rounded(profiles, 3), hide_index=True, key="pf_list")
+widgets.table(widgets.rounded(profiles, 3), key="pf_list")
 labels = {r.profile_id: f"{r.profile_id} ({r.replica_id}, {int(r.samples)} samples)" for r in profiles.itertuples()}
 profile_id = st.selectbox("Profile", list(labels), key="pf_selected", format_func=labels.get)
 
@@ -28,5 +28,5 @@ st.subheader("Flame graph")
 st.caption(f"{len(stacks)} distinct stacks, {int(stacks['samples'].sum()):,} samples; click a frame to zoom.")
 st.plotly_chart(flamegraph.figure(zip(stacks["stack"], stacks["samples"])), key="pf_flame")
 with st.expander("Hottest stacks"):
-    st.dataframe(stacks.head(50), hide_index=True, key="pf_stacks")
+    widgets.table(stacks.head(50), key="pf_stacks")
 widgets.query_timings()

@@ -33,7 +33,7 @@ found = data.query(queries.SEARCH_REQUESTS[order], **window.params, replicas=rep
                    workloads=chosen_workloads, reasons=chosen_reasons, min_ttft=float(min_ttft),
                    min_e2e=float(min_e2e), search=search, limit=int(limit))
 st.caption(f"{len(found)} requests ({order})")
-st.dataframe(widgets.rounded(found, 4), hide_index=True, key="rq_results")
+widgets.table(widgets.rounded(found, 4), key="rq_results")
 if found.empty:
     widgets.query_timings()
     st.stop()
@@ -56,6 +56,17 @@ cols[5].metric("Finish", r["finish_reason"], help=r["error"] or None)
 st.caption(f"workload `{r['workload'] or '-'}` · trace `{r['trace_id'] or '-'}` · preemptions "
            f"{int(r['preemptions'])} · speculative {int(r['spec_accepted'])}/{int(r['spec_proposed'])} accepted · "
            f"arrived {r['arrival_time']}")
+engine = data.query(queries.ENGINE_TIMING, request_id=request_id)
+if not engine.empty:  # a proxy wrote the row; the engine behind it (vLLM's plugin) its own timing
+    e = engine.iloc[0]
+    st.markdown(f"**As the engine measured it** (engine request `{e['engine_request_id']}`)")
+    cols = st.columns(5)
+    cols[0].metric("Engine queue", f"{e['queue_seconds']:.3f} s")
+    cols[1].metric("Engine prefill", f"{e['prefill_seconds']:.3f} s")
+    cols[2].metric("Engine TTFT", f"{e['ttft_seconds']:.3f} s",
+                   help=f"{e['before_engine_seconds']:.3f} s of the TTFT above passed before the engine got it")
+    cols[3].metric("Engine end-to-end", f"{e['e2e_seconds']:.3f} s")
+    cols[4].metric("Cached prompt tokens", int(e["cached_tokens"]), help=f"{int(e['preemptions'])} preemptions")
 with st.expander("Sampling parameters"):
     try:
         st.json(json.loads(r["sampling_params_json"] or "{}"))
@@ -77,7 +88,7 @@ def token_panel(title: str, side: str, token_times=None):
     elif r[f"{side}_text"]:
         st.code(visible(r[f"{side}_text"]), language=None)
     frame = token_frame(r[f"{side}_token_ids"], decoder, token_times)
-    st.dataframe(frame, hide_index=True, key=f"rq_{side}_tokens")
+    widgets.table(frame, key=f"rq_{side}_tokens")
     return frame
 
 
@@ -97,5 +108,5 @@ steps = data.query(queries.REQUEST_STEPS, request_id=request_id)
 if steps.empty:
     widgets.no_data("steps")
 else:
-    st.dataframe(widgets.rounded(steps, 6), hide_index=True, key="rq_steps")
+    widgets.table(widgets.rounded(steps, 6), key="rq_steps")
 widgets.query_timings()

@@ -46,5 +46,5 @@ right.plotly_chart(charts.lines(timeline, "t", ["waiting", "running", "max_waiti
                    key="sched_queues")
 
 st.subheader("Latest steps")
-st.dataframe(widgets.rounded(data.query(queries.RECENT_STEPS, **params), 6), hide_index=True, key="sched_recent")
+widgets.table(widgets.rounded(data.query(queries.RECENT_STEPS, **params), 6), key="sched_recent")
 widgets.query_timings()

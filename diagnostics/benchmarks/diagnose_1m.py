@@ -15,10 +15,62 @@ import tempfile
 import time
 from pathlib import Path
 
-from diagnostics import output_drift, overhead, regression, replicas, speculative, tokenizer_divergence
+from diagnostics import (
+    cross_scores,
+    output_drift,
+    overhead,
+    regression,
+    replicas,
+    sampled_logprobs,
+    speculative,
+    step_model,
+    tokenizer_divergence,
+)
 from diagnostics.findings import format_table
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
+
+# the synthetic fleet writes no output_logprobs: give every request 16, from a per-request level
+# (r5, the int4 replica, less sure of its tokens), once per store
+_LOGPROBS = """
+ALTER TABLE requests UPDATE output_logprobs = arrayMap(k -> toFloat32(least(0.0,
+    -0.4 * if(replica_id = 'r5', 1.3, 1.0) * (0.5 + (cityHash64(request_id) % 1000) / 1000.0)
+    - 0.3 * ((cityHash64(request_id, k) % 1000) / 1000.0))), range(least(output_tokens, 16)))
+WHERE empty(output_logprobs)
+SETTINGS mutations_sync = 1
+"""
+
+
+def add_sampled_logprobs(store) -> None:
+    if int(store.query_df("SELECT countIf(notEmpty(output_logprobs)) AS n FROM requests")["n"][0]) == 0:
+        t = time.perf_counter()
+        store.command(_LOGPROBS)
+        print(f"output_logprobs added in {time.perf_counter() - t:.1f} s")
+
+
+# rescore rounds (cross-scoring): 0.4% of the requests, each scored by all 8 replicas; scores move
+# by ~1e-5 nats on equal weights, by ~0.01 where r5 (int4) served or scored
+_RESCORES = """
+INSERT INTO requests (replica_id, request_id, model_name, workload, arrival_time, finish_reason, prompt_tokens,
+                      output_tokens, prompt_token_ids, output_token_ids, prompt_logprobs)
+SELECT s.scorer, concat('rescore.p1.', s.scorer, '.', o.request_id), o.model_name, 'rescore', o.arrival_time + 30,
+       'length', length(o.prompt_token_ids) + length(o.output_token_ids), 1,
+       arrayConcat(o.prompt_token_ids, o.output_token_ids), [toUInt32(1)],
+       arrayConcat(arrayWithConstant(length(o.prompt_token_ids) - 1, toFloat32(-2)),
+           arrayMap((x, k) -> toFloat32(x + if(o.replica_id != s.scorer AND 'r5' IN (o.replica_id, s.scorer), 0.02, 1e-5)
+               * ((cityHash64(o.request_id, s.scorer, k) % 1000) / 500.0 - 1)),
+               o.output_logprobs, arrayEnumerate(o.output_logprobs)))
+FROM requests AS o CROSS JOIN (SELECT concat('r', toString(number)) AS scorer FROM numbers(8)) AS s
+WHERE o.workload != 'rescore' AND cityHash64(o.request_id) % 1000 < 4
+  AND length(o.output_logprobs) = length(o.output_token_ids) AND length(o.output_token_ids) >= 2
+"""
+
+
+def add_rescores(store) -> None:
+    if int(store.query_df("SELECT countIf(workload = 'rescore') AS n FROM requests")["n"][0]) == 0:
+        t = time.perf_counter()
+        store.command(_RESCORES)
+        print(f"rescore rows added in {time.perf_counter() - t:.1f} s")
 
 
 def main() -> int:
@@ -51,6 +103,8 @@ def main() -> int:
             generate(store, args.requests, args.steps, model_dir=str(model), tokenizer_hash=tok.tokenizer_hash,
                      chat_template_hash=tok.chat_template_hash, progress=lambda m: print("  generating", m))
             print(f"generated in {time.perf_counter() - t:.1f} s")
+        add_sampled_logprobs(store)
+        add_rescores(store)
         counts = store.query_df("SELECT (SELECT count() FROM requests) AS requests, "
                                 "(SELECT count() FROM steps) AS steps")
         print(f"store {path}: {int(counts['requests'][0]):,} requests, {int(counts['steps'][0]):,} steps")
@@ -65,6 +119,9 @@ def main() -> int:
             "drift (evals + greedy)": lambda: output_drift.run(store, DiagnosticRequest(scope)),
             "speculative": lambda: speculative.run(store, DiagnosticRequest(scope)),
             "overhead": lambda: overhead.run(store, DiagnosticRequest(scope)),
+            "quality (sampled logprobs)": lambda: sampled_logprobs.run(store, DiagnosticRequest(scope)),
+            "rescore (cross-scoring)": lambda: cross_scores.run(store, DiagnosticRequest(scope)),
+            "steps (step-time model)": lambda: step_model.run(store, DiagnosticRequest(scope)),
         }
         results = []
         for name, fn in runs.items():

@@ -1,15 +1,19 @@
 """The fault matrix: each fault, deployed the ordinary way, on real local fleets under
 production-shaped traffic; which finding catches it, on which replica, after how much traffic.
 
-    python -m diagnostics.benchmarks.fault_matrix [--faults a,b] [--shapes canary,three]
-                                                  [--clean-runs 3] [--requests 300]
+    python -m diagnostics.benchmarks.fault_matrix [--matrix identity|perf] [--faults a,b]
+                                                  [--shapes canary,three] [--clean-runs 3] [--requests 300]
+
+Two matrices: `identity` (the prober's faults, probe rounds on) and `perf` (perf_faults.py: CPU
+starvation, scheduler budget, prefix caching, eos, quantization, noisy weights, a damaged draft,
+caught from sampled, load-balanced traffic alone by the rules that compare the same work).
 
 A run, per (fault, fleet shape):
 1. the baseline replicas start on a copy of the reference model at one path P (one sidecar);
 2. the fault is deployed: a file fault changes P in place (the usual incident: a new checkpoint or
    tokenizer pushed to the path a replica serves from), an option fault is the candidate's engine
    option; the candidate then starts on P - same path, its own options;
-3. traffic: a probe round (engine/probe), the loadgen's default mix (sampled at 0.8, each request
+3. traffic: a probe round (engine/probe; not in the perf matrix), the loadgen's default mix (sampled at 0.8, each request
    to one replica picked at random, nothing broadcast) in checkpoints, a second probe round;
 4. after each checkpoint every diagnostic runs over the window (not written), and the first
    checkpoint where a finding above info names the candidate with one of the fault's detector
@@ -25,11 +29,13 @@ import asyncio
 import shutil
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from diagnostics import DIAGNOSTICS
 from diagnostics import run as run_diagnostics
+from diagnostics.benchmarks import perf_faults
 from diagnostics.benchmarks.model_faults import FILE_FAULTS
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
@@ -39,6 +45,7 @@ from engine.fleet.models import REFERENCE_MODEL
 from engine.loadgen.arrivals import Arrival
 from engine.loadgen.runner import run_load
 from engine.loadgen.workloads import make_workload
+from engine.probe.rescore import run_rescore_round
 from engine.probe.runner import run_probe_round
 from telemetry.store import open_store
 from telemetry.store.waiting import wait_for_requests
@@ -46,6 +53,7 @@ from telemetry.store.waiting import wait_for_requests
 # small engines: three replicas, the sidecar and the load share two cores
 ENGINE = {"served_model_name": "reference", "max_num_seqs": 8, "num_kv_blocks": 128, "block_size": 16}
 SERVE_ARGS = ["--store-text"]  # the recorder keeps prompt text: the text checks use it
+RESCORED = 24  # requests of each replica a rescore round teacher-forces on every replica (perf matrix)
 RATE = 4.0  # requests/s over the fleet: busy, not saturated (2 cores for 3 replicas, the sidecar and the load)
 
 
@@ -53,9 +61,17 @@ RATE = 4.0  # requests/s over the fleet: busy, not saturated (2 cores for 3 repl
 class Fault:
     name: str
     what: str  # as a person would say what was deployed
-    detectors: frozenset  # finding kinds that catch it (above info, naming the candidate)
+    detectors: frozenset  # finding kinds that catch it (above info, naming the candidate); empty: a clean run
     file_fault: str | None = None  # diagnostics.benchmarks.model_faults.FILE_FAULTS, applied at P
     engine: dict = field(default_factory=dict)  # the candidate's engine options
+    every_engine: dict = field(default_factory=dict)  # options of every replica (speculative decoding ...)
+    neighbour: bool = False  # the candidate pinned to one CPU beside a busy loop (perf_faults.busy_neighbour)
+    draft: str | None = None  # "good" | "damaged": every replica drafts with the reference draft, the candidate
+    #                           with this one
+
+    @property
+    def clean(self) -> bool:
+        return not self.detectors
 
 
 FAULTS = {f.name: f for f in (
@@ -78,6 +94,26 @@ FAULTS = {f.name: f for f in (
     Fault("batched_tokens", "max_num_batched_tokens 64 instead of 2048", frozenset({"config_mismatch"}),
           engine={"max_num_batched_tokens": 64}),
 )}
+# the same work at the same unit (issue 15's rules), from sampled traffic alone: no prober
+PERF_FAULTS = {f.name: f for f in (
+    Fault("cpu_starved", "the candidate pinned to one CPU that a busy loop shares",
+          frozenset({"slow_steps", "lagging_replica"}), neighbour=True),
+    Fault("prefix_caching_off", "prefix caching switched off", frozenset({"prefix_hit_gap"}),
+          engine={"enable_prefix_caching": False}),
+    Fault("tiny_budget", "max_num_seqs 1 and a 32-token step budget", frozenset({"lagging_replica", "slow_steps"}),
+          engine={"max_num_seqs": 1, "max_num_batched_tokens": 32}),
+    Fault("eos_ids", "generation_config.json names another eos id", frozenset({"output_mix_shift"}),
+          file_fault="eos_ids"),
+    Fault("int4_coarse", "int4 weights with the coarsest group",
+          frozenset({"sampled_logprob_shift", "cross_score_shift"}), engine={"quantization": "int4", "quant_group_size": 128}),
+    Fault("noisy_weights", "weights with 5% relative noise at the same path",
+          frozenset({"sampled_logprob_shift", "cross_score_shift"}), file_fault="noisy_weights"),
+    Fault("damaged_draft", "every replica drafts; the candidate's draft model has heavy weight noise",
+          frozenset({"spec_acceptance_drop"}), every_engine=perf_faults.SPECULATIVE, draft="damaged"),
+    Fault("clean_speculative", "every replica drafts with the same good draft model (a clean run)", frozenset(),
+          every_engine=perf_faults.SPECULATIVE, draft="good"),
+)}
+MATRICES = {"identity": FAULTS, "perf": PERF_FAULTS}
 SHAPES = {"canary": 1, "three": 2}  # shape -> baseline replicas (the candidate is one more)
 
 
@@ -109,49 +145,72 @@ def _diagnose(store_url: str, since: float) -> list:
 
 
 def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, seed: int = 0,
-             checkpoints: int = 3, log=print) -> Outcome:
-    """One fleet, one fault (None: clean), the traffic and the diagnostics (see the module doc)."""
+             checkpoints: int = 3, log=print, probes: bool = True) -> Outcome:
+    """One fleet, one fault (None: clean), the traffic and the diagnostics (see the module doc);
+    without `probes`, sampled traffic only."""
     model = work / "model"
     shutil.copytree(REFERENCE_MODEL, model)
     baselines = [f"r{i}" for i in range(SHAPES[shape])]
     candidate = f"r{len(baselines)}"
+    every = dict(fault.every_engine) if fault else {}
+    cand_engine = {**every, **(fault.engine if fault else {})}
+    if fault is not None and fault.draft:
+        every["draft_model"] = perf_faults.good_draft()
+        cand_engine["draft_model"] = (perf_faults.damaged_draft(work) if fault.draft == "damaged"
+                                      else perf_faults.good_draft())
     fleets = []
-    try:
-        base = _up(work, "base", [_spec(r, model, {}) for r in baselines], SidecarSpec(port=0))
-        fleets.append(base.run_dir)
-        if fault is not None and fault.file_fault:
-            FILE_FAULTS[fault.file_fault](model)
-        cand = _up(work, "cand", [_spec(candidate, model, fault.engine if fault else {})],
-                   SidecarSpec(enabled=False, url=base.store_url))
-        fleets.append(cand.run_dir)
-        urls = [r.url for r in base.replicas] + [r.url for r in cand.replicas]
-        since = time.time() - 1
-        stages = []  # (label, findings)
+    with ExitStack() as neighbours:
+        try:
+            base = _up(work, "base", [_spec(r, model, every) for r in baselines], SidecarSpec(port=0))
+            fleets.append(base.run_dir)
+            if fault is not None and fault.file_fault:
+                FILE_FAULTS[fault.file_fault](model)
+            cand_spec = _spec(candidate, model, cand_engine)
+            if fault is not None and fault.neighbour:
+                cand_spec.cpus = str(perf_faults.NEIGHBOUR_CPU)
+                neighbours.enter_context(perf_faults.busy_neighbour())
+            cand = _up(work, "cand", [cand_spec], SidecarSpec(enabled=False, url=base.store_url))
+            fleets.append(cand.run_dir)
+            return _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes)
+        finally:
+            for run_dir in reversed(fleets):
+                fleet_down(run_dir)
 
-        def check(label: str) -> None:
-            stages.append((label, _diagnose(base.store_url, since)))
 
+def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes) -> Outcome:
+    urls = [r.url for r in base.replicas] + [r.url for r in cand.replicas]
+    since = time.time() - 1
+    stages = []  # (label, findings)
+
+    def check(label: str) -> None:
+        stages.append((label, _diagnose(base.store_url, since)))
+
+    first = "probe round 1 + " if probes else ""
+    if probes:
         run_probe_round(urls)
         check("probe round 1")
-        run_id = f"fm{seed}-{int(time.time())}"
-        workload = make_workload("mixed", seed)
-        sent = 0
-        per = max(1, requests // checkpoints)
-        for k in range(checkpoints):
-            n = per if k < checkpoints - 1 else requests - sent
-            load = asyncio.run(run_load(urls, workload, Arrival("poisson", rate=RATE), num_requests=n,
-                                        seed=seed * 100 + k, pick="random", run_id=f"{run_id}c{k}",
-                                        request_timeout=60.0))
-            workload = make_workload("mixed", seed * 100 + k + 1)  # the next checkpoint's prompts are new ones
-            sent += len(load.results)
-            with open_store(base.store_url) as store:
-                wait_for_requests(store, f"{run_id}c{k}-", len(load.results))
-            check(f"probe round 1 + {sent} requests")
+    run_id = f"fm{seed}-{int(time.time())}"
+    workload = make_workload("mixed", seed)
+    sent = 0
+    per = max(1, requests // checkpoints)
+    for k in range(checkpoints):
+        n = per if k < checkpoints - 1 else requests - sent
+        load = asyncio.run(run_load(urls, workload, Arrival("poisson", rate=RATE), num_requests=n,
+                                    seed=seed * 100 + k, pick="random", run_id=f"{run_id}c{k}",
+                                    request_timeout=60.0))
+        workload = make_workload("mixed", seed * 100 + k + 1)  # the next checkpoint's prompts are new ones
+        sent += len(load.results)
+        with open_store(base.store_url) as store:
+            wait_for_requests(store, f"{run_id}c{k}-", len(load.results))
+        check(f"{first}{sent} requests")
+    if probes:
         run_probe_round(urls)
         check(f"two probe rounds + {sent} requests")
-    finally:
-        for run_dir in reversed(fleets):
-            fleet_down(run_dir)
+    else:  # cross-scoring: the traffic's own requests, teacher-forced on every replica (no shared prompts)
+        rescored = run_rescore_round(urls, base.store_url, per_replica=RESCORED)
+        with open_store(base.store_url) as store:
+            wait_for_requests(store, f"rescore.{rescored.round_id}.", rescored.sent - len(rescored.failed))
+        check(f"{sent} requests + a rescore round")
     return _outcome(fault, shape, candidate, stages, sent, log)
 
 
@@ -165,10 +224,12 @@ def _outcome(fault, shape, candidate, stages, sent, log) -> Outcome:
             caught, explanation = label, f"{hits[0].kind} ({hits[0].severity}): {hits[0].summary}"
             break
     above = [f for f in final if f.severity != "info"]
+    clean = fault is None or fault.clean
     false_positives = [(f.kind, f.subject, f.severity, f.summary) for f in above
-                       if fault is None or f.subject != candidate]
-    out = Outcome(fault.name if fault else "clean", shape, candidate, caught, explanation, false_positives, sent)
-    verdict = "clean run" if fault is None else f"caught: {caught}" if caught else "MISSED"
+                       if clean or f.subject != candidate]
+    name = "clean" if fault is None else fault.name
+    out = Outcome(name, shape, candidate, caught, explanation, false_positives, sent)
+    verdict = "clean run" if clean else f"caught: {caught}" if caught else "MISSED"
     log(f"{out.fault:22s} {shape:7s} {verdict}  {explanation[:140]}")
     for fp in false_positives:
         log(f"    false positive: {fp}")
@@ -178,7 +239,7 @@ def _outcome(fault, shape, candidate, stages, sent, log) -> Outcome:
 def table(outcomes: list[Outcome]) -> str:
     lines = ["| fault | fleet | caught after | explanation | false positives |", "|---|---|---|---|---|"]
     for o in outcomes:
-        if o.fault == "clean":
+        if o.fault.startswith("clean"):
             caught = "(clean: nothing expected)"
         else:
             caught = o.caught_after or "**missed**"
@@ -189,23 +250,29 @@ def table(outcomes: list[Outcome]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated; 'none' for clean runs only")
+    parser.add_argument("--matrix", choices=sorted(MATRICES), default="identity",
+                        help="identity: the prober's faults (probes on); perf: the same-work rules' faults, "
+                             "from sampled traffic alone (no probes)")
+    parser.add_argument("--faults", default="", help="comma-separated (default: the matrix's all); "
+                                                     "'none' for clean runs only")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--clean-runs", type=int, default=3, help="clean fleets per shape")
     parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args(argv)
-    names = [] if args.faults == "none" else [f for f in args.faults.split(",") if f]
-    unknown = sorted(set(names) - set(FAULTS))
+    faults = MATRICES[args.matrix]
+    names = [] if args.faults == "none" else [f for f in (args.faults or ",".join(faults)).split(",") if f]
+    unknown = sorted(set(names) - set(faults))
     if unknown:
-        parser.error(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+        parser.error(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(faults)}")
     outcomes = []
     for shape in args.shapes.split(","):
-        cases = [FAULTS[n] for n in names] + [None] * args.clean_runs
+        cases = [faults[n] for n in names] + [None] * args.clean_runs
         for i, fault in enumerate(cases):
             with tempfile.TemporaryDirectory(prefix="infersight-fm-") as work:
-                outcomes.append(run_case(fault, shape, Path(work), args.requests, seed=i))
+                outcomes.append(run_case(fault, shape, Path(work), args.requests, seed=i,
+                                         probes=args.matrix == "identity"))
     print(table(outcomes))
-    missed = [o for o in outcomes if o.fault != "clean" and o.caught_after is None]
+    missed = [o for o in outcomes if not o.fault.startswith("clean") and o.caught_after is None]
     noisy = [o for o in outcomes if o.false_positives]
     return 1 if missed or noisy else 0
 

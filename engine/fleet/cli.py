@@ -17,7 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
-from engine.fleet.config import default_run_dir, load_fleet
+from engine.fleet.config import default_run_dir, load_fleet, override_ports
 from engine.fleet.fleet import fleet_down, fleet_status, fleet_up
 from engine.fleet.processes import infersight_command, spawn
 from engine.fleet.state import FleetState, ProcessState
@@ -33,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     up = sub.add_parser("up", help="start the sidecar and the replicas, wait until healthy")
     where(up)
+    up.add_argument("--host", default=None, help="address every process listens on (default: the TOML's host)")
+    up.add_argument("--base-port", type=int, default=None, metavar="PORT",
+                    help="replica i listens on PORT+i where the TOML leaves its port 0 (default: free ports)")
+    up.add_argument("--sidecar-port", type=int, default=None, metavar="PORT",
+                    help="the sidecar's port (default: the TOML's [sidecar] port; 0: a free one)")
     up.add_argument("--foreground", action="store_true",
                     help="stay in the foreground: report (and restart) dying replicas; Ctrl-C brings the fleet down")
     status = sub.add_parser("status", help="health of every process of the fleet")
@@ -41,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     down = sub.add_parser("down", help="stop everything (SIGTERM, then SIGKILL after --timeout)")
     where(down)
     down.add_argument("--timeout", type=float, default=None)
-    sv = sub.add_parser("supervise", help=argparse.SUPPRESS)
+    sv = sub.add_parser("supervise")  # internal (the fleet's own watcher): no help, so --help does not list it
     where(sv)
     sv.add_argument("--interval", type=float, default=2.0)
 
@@ -80,7 +85,7 @@ def print_endpoints(state: FleetState, out=sys.stdout) -> None:
 def _up(args) -> int:
     if not args.config:
         raise ValueError("fleet up needs --config FILE (examples: engine/fleet/examples/*.toml)")
-    config = load_fleet(args.config)
+    config = override_ports(load_fleet(args.config), args.host, args.base_port, args.sidecar_port)
     if args.run_dir:
         config.run_dir = Path(args.run_dir)
     state = fleet_up(config, progress=lambda m: print(f"[fleet] {m}", flush=True))

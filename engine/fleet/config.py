@@ -48,7 +48,7 @@ _FLEET_KEYS = {"name", "host", "base_port", "run_dir", "restart", "startup_timeo
 _SIDECAR_KEYS = {"enabled", "port", "data_dir", "url", "args"}
 _REPLICA_KEYS = {"id", "model", "port", "cpus", "numa_node", "threads", "engine", "restart", "api_key",
                  "tracing", "otlp_endpoint", "args", "env", "drain_timeout", "vllm", "vllm_python", "plugin"}
-_PROBE_KEYS = {"interval", "token_budget", "batched", "enabled"}
+_PROBE_KEYS = {"interval", "token_budget", "batched", "enabled", "rescore"}
 ENGINE_KINDS = ("infersight", "vllm")
 
 
@@ -91,6 +91,7 @@ class ProbeSpec:
     token_budget: int | None = None
     batched: bool = True
     enabled: bool = True
+    rescore: int = 0  # requests per replica cross-scored after each round (engine/probe/rescore.py); 0: off
 
 
 @dataclass
@@ -130,7 +131,7 @@ def _options(value) -> dict:
 
 def parse_probe(table) -> ProbeSpec:
     if not isinstance(table, dict):
-        raise ValueError(f"[probe] must be a table (interval, token_budget, batched, enabled), got {table!r}")
+        raise ValueError(f"[probe] must be a table (interval, token_budget, batched, enabled, rescore), got {table!r}")
     _check_keys(table, _PROBE_KEYS, "[probe]")
     for key in ("batched", "enabled"):
         if key in table and not isinstance(table[key], bool):
@@ -142,8 +143,11 @@ def parse_probe(table) -> ProbeSpec:
         interval = parse_interval(table.get("interval", 60.0))
     except ValueError as e:
         raise ValueError(f"[probe]: {e}") from None
+    rescore = table.get("rescore", 0)
+    if isinstance(rescore, bool) or not isinstance(rescore, int) or rescore < 0:
+        raise ValueError(f"[probe]: rescore must be 0 (off) or a number of requests per replica, got {rescore!r}")
     return ProbeSpec(interval=interval, token_budget=budget, batched=table.get("batched", True),
-                     enabled=table.get("enabled", True))
+                     enabled=table.get("enabled", True), rescore=rescore)
 
 
 def default_run_dir(name: str) -> Path:
@@ -230,3 +234,23 @@ def load_fleet(path: str | Path) -> FleetConfig:
         return parse_fleet(data, source=path)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: {e}") from None
+
+
+def override_ports(config: FleetConfig, host: str | None = None, base_port: int | None = None,
+                   sidecar_port: int | None = None) -> FleetConfig:
+    """Command-line choices over the TOML's (in place): `host` for every process, `base_port` + i for
+    replica i where the TOML left its port 0, `sidecar_port` for the sidecar. Ports stay unique."""
+    if host:
+        config.host = host
+    if sidecar_port is not None:
+        config.sidecar.port = sidecar_port
+    if base_port:
+        for i, spec in enumerate(config.replicas):
+            if not spec.port:
+                spec.port = base_port + i
+    ports = [r.port for r in config.replicas if r.port] + ([config.sidecar.port] if config.sidecar.port else [])
+    dupes = sorted({p for p in ports if ports.count(p) > 1})
+    if dupes:
+        raise ValueError(f"fleet config: several processes on port(s) {', '.join(map(str, dupes))} "
+                         f"(--base-port gives replica i base+i)")
+    return config

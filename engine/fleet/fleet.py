@@ -74,6 +74,8 @@ def prober_command(run_dir: Path, spec: ProbeSpec) -> list[str]:
     cmd = infersight_command("probe", "--fleet", str(run_dir), "--every", f"{spec.interval:g}s")
     if spec.token_budget is not None:
         cmd += ["--token-budget", str(spec.token_budget)]
+    if spec.rescore:
+        cmd += ["--rescore", str(spec.rescore)]
     return cmd + ([] if spec.batched else ["--no-batched"])
 
 

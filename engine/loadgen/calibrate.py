@@ -104,6 +104,22 @@ def capacity(points: list[RatePoint]) -> float:
     return best
 
 
+def capacity_line(points: list[RatePoint], cap: float) -> str:
+    """What to print about the capacity: when no rate missed the SLO, the sweep stopped at its own
+    --max-rate ceiling, so `cap` is a lower bound, not the knee, and the line says so."""
+    if not cap:
+        return "capacity: the SLO is not met even at the lowest rate; lower --start-rate or relax the SLO"
+    line = f"capacity: {cap:g} requests/s per replica under the SLO"
+    if ceiling_reached(points):
+        line += (f" -- the --max-rate ceiling ({points[-1].rate:g}/s) was reached without breaching the SLO: "
+                 "a lower bound, raise --max-rate to find the real capacity")
+    return line
+
+
+def ceiling_reached(points: list[RatePoint]) -> bool:
+    return bool(points) and all(p.meets_slo for p in points)
+
+
 def _ms(x) -> str:
     return "-" if x is None else f"{x * 1000:8.1f}"
 
@@ -143,8 +159,7 @@ def run(args) -> int:
         print(f"infersight calibrate: {e}", file=sys.stderr)
         return 1
     cap = capacity(points)
-    print(f"\ncapacity: {cap:g} requests/s per replica under the SLO" if cap else
-          "\ncapacity: the SLO is not met even at the lowest rate; lower --start-rate or relax the SLO")
+    print("\n" + capacity_line(points, cap))
     needed = None
     if args.target_rate and cap:
         needed = math.ceil(args.target_rate / cap)
@@ -152,5 +167,6 @@ def run(args) -> int:
     if args.out:
         args.out.write_text(json.dumps({"endpoint": args.endpoint, "slo": {"ttft_p95": args.slo_ttft_p95,
                                         "itl_p95": args.slo_itl_p95}, "capacity": cap, "replicas_needed": needed,
+                                        "capacity_is_lower_bound": ceiling_reached(points),
                                         "points": [asdict(p) for p in points]}, indent=1))
     return 0

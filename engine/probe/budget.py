@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from engine.probe.suite import Probe
 
-FILLER_EXTRA_TOKENS = 4  # fillers decode a little longer than the probe: it never runs alone at its end
+FILLER_EXTRA_TOKENS = 24  # fillers start first and decode longer than the probe: it never runs alone
 
 
 @dataclass(frozen=True)

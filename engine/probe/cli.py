@@ -8,7 +8,8 @@ One round by default: a table per replica (probes ok / failed / skipped) and the
 status 1 when a probe failed or a replica did not answer. `--pin` pins the round's solo answers of
 one replica (default: the first endpoint) as its model's baseline (table probe_baselines).
 `--every` runs rounds until SIGTERM (the fleet's scheduled prober: a `[probe]` table in its config),
-one log line per round. `--fleet` takes the fleet's config file, run directory or name; the
+one log line per round. `--rescore N` adds a rescore round after each probe round (cross-scoring,
+engine/probe/rescore.py). `--fleet` takes the fleet's config file, run directory or name; the
 replicas and the store are read from its state file before every round.
 """
 
@@ -24,6 +25,7 @@ from engine.fleet.config import default_run_dir, load_fleet
 from engine.fleet.state import FleetState
 from engine.probe.interval import parse_interval
 from engine.probe.pin import pin_round
+from engine.probe.rescore import DEFAULT_TOKEN_BUDGET, rescore_round, run_rescore_round
 from engine.probe.results import ProbeRound
 from engine.probe.runner import run_probe_round
 from engine.probe.schedule import probe_every
@@ -51,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pin-timeout", type=float, default=30.0,
                         help="seconds to wait for the round's rows to reach the store before pinning")
     parser.add_argument("--out", type=Path, default=None, help="write the round as JSON")
+    parser.add_argument("--rescore", type=int, default=0, metavar="N",
+                        help="after each probe round, a rescore round (cross-scoring): up to N recent requests of "
+                             "each replica scored teacher-forced by every replica (needs the store; 0: off)")
+    parser.add_argument("--rescore-budget", type=_positive, default=DEFAULT_TOKEN_BUDGET,
+                        help="most tokens a rescore round sends, over all replicas")
 
 
 def _interval(text: str) -> float:
@@ -120,6 +127,8 @@ def _one_round(args) -> int:
     urls, store_url = _targets(args)
     if args.pin and not store_url:  # before the round, not after it
         raise ValueError("--pin needs a store: --store URL (or --fleet, whose store it uses)")
+    if args.rescore and not store_url:
+        raise ValueError("--rescore reads the requests from the store: --store URL (or --fleet)")
     round_ = run_probe_round(urls, **_round_options(args))
     print(round_.format_table())
     if args.out:
@@ -128,14 +137,30 @@ def _one_round(args) -> int:
         print(f"round: {args.out}")
     if args.pin:
         _pin(args, round_, store_url)
+    if args.rescore:
+        rescored = run_rescore_round(urls, store_url, args.rescore, **_rescore_options(args))
+        print(rescored.one_line())
     return 0 if round_.all_ok else 1
 
 
+def _rescore_options(args) -> dict:
+    return {"token_budget": args.rescore_budget, "api_key": args.api_key, "request_timeout": args.request_timeout}
+
+
+async def _rescore_after(args) -> None:
+    urls, store_url = _targets(args)
+    print((await rescore_round(urls, store_url, args.rescore, **_rescore_options(args))).one_line(), flush=True)
+
+
 def _scheduled(args) -> int:
-    _targets(args)  # fail now, not inside the loop, when the fleet is not up
+    _, store_url = _targets(args)  # fail now, not inside the loop, when the fleet is not up
+    if args.rescore and not store_url:
+        raise ValueError("--rescore reads the requests from the store: --store URL (or --fleet)")
     print(f"probing every {args.every:g} s (SIGTERM stops)", flush=True)
+    after = (lambda: _rescore_after(args)) if args.rescore else None
     rounds = asyncio.run(probe_every(args.every, lambda: _targets(args)[0],
-                                     lambda r: print(r.one_line(), flush=True), **_round_options(args)))
+                                     lambda r: print(r.one_line(), flush=True), after=after,
+                                     **_round_options(args)))
     print(f"stopped after {rounds} round(s)", flush=True)
     return 0
 
@@ -148,6 +173,8 @@ def run(args) -> int:
             raise ValueError("--replica and --note go with --pin")
         if args.batch_fillers < 0:
             raise ValueError("--batch-fillers must be 0 or more")
+        if args.rescore < 0:
+            raise ValueError("--rescore must be 0 (off) or more")
         return _scheduled(args) if args.every is not None else _one_round(args)
     except (ValueError, RuntimeError, OSError, StoreError) as e:
         print(f"infersight probe: {e}", file=sys.stderr)

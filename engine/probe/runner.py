@@ -3,9 +3,9 @@
 For each replica (found as the loadgen finds them: id from /health, model from /v1/models), every
 planned probe is sent in suite order, one at a time:
 - "solo": alone, so on an otherwise idle replica it runs at batch size 1;
-- "batched": sent first, then `batch_fillers` filler requests at once (request ids
-  probe.<round>.filler_<n>.batched.<replica>), so it shares its batch with them from its first
-  step (keep batch_fillers below the replica's max_num_seqs for all of them to fit in one batch).
+- "batched": `batch_fillers` filler requests at once (request ids probe.<round>.filler_<n>.batched.
+  <replica>, each FILLER_EXTRA_TOKENS longer than the probe), then the probe, so it shares every
+  step with them (keep batch_fillers below the replica's max_num_seqs for all to fit in one batch).
 So at most 1 + batch_fillers probe requests are in flight on a replica at any time, and a round
 takes only a small, bounded slice of its capacity; the token budget (budget.py) bounds the rest.
 Replicas are probed in parallel. A replica that does not answer (/health, or any probe: connection
@@ -38,14 +38,17 @@ def _result(planned: Planned, r: RequestResult) -> ProbeResult:
 
 async def _send_batched(client, endpoint: Endpoint, planned: Planned, request_id: str, filler_ids: list[str],
                         api_key, timeout: float, spec: RequestSpec) -> tuple[RequestResult, list[RequestResult]]:
-    probe = asyncio.create_task(send(client, endpoint.url, endpoint.replica, endpoint.model, spec, request_id,
-                                     api_key, timeout))  # first: admitted first, it is in the batch from the start
+    # the fillers first: they run longer than the probe (filler_max_tokens), so a probe admitted a little
+    # later, as a loaded client sends it, still finds them decoding for all of its steps (sent the other
+    # way round, a probe that finished before the fillers' requests arrived ran alone)
     fillers = [asyncio.create_task(send(client, endpoint.url, endpoint.replica, endpoint.model,
                                         RequestSpec(PROBE_WORKLOAD, "completions",
                                                     filler_body(i, filler_max_tokens(planned.probe)), False),
                                         fid, api_key, timeout))
                for i, fid in enumerate(filler_ids)]
-    return await probe, list(await asyncio.gather(*fillers))
+    await asyncio.sleep(0.05)  # let their requests go out
+    probe = await send(client, endpoint.url, endpoint.replica, endpoint.model, spec, request_id, api_key, timeout)
+    return probe, list(await asyncio.gather(*fillers))
 
 
 async def probe_replica(client: httpx.AsyncClient, endpoint: Endpoint, sends: list[Planned], round_: str, *,

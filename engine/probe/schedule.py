@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -28,8 +28,10 @@ def _print_error(e: Exception) -> None:
 
 async def probe_every(interval: float, urls_now: Callable[[], list[str]], report: Callable[[ProbeRound], None],
                       stop: asyncio.Event | None = None, max_rounds: int | None = None,
-                      on_error: Callable[[Exception], None] = _print_error, **round_options) -> int:
+                      on_error: Callable[[Exception], None] = _print_error,
+                      after: Callable[[], Awaitable[None]] | None = None, **round_options) -> int:
     """Run rounds until `stop` is set (or a signal, or `max_rounds`); returns the rounds run.
+    `after()` (the rescore round, engine/probe/rescore.py) runs after each probe round, in the same slot.
     `urls_now()` is asked before each round (a fleet's replicas can change); a ValueError from it
     (the fleet is gone) ends the loop by propagating."""
     stop = stop or asyncio.Event()
@@ -50,6 +52,8 @@ async def probe_every(interval: float, urls_now: Callable[[], list[str]], report
                 break
             try:
                 report(current.result())
+                if after is not None:
+                    await after()
             except (RuntimeError, OSError, httpx.HTTPError) as e:
                 on_error(e)
             rounds += 1

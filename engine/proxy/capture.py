@@ -5,6 +5,8 @@ arrived) or the whole response (`on_response`). It reads both layouts in use: `p
 at the top level (infersight; vLLM's chat) or in the choice (vLLM's completions), and
 `choices[].token_ids` as the whole output (a response) or the chunk's new tokens (a stream).
 A chunk without token IDs that carries text counts as one token, as the load generator counts it.
+The sampled tokens' logprobs (`choices[].logprobs`: a completion's `token_logprobs`, a chat's
+`content[].logprob`) are collected the same way, whole or per chunk.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class ChoiceCapture:
     output_token_ids: list[int] = field(default_factory=list)
     upstream_output_ids: bool = False  # the upstream sent the output's token IDs
     token_times: list[float] = field(default_factory=list)  # when each output token arrived (epoch seconds)
+    output_logprobs: list[float] = field(default_factory=list)  # the sampled tokens' logprobs, where given
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     counted_tokens: int = 0  # output tokens seen (by ID, or one per text chunk without IDs)
@@ -59,6 +62,16 @@ class ResponseCapture:
             text = text.get("content") if isinstance(text, dict) else None
         return text if isinstance(text, str) else ""
 
+    def _logprobs(self, choice: dict) -> list[float]:
+        lp = choice.get("logprobs")
+        if not isinstance(lp, dict):
+            return []
+        if self.kind == "completion":
+            values = lp.get("token_logprobs")
+        else:
+            values = [c.get("logprob") for c in lp.get("content") or [] if isinstance(c, dict)]
+        return [float(v) for v in values or [] if isinstance(v, (int, float))]
+
     def on_chunk(self, chunk: dict, now: float) -> None:
         self.streamed = True
         self._top(chunk)
@@ -82,6 +95,7 @@ class ResponseCapture:
                 if not self.first_token_time:
                     self.first_token_time = now
             c.text.append(text)
+            c.output_logprobs += self._logprobs(raw)
             if raw.get("finish_reason"):
                 c.finish_reason = str(raw["finish_reason"])
 
@@ -98,6 +112,7 @@ class ResponseCapture:
                 c.upstream_output_ids = True
                 c.output_token_ids = list(raw["token_ids"])
             c.text.append(self._text(raw, delta=False))
+            c.output_logprobs = self._logprobs(raw)
             c.counted_tokens = len(c.output_token_ids)
             if raw.get("finish_reason"):
                 c.finish_reason = str(raw["finish_reason"])

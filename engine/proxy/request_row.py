@@ -11,6 +11,8 @@
 - timings are the proxy's: arrival when the request reached it, each output token when its chunk
   passed; a non-streamed response has no per-token times (first token and token times stay 0 / []),
   and the proxy cannot see the upstream's queue (scheduled time 0: queue / prefill 0);
+- output_logprobs are the upstream's logprobs of the sampled tokens (asked by the proxy where the
+  client did not), kept only when there is exactly one per output token ([] otherwise);
 - token IDs come from the upstream; where it gave none, the proxy's `--model-dir` tokenizer makes
   them (marked `"token_ids_source": "proxy_tokenizer"` in sampling_params_json; `"none"` without a
   tokenizer), so such rows never pass for the upstream's own IDs.
@@ -67,10 +69,21 @@ def sampling_params_json(body: dict, kind: str, prompt_len: int, max_model_len: 
               "stop_token_ids": list(body.get("stop_token_ids") or []),
               "stop": [stop] if isinstance(stop, str) else list(stop or []),
               "ignore_eos": bool(body.get("ignore_eos", False)), "logprobs": _number(logprobs, None, int),
-              "prompt_logprobs": _number(body.get("prompt_logprobs"), None, int)}
+              "prompt_logprobs": _number(body.get("prompt_logprobs"), None, int),
+              "presence_penalty": _number(body.get("presence_penalty"), 0.0, float),
+              "frequency_penalty": _number(body.get("frequency_penalty"), 0.0, float),
+              "repetition_penalty": _number(body.get("repetition_penalty"), 1.0, float),
+              "min_p": _number(body.get("min_p"), 0.0, float), "logit_bias": _logit_bias(body.get("logit_bias"))}
     if token_ids_source is not None:
         params["token_ids_source"] = token_ids_source
     return json.dumps(params, sort_keys=True)
+
+
+def _logit_bias(value) -> dict[str, float] | None:
+    """As SamplingParams.to_json writes it: string token IDs -> float biases; empty or unreadable -> None."""
+    if not isinstance(value, dict) or not value:
+        return None
+    return {str(k): _number(v, 0.0, float) for k, v in value.items()}
 
 
 def _number(value, default, kind):
@@ -161,5 +174,6 @@ def build_records(req: ProxiedRequest, capture: ResponseCapture, *, max_model_le
             sampling_params_json=sampling_params_json(req.body, req.kind, prompt_tokens, max_model_len, source),
             finish_reason=finish_reason, error=capture.error if finish_reason == "error" else "",
             prompt_text_hash=text_hash, prompt_text=(prompt if isinstance(prompt, str) else rendered or ""),
-            output_text=output_text, rendered_prompt_hash=text_sha256(rendered) if rendered else ""))
+            output_text=output_text, rendered_prompt_hash=text_sha256(rendered) if rendered else "",
+            output_logprobs=list(c.output_logprobs) if len(c.output_logprobs) == len(output_ids) else []))
     return records

@@ -19,20 +19,42 @@ The engine neither encodes it again nor checks its vocabulary again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import re
+from dataclasses import dataclass, field
 
 from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, text_prompt
 from engine.sampling_params import SamplingParams
 from engine.server.errors import APIError
 from engine.server.model_info import ServedModel
-from engine.server.protocol import MAX_STOP_STRINGS, ChatCompletionRequest, CompletionRequest
+from engine.server.protocol import MAX_CHOICES, MAX_STOP_STRINGS, ChatCompletionRequest, CompletionRequest
 from engine.server.text_check import check_countable, check_fits, check_unicode
+
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")  # a logit_bias key: a token ID as JSON writes it
 
 
 @dataclass
 class Admitted:
     engine_prompt: Prompt  # what the engine is given: the token IDs made here, and what the request came as
     sampling_params: SamplingParams
+    # a completion's list of prompts, after the first: each with its params (max_tokens fits each prompt)
+    more_prompts: list[tuple[Prompt, SamplingParams]] = field(default_factory=list)
+    n: int = 1  # choices per prompt
+    best_of: int = 1  # samples per prompt, of which the n of highest cumulative logprob are kept
+    echo: bool = False  # completions: the prompt prepended to each choice
+    skip_special_tokens: bool = True
+
+    @property
+    def is_group(self) -> bool:
+        """More than one engine request (engine/server/choices.py)."""
+        return bool(self.more_prompts) or self.best_of > 1
+
+    def engine_requests(self) -> list[tuple[Prompt, SamplingParams]]:
+        """(prompt, params) of each sample: prompt i's sample j is entry i * best_of + j, seeded seed + j
+        (vLLM's child seeds)."""
+        return [(p, dataclasses.replace(sp, seed=None if sp.seed is None else sp.seed + j))
+                for p, sp in [(self.engine_prompt, self.sampling_params), *self.more_prompts]
+                for j in range(self.best_of)]
 
     @property
     def prompt(self) -> str | list[int]:
@@ -58,19 +80,24 @@ def _check_model(model: str, served: ServedModel) -> None:
 def _check_common(req: CompletionRequest | ChatCompletionRequest, served: ServedModel) -> None:
     check_unicode(req)
     _check_model(req.model, served)
-    if req.n != 1:
-        raise _unsupported("n", f"only n=1 is supported, got {req.n}; send {req.n} requests with different seeds")
-    if req.presence_penalty or req.frequency_penalty:
-        raise _unsupported("presence_penalty" if req.presence_penalty else "frequency_penalty",
-                           "penalties are not supported (use 0)")
-    if req.logit_bias:
-        raise _unsupported("logit_bias", "logit_bias is not supported")
+    _check_logit_bias(req.logit_bias, served)
+    if req.stream and not req.skip_special_tokens and req.stop:
+        raise _unsupported("skip_special_tokens", "skip_special_tokens=false with stop strings is not streamed")
     if req.stream_options is not None and not req.stream:
         raise APIError("stream_options is only allowed when stream is true", param="stream_options")
     bad = [t for t in req.stop_token_ids if t >= served.vocab_size]
     if bad:
         raise APIError(f"stop_token_ids {bad[:5]} are outside the vocabulary (size {served.vocab_size})",
                        param="stop_token_ids", code="invalid_token_id")
+
+
+def _check_logit_bias(bias: dict[str, float] | None, served: ServedModel) -> None:
+    """Keys are token IDs written in decimal (no sign, spaces or leading zeros), inside the vocabulary."""
+    longest = len(str(served.vocab_size))  # before int(): a 5000-digit key is refused, not parsed
+    bad = [k for k in bias or {} if len(k) > longest or not _DECIMAL.fullmatch(k) or int(k) >= served.vocab_size]
+    if bad:
+        raise APIError(f"logit_bias: keys {bad[:5]} are not token IDs of this vocabulary (decimal strings "
+                       f"0..{served.vocab_size - 1})", param="logit_bias", code="invalid_token_id")
 
 
 def _stop_strings(stop: str | list[str] | None) -> list[str]:
@@ -110,40 +137,60 @@ def _max_tokens(requested: int | None, prompt_len: int, served: ServedModel, par
     return requested
 
 
-def _sampling_params(req, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def _sampling_params(req, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
     try:
         return SamplingParams(
             temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, max_tokens=max_tokens,
             seed=req.seed, stop_token_ids=list(req.stop_token_ids), stop=_stop_strings(req.stop),
-            ignore_eos=req.ignore_eos, logprobs=logprobs,
+            ignore_eos=req.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty, min_p=req.min_p,
+            logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
         )
     except ValueError as e:  # SamplingParams.validate's message names the parameter
         raise APIError(str(e), param=str(e).split(" ")[0]) from None
 
 
+def _is_prompt_list(prompt) -> bool:
+    """A list of prompts (texts or token-ID lists), not one prompt of token IDs."""
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+
+
 def admit_completion(req: CompletionRequest, served: ServedModel) -> Admitted:
     _check_common(req, served)
-    if req.best_of not in (None, 1):
-        raise _unsupported("best_of", f"only best_of=1 is supported, got {req.best_of}")
-    if req.echo:
-        raise _unsupported("echo", "echo is not supported")
+    best_of = req.n if req.best_of is None else req.best_of
+    if best_of < req.n:
+        raise APIError(f"best_of must be at least n ({req.n}), got {best_of}", param="best_of")
+    if best_of * (len(req.prompt) if _is_prompt_list(req.prompt) else 1) > MAX_CHOICES:
+        raise APIError(f"at most {MAX_CHOICES} samples per request (prompts x best_of)", param="best_of")
+    if best_of > req.n and req.stream:  # OpenAI's rule: the best are known only at the end
+        raise APIError("best_of > n cannot be streamed", param="best_of")
     if req.suffix:
         raise _unsupported("suffix", "suffix is not supported")
+    # the engine's logprobs: best_of ranks by cumulative logprob; echo's come from the prompt's
+    logprobs = 0 if req.logprobs is None and best_of > req.n else req.logprobs
+    prompt_logprobs = req.prompt_logprobs
+    if req.echo and req.logprobs is not None:
+        prompt_logprobs = max(req.logprobs, prompt_logprobs or 0)
 
-    prompt = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise _unsupported("prompt", f"batched prompts are not supported ({len(prompt)} given); "
-                                         "send one prompt per request")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        check_fits(len(prompt), "prompt", served.max_model_len, served.chars_per_token)
-        engine_prompt = text_prompt(served.tokenizer, prompt)  # the one tokenization of this text
-    else:
-        _check_token_ids(prompt, served, "prompt")
-        engine_prompt = ids_prompt(prompt)
-    max_tokens = _max_tokens(req.max_tokens, len(engine_prompt), served, "max_tokens")
-    return Admitted(engine_prompt, _sampling_params(req, max_tokens, req.logprobs))
+    prompts = req.prompt
+    if not _is_prompt_list(prompts):
+        prompts = [prompts]  # one prompt: a text or a list of token IDs
+    admitted = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            check_fits(len(prompt), "prompt", served.max_model_len, served.chars_per_token)
+            engine_prompt = text_prompt(served.tokenizer, prompt)  # the one tokenization of this text
+        else:
+            _check_token_ids(prompt, served, "prompt")
+            engine_prompt = ids_prompt(prompt)
+        max_tokens = _max_tokens(req.max_tokens, len(engine_prompt), served, "max_tokens")
+        params = _sampling_params(req, max_tokens, logprobs, prompt_logprobs)
+        params.n, params.best_of = req.n, req.best_of
+        admitted.append((engine_prompt, params))
+    (first, params), more = admitted[0], admitted[1:]
+    return Admitted(first, params, more_prompts=more, n=req.n, best_of=best_of, echo=req.echo,
+                    skip_special_tokens=req.skip_special_tokens)
 
 
 def tokenize(req, served: ServedModel) -> list[int]:
@@ -157,6 +204,15 @@ def tokenize(req, served: ServedModel) -> list[int]:
         check_countable(len(req.prompt), "prompt", served.max_model_len, served.chars_per_token)
         return text_prompt(served.tokenizer, req.prompt).token_ids
     return _render_chat(req.messages, req.add_generation_prompt, served, check_countable).token_ids
+
+
+def detokenize(req, served: ServedModel) -> str:
+    """What /detokenize answers: the text of the token IDs (special tokens skipped, as decoding output does)."""
+    _check_model(req.model, served)
+    bad = [t for t in req.tokens if not 0 <= t < served.vocab_size]
+    if bad:
+        raise APIError(f"token id {bad[0]} is out of the vocabulary [0, {served.vocab_size})", param="tokens")
+    return served.decode(list(req.tokens))
 
 
 def _message_text(content) -> str:
@@ -175,7 +231,10 @@ def _render_chat(messages, add_generation_prompt: bool, served: ServedModel, che
 def admit_chat(req: ChatCompletionRequest, served: ServedModel) -> Admitted:
     _check_common(req, served)
     if req.tools:
-        raise _unsupported("tools", "tool calling is not supported")
+        template = getattr(getattr(served.tokenizer, "hf", None), "chat_template", None) or ""
+        why = ("this model's chat template does not render `tools`" if "tools" not in str(template)
+               else "tool-call parsing is not implemented on this server yet")
+        raise _unsupported("tools", f"tool calling is not supported: {why}")
     if req.tool_choice not in (None, "none"):
         raise _unsupported("tool_choice", "tool calling is not supported")
     if req.response_format is not None and req.response_format.type != "text":
@@ -190,4 +249,8 @@ def admit_chat(req: ChatCompletionRequest, served: ServedModel) -> Admitted:
     max_tokens = _max_tokens(req.max_completion_tokens if req.max_tokens is None else req.max_tokens,
                              len(engine_prompt), served, param)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return Admitted(engine_prompt, _sampling_params(req, max_tokens, logprobs))
+    if req.n > MAX_CHOICES:
+        raise APIError(f"n: at most {MAX_CHOICES} choices, got {req.n}", param="n")
+    params = _sampling_params(req, max_tokens, logprobs)
+    params.n = req.n
+    return Admitted(engine_prompt, params, n=req.n, best_of=req.n, skip_special_tokens=req.skip_special_tokens)

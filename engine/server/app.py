@@ -1,8 +1,10 @@
 """The OpenAI-compatible HTTP server of one replica (FastAPI).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (SSE when
-`stream`), GET /v1/models, GET /health, GET /metrics, and POST /tokenize
-(as vLLM has it: what a prompt or a conversation becomes, and the context length).
+`stream`), GET /v1/models, GET /health, GET|HEAD /metrics (the engine's metrics plus the
+standard process_* ones), GET /version, POST /tokenize and POST /detokenize (as vLLM has
+them: what a prompt or a conversation becomes, and the context length; the text of token IDs).
+Each generation request ends with an `infersight.access` log line (server_log.py).
 
 A request's life here: headers -> RequestContext (id, workload, trace
 context); a full replica refuses it at once (429 + Retry-After, load_shedding.py);
@@ -26,18 +28,33 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from engine.server.admission import Admitted, admit_chat, admit_completion, tokenize
+from engine.server.admission import Admitted, admit_chat, admit_completion, detokenize, tokenize
 from engine.server.body_limit import BodyLimitMiddleware
+from engine.server.choices import merged
 from engine.server.errors import APIError, install_error_handlers, sse_error
-from engine.server.formatting import ResponseOptions, StreamFormatter, full_response
+from engine.server.formatting import GroupStreamFormatter, ResponseOptions, StreamFormatter, full_response, with_choices
 from engine.server.headers import REQUEST_ID_HEADER, RequestContext, request_context
 from engine.server.load_shedding import RETRY_AFTER_SECONDS, LoadShedder, default_max_queue, shed_counter
 from engine.server.model_info import ServedModel
 from engine.server.openapi import install_openapi
-from engine.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                    CompletionResponse, ErrorResponse, Health, ModelList, TokenizeRequest,
-                                    TokenizeResponse)
+from engine.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    Health,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
 from engine.server.request_id import RequestIdMiddleware
+from engine.server.server_log import log_access
+from engine.server.version import package_version
+from telemetry.metrics.collectors import register_process_collector
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +106,9 @@ class Server:
             raise APIError(f"a request with id {ctx.request_id!r} is already in flight; request ids must be unique",
                            status=409, param=REQUEST_ID_HEADER, code="duplicate_request_id")
         self.in_flight[ctx.request_id] = time.time()
+        if admitted.is_group:  # n > 1, best_of, a list of prompts: several engine requests (choices.py)
+            return merged(self.served.engine, admitted.engine_requests(), ctx.request_id,
+                          workload=ctx.workload, trace_context=ctx.trace_context)
         return self.served.engine.generate(admitted.engine_prompt, admitted.sampling_params, ctx.request_id,
                                            workload=ctx.workload, trace_context=ctx.trace_context)
 
@@ -103,6 +123,7 @@ class Server:
     async def generate_full(self, request: Request, ctx: RequestContext, admitted: Admitted, opts: ResponseOptions):
         gen = self._start(ctx, admitted)
         done = False
+        started, status, out = time.time(), 500, None
         try:
             collect = asyncio.ensure_future(_last_output(gen))
             gone = asyncio.ensure_future(_client_disconnected(request))
@@ -115,22 +136,32 @@ class Server:
                 with contextlib.suppress(BaseException):
                     await collect
                 log.info("client disconnected, aborting %s", ctx.request_id)
+                status = 499
                 return Response(status_code=499)
             out = _engine_result(collect)
             done = True
-            return JSONResponse(full_response(self.served, opts, out))
+            response = JSONResponse(full_response(self.served, opts, out))
+            status = 200
+            return response
+        except APIError as e:
+            status = e.status
+            raise
         finally:
             if not done:
                 await self._abort(ctx.request_id, gen)
             self.in_flight.pop(ctx.request_id, None)
+            log_access(ctx.request_id, status, out, started)
 
     async def generate_stream(self, ctx: RequestContext, admitted: Admitted, opts: ResponseOptions):
         gen = self._start(ctx, admitted)
+        started = time.time()
         try:  # the first output comes before the headers, so an admission error is still a clean 400
             first = await gen.__anext__()
         except BaseException as e:
             self.in_flight.pop(ctx.request_id, None)
             await self._abort(ctx.request_id, gen)
+            log_access(ctx.request_id, 400 if isinstance(e, ValueError) else 503 if isinstance(e, RuntimeError)
+                       else 500, None, started)
             if isinstance(e, StopAsyncIteration):
                 raise APIError("the engine produced no output", status=500, type="internal_error") from None
             if isinstance(e, ValueError):
@@ -138,8 +169,9 @@ class Server:
             if isinstance(e, RuntimeError):  # shutting down, or the engine loop died
                 raise _unavailable(e) from None
             raise
-        formatter = StreamFormatter(self.served, opts)
-        state = {"finished": first.finished}
+        formatter = (GroupStreamFormatter(self.served, opts, len(admitted.engine_requests())) if admitted.is_group
+                     else StreamFormatter(self.served, opts))
+        state = {"finished": first.finished, "last": first}
 
         async def events():
             try:
@@ -149,7 +181,7 @@ class Server:
                     async for out in gen:
                         for event in formatter.events(out):
                             yield event
-                        state["finished"] = out.finished
+                        state["finished"], state["last"] = out.finished, out
                         if out.finished:
                             break
                 yield SSE_DONE
@@ -163,6 +195,7 @@ class Server:
                 log.info("stream of %s ended early, aborting", ctx.request_id)
                 await self._abort(ctx.request_id, gen)
             self.in_flight.pop(ctx.request_id, None)
+            log_access(ctx.request_id, 200 if state["finished"] else 499, state["last"], started)
 
         return _StreamWithCleanup(events(), cleanup, media_type="text/event-stream",
                                   headers={"Cache-Control": "no-cache"})
@@ -250,21 +283,26 @@ def _bearer_check(api_key: str):
 
 
 def build_app(served: ServedModel, *, api_key: str | None = None, metrics_registry=None,
-              manage_engine: bool = True, max_queue: int | None = None, metrics_observer=None) -> FastAPI:
+              manage_engine: bool = True, max_queue: int | None = None, metrics_observer=None,
+              stats=None) -> FastAPI:
     """The app for one replica. With `manage_engine`, startup starts the engine and shutdown stops it.
 
     max_queue: requests that may wait beyond the `max_num_seqs` running before new ones get 429
     (default: load_shedding.default_max_queue). metrics_observer: the MetricsObserver on
-    `metrics_registry`, whose queue and KV gauges each scrape sets from the engine's live state."""
+    `metrics_registry`, whose queue and KV gauges each scrape sets from the engine's live state.
+    stats: a server_log.StatsLogger, run while the app serves (the periodic stats line)."""
     server = Server(served, metrics_registry, max_queue, metrics_observer)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         if manage_engine:
             served.engine.start()
+        ticker = asyncio.ensure_future(stats.run()) if stats is not None else None
         try:
             yield
         finally:
+            if ticker is not None:
+                ticker.cancel()
             if manage_engine:
                 await served.engine.shutdown()
 
@@ -290,7 +328,7 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
     async def completions(body: CompletionRequest, request: Request):
         ctx = request_context(request.headers, "text_completion")
         admitted = await server.admit(admit_completion, body)
-        opts = options("completion", body, ctx, body.logprobs)
+        opts = with_choices(options("completion", body, ctx, body.logprobs), served, admitted, body)
         if body.stream:
             return await server.generate_stream(ctx, admitted, opts)
         return await server.generate_full(request, ctx, admitted, opts)
@@ -300,7 +338,7 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         ctx = request_context(request.headers, "chat")
         admitted = await server.admit(admit_chat, body)
-        opts = options("chat", body, ctx, admitted.sampling_params.logprobs)
+        opts = with_choices(options("chat", body, ctx, admitted.sampling_params.logprobs), served, admitted, body)
         if body.stream:
             return await server.generate_stream(ctx, admitted, opts)
         return await server.generate_full(request, ctx, admitted, opts)
@@ -309,6 +347,15 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
     async def tokenize_route(body: TokenizeRequest):
         tokens = await anyio.to_thread.run_sync(tokenize, body, served)
         return {"count": len(tokens), "max_model_len": served.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize", dependencies=auth, response_model=DetokenizeResponse, responses=_ERRORS,
+              tags=["extras"])
+    async def detokenize_route(body: DetokenizeRequest):
+        return {"prompt": await anyio.to_thread.run_sync(detokenize, body, served)}
+
+    @app.get("/version", response_model=VersionResponse, tags=["ops"])
+    async def version():
+        return {"version": package_version()}
 
     @app.get("/v1/models", dependencies=auth, response_model=ModelList, responses=_ERRORS, tags=["openai"])
     async def models():
@@ -324,11 +371,17 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
     if metrics_registry is not None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+        register_process_collector(metrics_registry)  # process_resident_memory_bytes, process_cpu_seconds_total ...
+
         @app.get("/metrics", response_class=Response, tags=["ops"],
                  responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
         async def metrics():
             server.refresh_gauges()
             return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
+
+        @app.head("/metrics", include_in_schema=False)  # probes (and vLLM's clients) ask HEAD first
+        async def metrics_head():
+            return Response(media_type=CONTENT_TYPE_LATEST)
 
     install_openapi(app, served)
     return app

@@ -1,7 +1,10 @@
 """`infersight serve --model DIR`: one replica behind an OpenAI-compatible HTTP API.
 
 Order matters: pin the process (--cpus / --numa-node) before torch starts its
-threads, build the telemetry observer, load the engine, then serve. SIGTERM or
+threads, refuse what cannot work (preflight.py: a context the KV cache cannot hold, a
+tokenizer that does not fit the embedding), build the telemetry observer, load the
+engine, log the start summary (server_log.py), then serve: an `infersight.access` line
+per request and an `infersight.stats` line every --stats-interval seconds. SIGTERM or
 Ctrl-C stops accepting connections and drains in-flight requests for up to
 --drain-timeout seconds before the engine and the recorder shut down.
 """
@@ -53,20 +56,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests that may wait beyond the --max-num-seqs running; more get 429 with "
                              "Retry-After (default: 4 x max_num_seqs)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--stats-interval", type=float, default=10.0, metavar="SECONDS",
+                        help="log running / waiting / KV use and prompt and generation throughput every SECONDS "
+                             "(logger infersight.stats; 0: off)")
+    parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                        help="one line per request: id, status, tokens, TTFT, e2e (logger infersight.access)")
     add_engine_arguments(parser)
 
 
-def _pin(args) -> None:
+def _pin(args):
+    """The Placement after pinning, or None when no pinning was asked for."""
     if args.cpus is None and args.numa_node is None:
-        return
+        return None
     from engine.placement import bind_replica
 
     placement = bind_replica(cpus=args.cpus, numa_node=args.numa_node)
     log.info("pinned to CPUs %s (NUMA nodes %s)%s", placement.cpu_affinity, placement.cpu_numa_nodes,
              "; " + "; ".join(placement.notes) if placement.notes else "")
+    return placement
 
 
-def build_server(args):
+def build_server(args, placement=None):
     """(uvicorn.Server, telemetry parts): everything `run` needs, loaded and ready to serve."""
     import torch
     import uvicorn
@@ -74,21 +84,32 @@ def build_server(args):
     from engine.async_engine import AsyncLLM
     from engine.server.app import build_app
     from engine.server.model_info import ServedModel
+    from engine.server.preflight import preflight
+    from engine.server.server_log import StatsLogger, StepThroughput, start_summary
+    from telemetry.contract.hooks import MultiObserver
     from telemetry.replica_wiring import build_observer
     from telemetry.spool import replica_spool_dir
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
-    config = engine_config_from_args(args.model, args)
+    config = preflight(engine_config_from_args(args.model, args))
     model_name = config.served_model_name or Path(config.model).resolve().name
     spool = {"spool_dir": args.spool_dir or replica_spool_dir(config.replica_id),  # a restart replays it
              "spool_max_bytes": args.spool_max_bytes}
     observer, parts = build_observer(config.replica_id, model_name, store_target=args.store,
                                      store_text=args.store_text, tracing=args.tracing,
                                      otlp_endpoint=args.otlp_endpoint, recorder_kwargs=spool)
+    throughput = StepThroughput() if args.stats_interval > 0 else None
+    if throughput is not None:  # the stats line counts tokens per step, as the engine computes them
+        observer = MultiObserver([observer, throughput])
     engine = AsyncLLM(config, observer)
     served = ServedModel.from_engine(engine, created=int(time.time()))
+    for line in start_summary(engine.engine, placement, args.store):
+        log.info("%s", line)
+    stats = StatsLogger(served, throughput, args.stats_interval) if throughput is not None else None
+    if not args.access_log:
+        logging.getLogger("infersight.access").setLevel(logging.WARNING)
     app = build_app(served, api_key=args.api_key, metrics_registry=parts.registry, max_queue=args.max_queue,
-                    metrics_observer=parts.metrics)
+                    metrics_observer=parts.metrics, stats=stats)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                timeout_graceful_shutdown=args.drain_timeout, access_log=False)
     # everything loaded so far (torch, transformers, the model) lives until exit: move it out of the
@@ -100,10 +121,11 @@ def build_server(args):
 
 def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from engine.models.errors import ModelLoadError
+
     try:
-        _pin(args)
-        server, parts = build_server(args)
-    except (ValueError, FileNotFoundError, OSError) as e:
+        server, parts = build_server(args, _pin(args))
+    except (ValueError, FileNotFoundError, OSError, ModelLoadError) as e:
         print(f"infersight serve: {e}", file=sys.stderr)
         return 2
     # uvicorn drains on SIGTERM / Ctrl-C, then re-raises the signal to the handler it found: make that

@@ -6,6 +6,8 @@ import dataclasses
 import json
 
 from engine.outputs import RequestOutput, TokenLogprob
+from engine.server import choice_fields
+from engine.server.choices import GroupOutput, kept_choices
 from engine.server.model_info import ServedModel
 
 
@@ -19,6 +21,29 @@ class ResponseOptions:
     return_metrics: bool
     logprobs: int | None  # top-n asked, None: no logprobs
     include_usage: bool = False
+    n: int = 1  # choices per prompt
+    best_of: int = 1  # samples per prompt
+    echo_texts: list[str] | None = None  # completions' echo: each prompt's text
+    skip_special_tokens: bool = True
+    show_prompt_logprobs: bool = True  # False: the engine computed them for echo only
+    stop: list[str] = dataclasses.field(default_factory=list)
+    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
+    ignore_eos: bool = False
+    system_fingerprint: str | None = None
+
+
+def with_choices(opts: ResponseOptions, served: ServedModel, admitted, req) -> ResponseOptions:
+    """The options that depend on the admitted request: n / best_of, echo, stop reasons, fingerprint."""
+    sp = admitted.sampling_params
+    prompts = [admitted.engine_prompt, *(p for p, _ in admitted.more_prompts)]
+    echo = ([p.text if p.kind == "text" else served.decode(p.token_ids) for p in prompts]
+            if admitted.echo else None)
+    return dataclasses.replace(
+        opts, n=admitted.n, best_of=admitted.best_of, echo_texts=echo,
+        skip_special_tokens=admitted.skip_special_tokens,
+        show_prompt_logprobs=getattr(req, "prompt_logprobs", None) is not None,
+        stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
+        system_fingerprint=choice_fields.system_fingerprint(served))
 
 
 def usage(out: RequestOutput) -> dict:
@@ -38,23 +63,46 @@ def timings(out: RequestOutput) -> dict | None:
 def _completion_logprobs(served: ServedModel, items: list[TokenLogprob], offset: int) -> dict:
     tokens, lps, tops, offsets = [], [], [], []
     for item in items:
-        text = served.decode([item.token_id])
-        tokens.append(text)
+        tokens.append(choice_fields.token_piece(served, item.token_id))  # "</s>", not ""
         lps.append(item.logprob)
-        tops.append({served.decode([t]): lp for t, lp in item.top.items()} if item.top else None)
+        tops.append({choice_fields.token_piece(served, t): lp for t, lp in item.top.items()} if item.top else None)
         offsets.append(offset)
-        offset += len(text)
+        offset += len(served.decode([item.token_id]))
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
 def _chat_logprobs(served: ServedModel, items: list[TokenLogprob]) -> dict:
     content = []
     for item in items:
-        text = served.decode([item.token_id])
-        top = [{"token": served.decode([t]), "logprob": lp, "bytes": list(served.decode([t]).encode())}
+        text = choice_fields.token_piece(served, item.token_id)
+        top = [{"token": choice_fields.token_piece(served, t), "logprob": lp,
+                "bytes": list(choice_fields.token_piece(served, t).encode())}
                for t, lp in sorted(item.top.items(), key=lambda kv: -kv[1])]
         content.append({"token": text, "logprob": item.logprob, "bytes": list(text.encode()), "top_logprobs": top})
     return {"content": content}
+
+
+def _rank(lp: float, top: dict[int, float]) -> int | None:
+    """The 1-based rank of a logprob among the top-n computed; None when it is below them all (unknown)."""
+    if top and lp >= min(top.values()):
+        return 1 + sum(v > lp for v in top.values())
+    return None
+
+
+def prompt_logprobs(served: ServedModel, items: list[TokenLogprob | None]) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: None for the first token, then {token id: {logprob, rank, decoded_token}}
+    holding the prompt token and the top-n alternatives asked."""
+    out: list[dict | None] = []
+    for item in items:
+        if item is None:
+            out.append(None)
+            continue
+        entry = {str(t): {"logprob": v, "rank": r, "decoded_token": served.decode([t])}
+                 for r, (t, v) in enumerate(sorted(item.top.items(), key=lambda kv: -kv[1]), 1)}
+        entry[str(item.token_id)] = {"logprob": item.logprob, "rank": _rank(item.logprob, item.top),
+                                     "decoded_token": served.decode([item.token_id])}
+        out.append(entry)
+    return out
 
 
 def _logprobs(served, opts: ResponseOptions, items: list[TokenLogprob] | None, text_offset: int):
@@ -65,34 +113,88 @@ def _logprobs(served, opts: ResponseOptions, items: list[TokenLogprob] | None, t
     return _chat_logprobs(served, items)
 
 
-def full_response(served: ServedModel, opts: ResponseOptions, out: RequestOutput) -> dict:
-    choice: dict = {"index": 0, "finish_reason": out.finish_reason,
+def _text(served, opts: ResponseOptions, out: RequestOutput) -> str:
+    if opts.skip_special_tokens:
+        return out.text
+    return choice_fields.text_with_specials(served, out, opts.stop, opts.stop_token_ids, opts.ignore_eos)
+
+
+def _stop_reason(served, opts: ResponseOptions, out: RequestOutput):
+    return choice_fields.stop_reason(served, out, opts.stop, opts.stop_token_ids, opts.ignore_eos)
+
+
+def _echo(opts: ResponseOptions, prompt: int) -> str | None:
+    return opts.echo_texts[prompt] if opts.echo_texts is not None else None
+
+
+def _echo_logprobs(served, out: RequestOutput, echo: str, logprobs: dict | None) -> dict | None:
+    """The prompt's logprobs, then the output's (their offsets moved past the echoed prompt)."""
+    if logprobs is None:
+        return None
+    head = choice_fields.echo_completion_logprobs(served, out)
+    return {"tokens": head["tokens"] + logprobs["tokens"],
+            "token_logprobs": head["token_logprobs"] + logprobs["token_logprobs"],
+            "top_logprobs": head["top_logprobs"] + logprobs["top_logprobs"],
+            "text_offset": head["text_offset"] + [len(echo) + o for o in logprobs["text_offset"]]}
+
+
+def _choice(served, opts: ResponseOptions, out: RequestOutput, index: int) -> dict:
+    choice: dict = {"index": index, "finish_reason": out.finish_reason,
+                    "stop_reason": _stop_reason(served, opts, out),
                     "logprobs": _logprobs(served, opts, out.logprobs, 0)}
     if opts.kind == "completion":
-        choice["text"] = out.text
+        choice["text"] = _text(served, opts, out)
+        echo = _echo(opts, index // opts.n)
+        if echo is not None:
+            choice["text"] = echo + choice["text"]
+            choice["logprobs"] = _echo_logprobs(served, out, echo, choice["logprobs"])
+        if out.prompt_logprobs is not None and opts.show_prompt_logprobs:
+            choice["prompt_logprobs"] = prompt_logprobs(served, out.prompt_logprobs)
     else:
-        choice["message"] = {"role": "assistant", "content": out.text}
+        choice["message"] = {"role": "assistant", "content": _text(served, opts, out)}
+    if opts.return_token_ids:
+        choice["token_ids"] = list(out.token_ids)
+    return choice
+
+
+def group_usage(finals: list[RequestOutput], best_of: int) -> dict:
+    """Every sample's output tokens; each prompt's tokens once (its first sample's)."""
+    prompt = sum(len(f.prompt_token_ids) for f in finals[::best_of])
+    completion = sum(len(f.token_ids) for f in finals)
+    cached = sum(f.metrics.cached_tokens for f in finals[::best_of] if f.metrics)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def full_response(served: ServedModel, opts: ResponseOptions, out: RequestOutput | GroupOutput) -> dict:
+    finals = out.finals if isinstance(out, GroupOutput) else [out]
+    kept = kept_choices(finals, opts.best_of, opts.n)
     body: dict = {
         "id": opts.response_id,
         "object": "text_completion" if opts.kind == "completion" else "chat.completion",
-        "created": opts.created, "model": opts.model, "choices": [choice], "usage": usage(out),
+        "created": opts.created, "model": opts.model,
+        "choices": [_choice(served, opts, o, i) for i, o in enumerate(kept)],
+        "usage": group_usage(finals, opts.best_of), "system_fingerprint": opts.system_fingerprint,
     }
-    if opts.return_token_ids:
-        choice["token_ids"] = list(out.token_ids)
-        body["prompt_token_ids"] = list(out.prompt_token_ids)
+    if opts.return_token_ids and len(finals) == opts.best_of:  # one prompt: its token IDs
+        body["prompt_token_ids"] = list(finals[0].prompt_token_ids)
     if opts.return_metrics:
-        body["metrics"] = timings(out)
+        body["metrics"] = timings(finals[0])
     return body
 
 
 class StreamFormatter:
     """Builds the SSE events of one streamed response, increment by increment."""
 
-    def __init__(self, served: ServedModel, opts: ResponseOptions):
+    def __init__(self, served: ServedModel, opts: ResponseOptions, index: int = 0, usage: bool = True):
         self.served, self.opts = served, opts
+        self.index = index  # the choice's index (a group's sample k: best_of == n when streamed)
+        self.usage = usage  # False: a group sends the summed usage itself
+        self.sent_chars = 0  # skip_special_tokens=False: the text sent of the decode kept here
         self.sent_tokens = 0  # output tokens already sent (to slice the cumulative logprobs)
         self.text_offset = 0
         self.first = True
+        self.sent_prompt_logprobs = False
 
     def _chunk(self, choice: dict | None, **extra) -> str:
         body = {
@@ -116,22 +218,60 @@ class StreamFormatter:
             if opts.return_token_ids:
                 extra["prompt_token_ids"] = list(out.prompt_token_ids)
             if opts.kind == "chat":  # the role goes first, on its own, as OpenAI does it
-                events.append(self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
+                events.append(self._chunk({"index": self.index, "delta": {"role": "assistant", "content": ""},
                                            "logprobs": None, "finish_reason": None}, **extra))
                 extra = {}
-        if new_ids or out.new_text or out.finished:
-            choice: dict = {"index": 0, "finish_reason": out.finish_reason if out.finished else None,
+        new_text = self._new_text(out)
+        echo = _echo(opts, self.index // opts.n) if self.text_offset == 0 and not self.sent_chars else None
+        if new_ids or new_text or out.finished:
+            choice: dict = {"index": self.index, "finish_reason": out.finish_reason if out.finished else None,
                             "logprobs": _logprobs(self.served, opts, items, self.text_offset)}
+            if out.finished:
+                choice["stop_reason"] = _stop_reason(self.served, opts, out)
             if opts.kind == "completion":
-                choice["text"] = out.new_text
+                choice["text"] = new_text
+                if echo is not None:  # the prompt first, once
+                    choice["text"] = echo + new_text
+                    choice["logprobs"] = _echo_logprobs(self.served, out, echo, choice["logprobs"])
+                if (out.prompt_logprobs is not None and opts.show_prompt_logprobs
+                        and not self.sent_prompt_logprobs):  # once, as vLLM does
+                    choice["prompt_logprobs"] = prompt_logprobs(self.served, out.prompt_logprobs)
+                    self.sent_prompt_logprobs = True
             else:
-                choice["delta"] = {"content": out.new_text} if (out.new_text or not out.finished) else {}
+                choice["delta"] = {"content": new_text} if (new_text or not out.finished) else {}
             if opts.return_token_ids:
                 choice["token_ids"] = new_ids
             if out.finished and opts.return_metrics:
                 extra["metrics"] = timings(out)
-            self.text_offset += len(out.new_text)
+            self.text_offset += len(new_text) + len(echo or "")
             events.append(self._chunk(choice, **extra))
-        if out.finished and opts.include_usage:
+        if out.finished and opts.include_usage and self.usage:
             events.append(self._chunk(None, usage=usage(out)))
+        return events
+
+    def _new_text(self, out: RequestOutput) -> str:
+        if self.opts.skip_special_tokens:
+            return out.new_text
+        # special tokens kept: the output decoded again (stop strings are refused with this when streamed);
+        # an incomplete character at the end waits for the next token
+        text = _text(self.served, self.opts, out) if out.finished else self.served.tokenizer.decode(
+            list(out.token_ids), skip_special_tokens=False)
+        if not out.finished and text.endswith("\ufffd"):
+            return ""
+        new, self.sent_chars = text[self.sent_chars:], len(text)
+        return new
+
+
+class GroupStreamFormatter:
+    """The SSE events of a streamed group (n > 1 or several prompts): one StreamFormatter per choice,
+    the usage summed over all when the last one finishes."""
+
+    def __init__(self, served: ServedModel, opts: ResponseOptions, num_samples: int):
+        self.opts = opts
+        self.parts = [StreamFormatter(served, opts, k, usage=False) for k in range(num_samples)]
+
+    def events(self, group: GroupOutput) -> list[str]:
+        events = self.parts[group.index].events(group.out)
+        if group.finished and self.opts.include_usage:
+            events.append(self.parts[0]._chunk(None, usage=group_usage(group.finals, self.opts.best_of)))
         return events

@@ -30,7 +30,22 @@ def _served_keywords(served: ServedModel) -> dict[str, dict]:
         "prompt_text": {"maxLength": served.max_model_len * served.chars_per_token},
         "countable_text": {"maxLength": TOKENIZE_HEADROOM * served.max_model_len * served.chars_per_token},
         "new_tokens": {"maximum": served.max_model_len - 1},
+        "token_id_keys": {"propertyNames": {"pattern": decimal_below(served.vocab_size)}},  # logit_bias
     }
+
+
+def decimal_below(n: int) -> str:
+    """A regex for the decimal strings of 0 .. n - 1 (no leading zeros), digit by digit under n - 1."""
+    top = str(n - 1)
+    if len(top) == 1:
+        return f"^[0-{top}]$"
+    shorter = ["0"] + [f"[1-9][0-9]{{{k - 1}}}" for k in range(1, len(top))]
+    same = [top]
+    for i, d in enumerate(top):  # the same length: equal to `top` up to i, then a smaller digit
+        low = "1" if i == 0 else "0"
+        if int(d) > int(low):
+            same.append(f"{top[:i]}[{low}-{int(d) - 1}][0-9]{{{len(top) - i - 1}}}")
+    return "^(" + "|".join(shorter + same) + ")$"
 
 
 def fill_served_limits(node, keywords: dict[str, dict]) -> None:

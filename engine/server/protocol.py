@@ -8,8 +8,8 @@ Range constraints live here, so the OpenAPI schema states them and validation
 errors name them.
 
 The schema says exactly what the server accepts. Limits that admission checks
-with its own messages (only n=1, no penalties, at most 16 non-empty stop strings,
-top_logprobs only with logprobs ...) are stated as JSON Schema keywords only
+with its own messages (only n=1, logit_bias keys in the vocabulary, at most 16
+non-empty stop strings, top_logprobs only with logprobs ...) are stated as JSON Schema keywords only
 (`admitted(...)`, `json_schema_extra`): in the schema, not checked by pydantic.
 What depends on the served model (its name, its vocabulary, its context) is
 filled in per server by engine/server/openapi.py at the fields marked
@@ -30,6 +30,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
+MAX_CHOICES = 64  # n and best_of, and prompts in one completions request
 
 
 def _integral(value):
@@ -64,6 +65,7 @@ NewTokens = Annotated[_int(), admitted(minimum=1), _served("new_tokens")]  # max
 Seed = _int(Field(ge=0, le=2**53 - 1))
 TopLogprobs = _int(Field(ge=0, le=MAX_LOGPROBS))
 Count = _int(Field(ge=1))
+LogitBias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
 def _stream_options_need_stream() -> dict:
@@ -92,15 +94,17 @@ class _SamplingFields(_Request):
         None, description=f"stop strings (up to {MAX_STOP_STRINGS}, none empty)")
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
-    n: Count = Field(1, description="only 1 is supported", json_schema_extra={"maximum": 1})
+    n: Annotated[Count, admitted(maximum=MAX_CHOICES)] = Field(1, description="choices per prompt")
+    skip_special_tokens: bool = Field(True, description="false: special tokens stay in the text")
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with stream: true")
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="only 0 is supported",
-                                    json_schema_extra={"minimum": 0, "maximum": 0})
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="only 0 is supported",
-                                     json_schema_extra={"minimum": 0, "maximum": 0})
-    logit_bias: Annotated[dict[str, float], admitted(maxProperties=0)] | None = Field(
-        None, description="not supported (null or {})")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="minus this where a token is in the output")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="minus this times the token's output count")
+    repetition_penalty: float = Field(1.0, gt=0.0, description="vLLM's: seen (prompt or output) tokens' logits "
+                                                               "/ this where > 0, * this where < 0; 1: off")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="vLLM's: drop tokens below min_p * the top probability")
+    logit_bias: Annotated[dict[str, LogitBias], _served("token_id_keys")] | None = Field(
+        None, description="token ID (a decimal string) -> bias in [-100, 100], added to its logit")
     user: str | None = None
     return_token_ids: bool = Field(False, description="add prompt_token_ids and choices[].token_ids")
     return_metrics: bool = Field(False, description="add a `metrics` object with per-request timings")
@@ -109,15 +113,19 @@ class _SamplingFields(_Request):
 class CompletionRequest(_SamplingFields):
     model_config = ConfigDict(json_schema_extra={"allOf": [_stream_options_need_stream()]})
 
-    # one prompt per request: a list of prompts (texts or token-ID lists) holds exactly one
+    # a list of prompts (texts or token-ID lists): one choice per prompt and sample (index i * n + j)
     prompt: (PromptText | Annotated[list[TokenId], admitted(minItems=1)]
-             | Annotated[list[PromptText], admitted(minItems=1, maxItems=1)]
-             | Annotated[list[Annotated[list[TokenId], admitted(minItems=1)]], admitted(minItems=1, maxItems=1)]
-             ) = Field(description="a string or a non-empty list of token IDs")
+             | Annotated[list[PromptText], admitted(minItems=1, maxItems=MAX_CHOICES)]
+             | Annotated[list[Annotated[list[TokenId], admitted(minItems=1)]],
+                         admitted(minItems=1, maxItems=MAX_CHOICES)]
+             ) = Field(description="a string, a non-empty list of token IDs, or a list of either")
     max_tokens: NewTokens | None = Field(16, description="tokens to generate; null: up to the context length")
     logprobs: TopLogprobs | None = Field(None, description="top-n logprobs per token")
-    echo: bool = Field(False, description="not supported", json_schema_extra={"const": False})
-    best_of: Annotated[Count, admitted(maximum=1)] | None = Field(None, description="only 1 is supported")
+    prompt_logprobs: TopLogprobs | None = Field(
+        None, description="vLLM's extension: the logprob of each prompt token (teacher forcing) and its top-n")
+    echo: bool = Field(False, description="the prompt prepended to each choice's text (and logprobs)")
+    best_of: Annotated[Count, admitted(maximum=MAX_CHOICES)] | None = Field(
+        None, description="samples per prompt (>= n), the n of highest cumulative logprob returned; not streamed")
     suffix: Annotated[str, admitted(maxLength=0)] | None = Field(None, description="not supported")
 
 
@@ -181,6 +189,13 @@ class TokenizeRequest(_Request):
     add_generation_prompt: bool = True
 
 
+class DetokenizeRequest(_Request):
+    """vLLM's /detokenize: the text of token IDs."""
+
+    model: Annotated[str, _served("model")] = Field(min_length=1)
+    tokens: list[TokenId] = Field(max_length=1 << 20)
+
+
 # ---------------------------------------------------------------- responses
 
 
@@ -230,12 +245,22 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = []
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int | None = None  # None: not among the top-n asked (the engine keeps no full ranking)
+    decoded_token: str | None = None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: str | None = None
+    # vLLM's: the stop string or stop token ID that ended the choice; null for EOS or length
+    stop_reason: str | int | None = None
     logprobs: CompletionLogprobs | None = None
     token_ids: list[int] | None = None
+    # vLLM's format: None for the first prompt token, then {token id: {logprob, rank, decoded_token}}
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -245,6 +270,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None  # the replica's identity: a hash of its weights and config
     prompt_token_ids: list[int] | None = None
     metrics: RequestTimings | None = None
 
@@ -272,6 +298,7 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
     logprobs: ChatLogprobs | None = None
     token_ids: list[int] | None = None
 
@@ -283,6 +310,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None  # the replica's identity: a hash of its weights and config
     prompt_token_ids: list[int] | None = None
     metrics: RequestTimings | None = None
 
@@ -305,6 +333,14 @@ class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int
     tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
 
 
 class Health(BaseModel):

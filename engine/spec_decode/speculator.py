@@ -13,7 +13,8 @@ Per step, around the target model's one forward:
    1 + k rows (greedy: accept while the argmax agrees; otherwise rejection
    sampling, which keeps the target's distribution). Sequences without a draft
    are sampled by the engine's sampler as usual. Every sequence gets a list
-   of tokens to append: accepted drafts, then one correction or bonus token.
+   of tokens to append: accepted drafts, then one correction or bonus token,
+   each with its raw logprob under the target (`seq.output_logprobs`).
 3. `commit(seq)` - after the engine appended those tokens to a sequence that
    goes on. The KV cache keeps the keys/values of the accepted drafts (they
    are the sequence's tokens now); the slots of rejected drafts are dropped:
@@ -31,8 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logits_processors import uses_processors
 from engine.outputs import TokenLogprob
-from engine.sampler import Sampler, apply_top_k_top_p, token_logprobs
+from engine.sampler import Sampler, apply_top_k_top_p, sampled_logprobs, token_logprobs
 from engine.spec_decode.metrics import SpecDecodeStats
 from engine.spec_decode.ngram import NgramProposer
 from engine.spec_decode.rejection import rejection_sample, verify_greedy
@@ -100,6 +102,8 @@ class Speculator:
         wanted = []  # (batch index, seq, k)
         for i, seq in enumerate(batch.seqs):
             if not (batch.samples[i] and batch.num_new_tokens[i] == 1 and seq.num_output_tokens > 0):
+                continue
+            if uses_processors(seq.sampling_params):  # verification scores raw logits: such a request gets no draft
                 continue
             n = len(seq.token_ids)
             k = min(self.k,
@@ -172,6 +176,10 @@ class Speculator:
                     generator = seq.generator if seq.generator is not None else self.sampler.generator
                     result = rejection_sample(target_probs(logits, params), drafts, None, generator)
                 token_ids[j] = result.token_ids
+                # raw logprobs of the accepted drafts and the correction / bonus token: the target's
+                # logits at those positions (row i scores the token after draft i - 1)
+                emitted = torch.tensor(result.token_ids, device=logits.device)
+                seq.output_logprobs.extend(sampled_logprobs(logits[:len(result.token_ids)], emitted).tolist())
                 if params.logprobs is not None:
                     n = len(result.token_ids)
                     logprobs[j] = token_logprobs(logits[:n], torch.tensor(result.token_ids, device=logits.device),

@@ -104,6 +104,9 @@ class RequestRecord:
     # natural-log probability of each sampled output token (one per output_token_ids entry) under the
     # model's raw distribution (log-softmax before temperature / top-k / top-p); [] where not computed
     output_logprobs: list[float] = field(default_factory=list)
+    # prompt_logprobs asked: the raw logprob of each prompt token after the first, given those before it
+    # (teacher-forced scoring: telemetry.contract.probes' rescore requests); [] otherwise
+    prompt_logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -237,10 +240,36 @@ class ProbeBaselineRecord:
     note: str = ""  # why it was pinned (free text from --note)
 
 
+@dataclass(slots=True)
+class EngineRequestTimingRecord:
+    """What the engine measured of a request whose `requests` row a recording proxy writes (vLLM's
+    plugin behind `infersight proxy`): joins that row on (replica_id, request_id)."""
+
+    replica_id: str
+    request_id: str  # the id of the proxy's row (the plugin maps the engine's id back to it)
+    engine_request_id: str  # the engine's own id (vLLM: cmpl-<id>-<prompt index>, chatcmpl-<id>)
+    model_name: str
+    arrival_time: float
+    scheduled_time: float
+    first_token_time: float
+    finish_time: float
+    queue_seconds: float
+    prefill_seconds: float
+    ttft_seconds: float
+    e2e_seconds: float
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    preemptions: int
+    finish_reason: str
+    error: str = ""
+
+
 RECORD_TYPES: dict[str, type] = {
     "replicas": ReplicaRecord,
     "requests": RequestRecord,
     "steps": StepRecord,
+    "engine_request_timings": EngineRequestTimingRecord,
     "eval_runs": EvalRunRecord,
     "eval_items": EvalItemRecord,
     "findings": FindingRecord,

@@ -71,3 +71,21 @@ class ObserverFailuresCollector:
         except Exception:
             log.exception("observer failure count unavailable for this scrape")
         yield family
+
+
+def register_process_collector(registry) -> bool:
+    """Add prometheus_client's ProcessCollector (process_resident_memory_bytes, process_cpu_seconds_total,
+    process_open_fds ...) to a custom `registry` (the default registry has it already). Idempotent: a
+    registry holding it already is left as is. False where the platform has no /proc."""
+    from prometheus_client import REGISTRY, ProcessCollector
+
+    if registry is None or registry is REGISTRY:
+        return False
+    if getattr(registry, "_infersight_process_collector", False):
+        return True
+    try:
+        ProcessCollector(registry=registry)
+    except ValueError:  # registered by someone else: the names are taken, which is what we want
+        pass
+    registry._infersight_process_collector = True
+    return True

@@ -87,6 +87,68 @@ def step(replica_id: str, step_id: int, start: float, waiting: int, used: int) -
         num_preempted=1 if step_id % 50 == 0 else 0)
 
 
+# the evidence diagnostics.replicas writes for a lagging replica (its shape, the seeded numbers)
+LAGGING_EVIDENCE = {
+    "model_name": MODEL, "replica": "r2", "peers": ["r0", "r1"], "unit": "request",
+    "metrics": {"ttft": {"ratio_to_peers": 3.0, "ratio_ci": [2.6, 3.4], "holm_p": 1e-9,
+                         "test_vs_peers": {"n_subject": 100, "n_peers": 200, "strata": 4, "ratio": 3.0,
+                                           "ratio_ci": [2.6, 3.4], "z": 8.1, "p_value": 1e-10}},
+                "itl": {"ratio_to_peers": 2.9, "ratio_ci": [2.7, 3.1], "holm_p": 2e-9,
+                        "test_vs_peers": {"n_subject": 100, "n_peers": 200, "strata": 4, "ratio": 2.9,
+                                          "ratio_ci": None, "z": 7.9, "p_value": 2e-10}}},
+    "identity_differences": [{"field": "engine_version", "replica": "0.2.0", "peers": {"0.1.0": 2}},
+                             {"field": "quantization", "replica": "int8", "peers": {"none": 2}},
+                             {"field": "config_hash", "replica": "cfgB", "peers": {"cfgA": 2}}],
+    "identity": {"engine_version": "0.2.0", "quantization": "int8", "cpu_affinity": [0, 1], "gpu_numa_node": None},
+    "requests": {"r0": 101, "r1": 100, "r2": 101},
+    "controlled_for": ["workload", "prompt length", "output length", "load at arrival"],
+    "correction": "Holm over 18 tests (replicas x metrics)", "method": "van Elteren stratified MWU"}
+
+
+def more_findings(encode, generated) -> list[FindingRecord]:
+    """One finding of each view family the Findings page draws (plus a kind no view knows)."""
+    def finding(fid, kind, severity, subject, summary, evidence, seen, diagnostic):
+        return FindingRecord(finding_id=fid, kind=kind, severity=severity, subject=subject, summary=summary,
+                             window_start=T0, window_end=T0 + 3000, evidence_json=json.dumps(evidence),
+                             first_seen=T0 + seen, last_seen=T0 + seen, diagnostic=diagnostic)
+    steps = {"model_name": MODEL, "replica": "r2", "peers": ["r0", "r1"], "slow_targets": ["forward"],
+             "unit": "time blocks of 60 s (resampled jointly across replicas)", "steps": 200, "blocks": 25,
+             "targets": {"forward": {"ratio": 1.8, "ci": [1.5, 2.1], "p": 1e-6, "p_holm": 1e-5,
+                                     "observed_seconds": 4.3, "predicted_seconds": 2.4, "slow": True},
+                         "host": {"ratio": 1.0, "ci": [0.9, 1.1], "p": 0.5, "p_holm": 1.0,
+                                  "observed_seconds": 1.6, "predicted_seconds": 1.6, "slow": False}},
+             "mean_shape": {"replica": {"prefill_tokens": 3.6, "decode_tokens": 4.0},
+                            "peers": {"prefill_tokens": 3.6, "decode_tokens": None}},
+             "identity_differences": [{"field": "quantization", "replica": "int8", "peers": {"none": 2}}],
+             "test": "one-sided block bootstrap", "controlled_for": "batch shape"}
+    levels = [{"t": T0 + k * 60, "relative_median": 1.0 if k < 20 else 1.6, "n": 12} for k in range(40)]
+    change = {"metric": "ttft", "change_at": T0 + 1200, "change_at_iso": "", "bucket_seconds": 60,
+              "change_points": 1, "levels": levels,
+              "comparison": {"n_baseline": 120, "n_candidate": 120, "median_baseline": 0.1, "median_candidate": 0.16,
+                             "ratio": 1.6, "ratio_ci": [1.4, 1.8], "mwu_p": 1e-8, "ks_p": 1e-7},
+              "method": "ruptures PELT on the placement half", "confirmation": "hold-out half"}
+    drift = {"replica": "r2", "model_name": MODEL, "compared": 40, "differ": 6, "rate": 0.15, "rate_ci": [0.07, 0.29],
+             "examples": [{"reference_replica": "r0", "prompt_token_ids": encode("What is 12 + 35?"),
+                           "replica_token_ids": generated("The answer is 74!"),
+                           "reference_token_ids": generated("The answer is 47."), "first_divergence": 3,
+                           "identical": False}],
+             "method": "greedy requests grouped by prompt token IDs"}
+    gap = {"replica": "r1", "hit_rate": 0.22, "peers_hit_rate": 0.61, "difference": -0.39,
+           "difference_ci": [-0.45, -0.33], "requests": 100, "unit": "request", "p_value": 1e-12, "note": None}
+    unknown = {"replica": "r1", "score": 0.5, "nested": {"a": 1, "b": None}, "method": "a diagnostic added later"}
+    return [
+        finding("f-steps", "slow_steps", "warning", "r2", "r2 takes 1.80x [1.50, 2.10] the forward time its peers take",
+                steps, 2400, "step_model"),
+        finding("f-cp", "latency_change_point", "warning", "ttft: all replicas",
+                "time to first token stepped up 1.60x at T0+20 min", change, 2300, "regression"),
+        finding("f-drift", "output_drift", "warning", "r2", "r2: greedy outputs differ from the reference on 6 of 40",
+                drift, 2200, "output_drift"),
+        finding("f-gap", "prefix_hit_gap", "info", "r1", "r1: prefix cache hit rate 22% against its peers' 61%",
+                gap, 2600, "replicas"),
+        finding("f-new", "a_kind_added_later", "info", "r1", "a finding of a kind no view knows", unknown, 2500, "new"),
+    ]
+
+
 def seed(store, tokenizer, n_requests: int = 300) -> Seeded:
     """Insert the known data set; `tokenizer` is a `tokenizers.Tokenizer`."""
     rng = random.Random(0)
@@ -143,6 +205,15 @@ def seed(store, tokenizer, n_requests: int = 300) -> Seeded:
                                         task="addition" if j < 5 else "reverse", scorer="exact", score=score,
                                         reference="47", output_text=text, input_token_ids=encode("What is 12 + 35?"),
                                         output_token_ids=generated(text)))
+    # a suite with a single run (nothing to compare it with): the page shows its accuracy per task
+    runs.append(EvalRunRecord(run_id="run-solo", suite="words", start_time=T0 + 300, finish_time=T0 + 360,
+                              config_json="{}", config_hash="cfg0", model_name=MODEL, weights_hash="w0",
+                              quantization="none", speculative_mode="none", git_sha="abc123", num_items=8,
+                              accuracy=0.625))
+    store.insert_records("eval_runs", runs[-1:])
+    items += [EvalItemRecord(run_id="run-solo", item_id=f"w-{j:02d}", suite="words", task=("spell", "count")[j % 2],
+                             scorer="exact", score=float(j not in (1, 3, 4)), reference="x", output_text="x",
+                             input_token_ids=encode("x"), output_token_ids=generated("x")) for j in range(8)]
     store.insert_records("eval_items", items)
 
     summary = "r2 is 3.0x slower than its peers (TTFT p50)"
@@ -152,15 +223,15 @@ def seed(store, tokenizer, n_requests: int = 300) -> Seeded:
                       evidence_json="{}", first_seen=T0 + 1000, last_seen=T0 + 1000, diagnostic="replicas"),
         FindingRecord(finding_id="f-lag", kind="lagging_replica", severity="warning", subject="r2",
                       summary=summary, window_start=T0, window_end=T0 + 3000,
-                      evidence_json=json.dumps({"ratio": 3.0, "mann_whitney_p": 1e-9}), first_seen=T0 + 1000,
+                      evidence_json=json.dumps(LAGGING_EVIDENCE), first_seen=T0 + 1000,
                       last_seen=T0 + 3000, diagnostic="replicas"),
         FindingRecord(finding_id="f-tok", kind="tokenizer_divergence", severity="critical", subject="r0 vs r2",
                       summary="same prompt, different token IDs on r0 and r2", window_start=T0,
                       window_end=T0 + 3000, first_seen=T0 + 2000, last_seen=T0 + 2000, diagnostic="tokenizer",
-                      evidence_json=json.dumps({"model_name": MODEL, "first_divergence": 2,
+                      evidence_json=json.dumps({"model_name": MODEL, "first_divergence": 4,
                                                 "r0_token_ids": encode("hello world"),
                                                 "r2_token_ids": encode("hello  world")})),
-    ])
+    ] + more_findings(encode, generated))
     store.insert_records("profiles", [
         ProfileRecord(profile_id="prof-r2", replica_id="r2", pid=1002, start_time=T0 + 100, duration_seconds=10,
                       stack=stack, samples=n, group=group)

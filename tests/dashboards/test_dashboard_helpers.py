@@ -92,3 +92,67 @@ def test_data_refuses_sql_that_is_not_in_queries():
 
     with pytest.raises(ValueError, match="only the statements"):
         data.query("SELECT * FROM requests")
+
+
+# -- findings' evidence and the tables' empty cells ------------------------------------------------
+
+def test_each_kind_gets_its_family_and_an_unknown_kind_the_table():
+    from dashboards.evidence import LAGGING, REGRESSION, TABLE, TOKENS, family
+
+    assert family("lagging_replica") == family("slow_steps") == LAGGING
+    assert family("tokenizer_divergence") == family("batch_variance") == family("chat_template_mismatch") == TOKENS
+    assert family("regression") == family("latency_change_point") == REGRESSION
+    assert family("spec_acceptance_drop") == family("sampled_logprob_shift") == TABLE
+    assert family("a_kind_added_tomorrow", {"n": 3}) == TABLE
+    assert family("throughput_change_point") == REGRESSION  # a new change-point kind, by its name
+    # a new kind whose evidence holds two token sequences gets the token view
+    assert family("new_drift", {"examples": [{"a_token_ids": [1, 2], "b_token_ids": [1, 3]}]}) == TOKENS
+
+
+def test_token_pairs_are_found_at_any_depth_and_diverge_where_the_ids_do():
+    from dashboards.evidence import single_token_lists, token_pairs
+
+    evidence = {"model_name": "m", "r0_token_ids": [1, 2, 3], "r2_token_ids": [1, 2, 4], "first_divergence": 0,
+                "examples": [{"probe_id": "p1", "replica_token_ids": [5, 6], "reference_token_ids": [5, 6, 7],
+                              "prompt_token_ids": [9, 9],
+                              "prompt_divergence": {"replica_token_ids": [9], "reference_token_ids": [8]}}]}
+    pairs = {p.path: p for p in token_pairs(evidence)}
+    assert set(pairs) == {"evidence", "examples[0]", "examples[0].prompt_divergence"}
+    assert pairs["evidence"].first_divergence == 2  # the IDs' own, not a number written beside them
+    assert pairs["examples[0]"].names == ("replica", "reference") and pairs["examples[0]"].first_divergence == 2
+    assert pairs["examples[0]"].context == {"probe_id": "p1"}
+    assert pairs["examples[0].prompt_divergence"].first_divergence == 0
+    assert single_token_lists(evidence) == [("examples[0].prompt_token_ids", [9, 9])]
+
+
+def test_missing_values_show_as_a_dash_never_none():
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    from dashboards.evidence import numbers, shown
+    from dashboards.widgets import displayable
+
+    assert [shown(v) for v in (None, math.nan, pd.NaT, True, 0.5, 1e-9, [0.1, 0.2], ["a", "b"])] == \
+        ["-", "-", "-", "yes", "0.5", "1.000e-09", "[0.1, 0.2]", "a, b"]
+    assert dict(numbers({"a": {"b": None, "c": 1}, "method": "prose", "examples": [{"x": 1}]})) == \
+        {"a.b": "-", "a.c": "1", "examples": "1 entries"}
+    full = pd.DataFrame({"x": [1.0, 2.0]})
+    assert displayable(full) is full  # nothing missing: the frame itself
+    out = displayable(pd.DataFrame({"x": [1.5, np.nan], "y": ["a", None], "w": ["", "b"], "z": [1, 2]}))
+    assert out.to_dict("list") == {"x": ["1.5", "-"], "y": ["a", "-"], "w": ["-", "b"], "z": [1, 2]}
+
+
+def test_an_all_zero_bar_chart_gets_a_zero_based_axis_and_a_note():
+    import pandas as pd
+
+    from dashboards import charts
+
+    empty = charts.bars(pd.DataFrame({"t": [1, 2], "preemptions": [0, 0]}), "t", "preemptions", title="Preemptions")
+    assert list(empty.layout.yaxis.range) == [0, 1]
+    assert [a.text for a in empty.layout.annotations] == ["no preemptions in the window"]
+    some = charts.bars(pd.DataFrame({"t": [1, 2], "preemptions": [0, 3]}), "t", "preemptions", title="Preemptions")
+    assert some.layout.yaxis.range is None and not some.layout.annotations
+    # legends sit above the plot, clear of the x axis title
+    assert some.layout.legend.y >= 1 and some.layout.legend.yanchor == "bottom"

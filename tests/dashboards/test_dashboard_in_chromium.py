@@ -30,7 +30,7 @@ PAGES = {
     "Scheduler": ["Step timeline", "Host overhead", "Latest steps"],
     "KV cache": ["Per replica", "Prefix cache hit rate"],
     "Evals": ["first diverge at output token", "Per-item drift", "Baseline accuracy"],
-    "Findings": ["same prompt, different token IDs on r0 and r2", "Token IDs in the evidence"],
+    "Findings": ["same prompt, different token IDs on r0 and r2", "first divergent position"],
     "Profiles": ["Flame graph", "distinct stacks, 1,000 samples"],
 }
 
@@ -126,8 +126,65 @@ def test_page_renders_its_content(app_page, title):
         # the app scrolls inside its main container: grow the viewport to show all of it
         height = page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
         page.set_viewport_size({"width": VIEWPORT["width"], "height": min(int(height) + 50, 8000)})
-        page.wait_for_timeout(1000)  # plotly redraws at the new size
+        page.wait_for_timeout(1000)  # plotly redraws at the new size, the grids draw their cells
+        assert_reads_well(page, title)
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
     except Exception:
         page.screenshot(path=str(SCREENSHOTS / f"{name}-failed.png"))
+        raise
+
+
+EMOJI = re.compile("[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B50\u2B55\uFE0F]")
+# the text of every table cell the data grid drew (its accessible table mirrors the canvas)
+CELLS_JS = """Array.from(document.querySelectorAll('[data-testid="stDataFrame"] [role="gridcell"], '
+    + '[data-testid="stDataFrame"] td')).map(c => c.innerText.trim())"""
+RAW_JSON_OUTSIDE_EXPANDERS_JS = """Array.from(document.querySelectorAll('[data-testid="stJson"]'))
+    .filter(j => !j.closest('[data-testid="stExpander"]')).length"""
+
+
+def assert_reads_well(page, where: str) -> None:
+    """No emoji (boxes without an emoji font), no "None" cells, no JSON tree outside an expander,
+    no Deploy button."""
+    text = page.evaluate("document.querySelector('[data-testid=\"stApp\"]').innerText")
+    assert not EMOJI.findall(text), f"{where}: emoji {EMOJI.findall(text)[:5]}"
+    cells = page.evaluate(CELLS_JS)
+    if page.locator('[data-testid="stDataFrame"]').count():
+        assert cells, f"{where}: no table cell found (the grid's accessible table moved?)"
+    # the accessible table has "" where the canvas draws "None": a missing value must show as "-"
+    assert "None" not in cells and "" not in cells, f"{where}: a table cell shows None"
+    assert page.evaluate(RAW_JSON_OUTSIDE_EXPANDERS_JS) == 0, f"{where}: raw JSON outside an expander"
+    assert page.locator('[data-testid="stAppDeployButton"]').count() == 0, "the Deploy button shows"
+
+
+# finding id -> its view family and a text only that view shows
+FINDING_VIEWS = {
+    "f-tok": ("tokens", "first divergent position"),
+    "f-lag": ("lagging", "How this replica differs from its peers"),
+    "f-cp": ("regression", "Before against after"),
+    "f-gap": ("table", "Evidence"),
+    "f-new": ("table", "Evidence"),
+}
+
+
+@pytest.mark.parametrize("finding_id", list(FINDING_VIEWS))
+def test_each_finding_family_renders_its_view(app_page, dashboard_url, finding_id):
+    page, (family, text) = app_page, FINDING_VIEWS[finding_id]
+    page.set_viewport_size(VIEWPORT)
+    try:
+        page.goto(f"{dashboard_url}/findings?finding={finding_id}", wait_until="domcontentloaded")
+        page.locator(f'[data-testid="finding-view"][data-family="{family}"]').first.wait_for(
+            state="attached", timeout=TIMEOUT_MS)
+        page.get_by_text(text, exact=False).first.wait_for(state="visible", timeout=TIMEOUT_MS)
+        page.wait_for_function("document.querySelectorAll('[data-testid=\"stSkeleton\"]').length === 0",
+                               timeout=TIMEOUT_MS)
+        if family != "table":  # the views with a chart draw it
+            page.locator('[data-testid="stPlotlyChart"], [data-testid="token-row"]').first.wait_for(timeout=TIMEOUT_MS)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        height = page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+        page.set_viewport_size({"width": VIEWPORT["width"], "height": min(int(height) + 50, 8000)})
+        page.wait_for_timeout(1000)
+        assert_reads_well(page, finding_id)
+        page.screenshot(path=str(SCREENSHOTS / f"finding_{family}_{finding_id}.png"))
+    except Exception:
+        page.screenshot(path=str(SCREENSHOTS / f"finding_{finding_id}-failed.png"))
         raise

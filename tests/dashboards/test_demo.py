@@ -1,4 +1,5 @@
-"""`infersight demo`, short: a report with a row per replica from the store, and no process left behind."""
+"""`infersight demo`, short: a report with a row per replica from the store, the canary's fault caught, and no
+process left behind."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ def test_short_demo_reports_per_replica_and_cleans_up(tiny_llama, tmp_path):
     assert all(int(row[1]) > 0 for row in rows.values())  # requests per replica, from the store
     held = re.search(r"the store holds (\d+) of the (\d+) requests sent", out)
     assert held and held.group(1) == held.group(2)
+    # act two: the canary on a lowercasing tokenizer is named above info, and the probes' answers are shown
+    assert "probe answers (greedy, decoded from the stored token IDs)" in out
+    loud = out[out.index("findings above info"):out.index("open the dashboard")]
+    subjects = [line.split()[3] for line in loud.splitlines() if re.match(r"^(warning|critical) ", line)]
+    assert subjects and set(subjects) == {"canary"}, loud  # the healthy replicas are never the subject
     assert "infersight dashboard --store" in out
     assert _processes_mentioning(str(run_dir)) == []
     assert not (run_dir / "state.json").exists()

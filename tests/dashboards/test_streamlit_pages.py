@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -114,7 +115,8 @@ def test_requests_search_and_one_request_in_detail(app, seeded):
     prompt = frame(at, "rq_prompt_tokens")
     assert prompt.iloc[0]["token"] == "<|bos|>" and "⏎" in "".join(prompt["token"])
     output = frame(at, "rq_output_tokens")
-    assert output["gap (ms)"].iloc[1:].round(3).tolist() == [50.0] * (len(output) - 1)  # seeded ITL 50 ms
+    assert output["gap (ms)"].iloc[0] == "-"  # the first token has no gap (its latency is TTFT)
+    assert pd.to_numeric(output["gap (ms)"].iloc[1:]).round(3).tolist() == [50.0] * (len(output) - 1)  # seeded ITL
     steps = frame(at, "rq_steps")
     assert steps["step_id"].tolist() == [1000, 1001, 1002, 1003, 1004]
 
@@ -141,7 +143,7 @@ def test_compare_versions(app):
     assert not at.exception
     summary = frame(at, "cmp_summary")
     assert summary.loc["requests", "A"] == 201 and summary.loc["requests", "B"] == 101
-    assert summary.loc["ttft_p50", "B / A"] > 2  # 0.2.0 (r2) is the slow one
+    assert float(summary.loc["ttft_p50", "B / A"]) > 2  # 0.2.0 (r2) is the slow one
     identity = frame(at, "cmp_identity")
     assert identity.set_index("replica_id")["side"].to_dict() == {"r0": "A", "r1": "A", "r2": "B"}
     assert {t["name"] for t in chart_specs(at)["cmp_ttft_curve"]["data"]} == {"A: 0.1.0", "B: 0.2.0"}
@@ -206,18 +208,114 @@ def test_evals(app, seeded):
     assert "".join(removed) == "·47." and "".join(added) == "·74!"
 
 
+def test_evals_with_one_run_shows_its_accuracy_per_task(app):
+    at = app("evals")
+    at.selectbox(key="ev_suite").set_value("words").run()
+    assert not at.exception
+    chart = chart_specs(at)["ev_single_tasks"]["data"][0]
+    accuracy = dict(zip(chart["y"], array(chart["x"])))
+    assert accuracy == {"count": 0.5, "spell": 0.75}  # w-01, w-03 (count) and w-04 (spell) failed
+    lows = dict(zip(chart["y"], np.subtract(array(chart["x"]), array(chart["error_x"]["arrayminus"]))))
+    assert lows == pytest.approx({"count": 0.15, "spell": 0.301}, abs=0.01)  # Wilson intervals of 2/4 and 3/4
+    assert any("a second run" in i.value for i in at.info)
+
+
 def test_findings(app, seeded):
     _, info = seeded
     at = app("findings")
     table = frame(at, "fd_table")
-    assert table["finding_id"].tolist() == ["f-tok", "f-lag"]  # critical first
+    # critical first, then warnings, then info, each newest first
+    assert table["finding_id"].tolist() == ["f-tok", "f-lag", "f-steps", "f-cp", "f-drift", "f-gap", "f-new"]
     lag = table.set_index("finding_id").loc["f-lag"]
     assert lag["summary"] == info.finding_summary and lag["severity"] == "warning"  # the latest version
-    assert metrics(at)["🔴 critical"] == "1"
-    # the tokenizer finding's evidence: token IDs decoded beside their strings
+    assert metrics(at)["critical"] == "1" and metrics(at)["warning"] == "4"
+    # the tokenizer finding's evidence: both sequences side by side, decoded, the divergence marked
     assert at.selectbox(key="fd_selected").value == "f-tok"
+    assert family_shown(at) == "tokens"
     code = [c.value for c in at.code]
     assert "<|bos|>hello·world" in code and "<|bos|>hello··world" in code
+    rows = [md.value for md in at.markdown if 'data-testid="token-row"' in md.value]
+    assert len(rows) == 2 and all('data-testid="first-divergent-token"' in r for r in rows)
+    # the raw JSON only inside its expander
+    assert len(at.json) == 1 and [e.label for e in at.expander if e.json] == ["Raw evidence (JSON)"]
+
+
+def family_shown(at: AppTest) -> str:
+    views = [md.value for md in at.markdown if 'data-testid="finding-view"' in md.value]
+    assert len(views) == 1, views
+    return re.search(r'data-family="(\w+)"', views[0]).group(1)
+
+
+def test_each_finding_family_has_its_view(app):
+    at = app("findings")
+    # lagging replica: the ratio per metric with its interval, r2's distribution against its peers from the
+    # store, and the identity fields it differs in
+    at.selectbox(key="fd_selected").set_value("f-lag").run()
+    assert family_shown(at) == "lagging"
+    specs = chart_specs(at)
+    effects = specs["fd_f_lag_effects"]["data"][0]
+    assert list(effects["y"]) == ["ttft", "itl"] and array(effects["x"]) == [3.0, 2.9]
+    curves = {t["name"]: t for t in specs["fd_f_lag_dist"]["data"]}
+    assert set(curves) == {"r0 (101)", "r1 (100)", "r2 (101)"}
+    assert np.median(array(curves["r2 (101)"]["x"])) > 2 * np.median(array(curves["r0 (101)"]["x"]))
+    identity = [df.value for df in at.dataframe if "this replica" in df.value.columns][0]
+    assert identity.set_index("field").loc["quantization"].tolist() == ["int8", "none (2)"]
+    # slow steps: per step-time target, the ratio to the peers' model and the mean batch shape
+    at.selectbox(key="fd_selected").set_value("f-steps").run()
+    assert family_shown(at) == "lagging"
+    assert list(chart_specs(at)["fd_f_steps_effects"]["data"][0]["y"]) == ["forward time", "host time"]
+    # a change point: the series with the change marked
+    at.selectbox(key="fd_selected").set_value("f-cp").run()
+    assert family_shown(at) == "regression"
+    series = chart_specs(at)["fd_f_cp_series"]
+    assert len(array(series["data"][0]["y"])) == 40
+    assert [s["type"] for s in series["layout"]["shapes"]] == ["line"]  # the change point
+    # output drift: the example's two outputs side by side (nested in evidence.examples)
+    at.selectbox(key="fd_selected").set_value("f-drift").run()
+    assert family_shown(at) == "tokens"
+    assert any("examples[0]" in md.value and "first divergent position **3**" in md.value for md in at.markdown)
+    # anything else, a kind added after the dashboard included: a table of its numbers, "-" when missing
+    for fid in ("f-gap", "f-new"):
+        at.selectbox(key="fd_selected").set_value(fid).run()
+        assert family_shown(at) == "table"
+        numbers = [df.value for df in at.dataframe if list(df.value.columns) == ["field", "value"]][0]
+        assert not numbers["value"].isna().any()
+    assert numbers.set_index("field").loc["nested.b", "value"] == "-"
+    assert not at.exception
+
+
+@pytest.mark.parametrize("finding_id", ["f-tok", "f-lag", "f-steps", "f-cp", "f-drift", "f-gap", "f-new"])
+def test_finding_views_show_no_none_cells_and_no_emoji(app, finding_id):
+    at = app("findings")
+    at.selectbox(key="fd_selected").set_value(finding_id).run()
+    assert not at.exception
+    for df in at.dataframe:
+        assert not shown_cells(df).isna().any().any(), list(df.value.columns)
+    texts = [e.value for kind in ("markdown", "caption", "subheader") for e in at.get(kind)]
+    assert not [t for t in texts if EMOJI.search(t)]
+
+
+def shown_cells(df) -> pd.DataFrame:
+    """What the table displays: a Styler's display text where the page sent one, else the data."""
+    styler = df.proto.arrow_data.styler
+    if styler.display_values:
+        return pa.ipc.open_stream(styler.display_values).read_all().to_pandas()
+    return df.value
+
+
+EMOJI = re.compile("[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B50\u2B55\uFE0F]")
+
+
+@pytest.mark.parametrize("page", ["fleet", "requests", "compare", "scheduler", "kv_cache", "evals", "findings",
+                                  "profiles"])
+def test_no_none_cells_and_no_emoji(app, page):
+    at = app(page)
+    for df in at.dataframe:
+        value = shown_cells(df)
+        assert not value.isna().any().any(), f"{page}: a table with empty cells shown as None: {list(value.columns)}"
+    texts = [e.value for kind in ("markdown", "caption", "title", "subheader", "info") for e in at.get(kind)
+             if isinstance(getattr(e, "value", None), str)] + [m.label for m in at.metric]
+    assert not [t for t in texts if EMOJI.search(t)]
 
 
 def test_profiles(app, seeded):

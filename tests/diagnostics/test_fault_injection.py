@@ -134,7 +134,7 @@ FAULTS = {
     "tokenizer normalizes differently (Lowercase)": ("r1", {"tokenizer_divergence"}),
     "int4 weights": ("r2", {"output_drift"}),
     "altered chat template": ("r3", {"chat_template_mismatch"}),
-    CPU_FAULT: ("r4", {"lagging_replica"}),
+    CPU_FAULT: ("r4", {"lagging_replica", "slow_steps"}),
 }
 LATENCIES = f"""
 SELECT replica_id, count() AS requests, round(median(ttft_seconds) * 1000, 1) AS ttft_p50_ms,
@@ -146,10 +146,10 @@ FROM requests WHERE request_id LIKE {{prefix:String}} GROUP BY replica_id ORDER 
 CONSEQUENCES = {
     "r1": {"tokenizer_hash_mismatch", "tokenizer_roundtrip", "tokenizer_unicode_roundtrip"},
     # int4 dequantization costs time on a CPU; int4 is an engine option (identity: quantization, group size)
-    "r2": {"lagging_replica", "host_overhead_outlier", "config_mismatch"},
+    "r2": {"lagging_replica", "slow_steps", "host_overhead_outlier", "config_mismatch", "sampled_logprob_shift"},
     # the template file is one of the tokenizer files; its chat requests become other token IDs
     "r3": {"tokenizer_hash_mismatch", "tokenizer_divergence"},
-    "r4": {"host_overhead_outlier"},
+    "r4": {"host_overhead_outlier", "slow_steps", "lagging_replica"},
 }
 
 

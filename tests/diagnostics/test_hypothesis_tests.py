@@ -67,3 +67,71 @@ def test_two_proportions_and_chi_square():
 def test_robust_z_names_the_outlier_even_among_near_identical_peers():
     z, med, _ = hypothesis_tests.robust_z({"a": 1.0, "b": 1.01, "c": 0.99, "d": 2.0})
     assert z["d"] > 10 and abs(z["a"]) < 1
+
+
+# -- ratios over clusters --------------------------------------------------------------------------
+
+def clusters(rng, n, trials, alpha, beta):
+    """n clusters of `trials` each; each cluster's rate ~ Beta(alpha, beta) (overdispersed when alpha+beta is small)."""
+    q = rng.beta(alpha, beta, n)
+    return rng.binomial(trials, q), np.full(n, trials)
+
+
+def test_cluster_variance_matches_the_spread_of_the_rate_under_overdispersion():
+    rng = np.random.default_rng(0)
+    rates, predicted = [], []
+    for _ in range(400):
+        s = hypothesis_tests.ClusterSums.of(*clusters(rng, 50, 40, 2, 2))
+        rates.append(s.rate)
+        predicted.append(s.variance)
+    observed_var = np.var(rates)
+    assert 0.8 < np.mean(predicted) / observed_var < 1.25
+    binomial = 0.5 * 0.5 / (50 * 40)
+    assert observed_var / binomial > 5  # what a token-level test would have assumed, ~8x too small
+    assert hypothesis_tests.ClusterSums.of(*clusters(rng, 200, 40, 2, 2)).design_effect > 5
+    assert 0.7 < hypothesis_tests.ClusterSums.of(*clusters(rng, 200, 40, 2000, 2000)).design_effect < 1.4
+
+
+def test_cluster_sums_pool_by_adding():
+    rng = np.random.default_rng(1)
+    (a1, p1), (a2, p2) = clusters(rng, 30, 10, 2, 3), clusters(rng, 20, 15, 2, 3)
+    pooled = hypothesis_tests.ClusterSums.of(a1, p1) + hypothesis_tests.ClusterSums.of(a2, p2)
+    direct = hypothesis_tests.ClusterSums.of(np.r_[a1, a2], np.r_[p1, p2])
+    assert pooled.n == 50 and pooled.rate == pytest.approx(direct.rate)
+    assert pooled.variance == pytest.approx(direct.variance)
+
+
+def test_compare_ratios_standardises_the_mix_and_covers_the_truth():
+    rng = np.random.default_rng(2)
+    hits = 0
+    for _ in range(200):  # same per-stratum rates; b has 4x the share of the low stratum
+        base = {"hi": hypothesis_tests.ClusterSums.of(*clusters(rng, 80, 10, 60, 40)),
+                "lo": hypothesis_tests.ClusterSums.of(*clusters(rng, 20, 10, 20, 80))}
+        cand = {"hi": hypothesis_tests.ClusterSums.of(*clusters(rng, 20, 10, 60, 40)),
+                "lo": hypothesis_tests.ClusterSums.of(*clusters(rng, 80, 10, 20, 80))}
+        c = hypothesis_tests.compare_ratios(base, cand, confidence=0.95)
+        hits += c.difference_ci[0] <= 0 <= c.difference_ci[1] and c.relative_ci[0] <= 0 <= c.relative_ci[1]
+    assert hits >= 180  # ~95% coverage of "no difference"
+    merged = hypothesis_tests.compare_ratios({"all": base["hi"] + base["lo"]}, {"all": cand["hi"] + cand["lo"]})
+    assert merged.relative < -0.3 and merged.p_value < 1e-6  # unstratified, the mix reads as a drop
+    assert hypothesis_tests.compare_ratios({"x": base["hi"]}, {"y": cand["hi"]}) is None  # nothing shared
+
+
+def test_compare_ratios_finds_a_relative_drop_with_its_interval():
+    rng = np.random.default_rng(3)
+    base = {"w": hypothesis_tests.ClusterSums.of(*clusters(rng, 400, 10, 10, 90))}  # 10%
+    cand = {"w": hypothesis_tests.ClusterSums.of(*clusters(rng, 400, 10, 7, 93))}  # 7%
+    c = hypothesis_tests.compare_ratios(base, cand, confidence=0.99)
+    assert c.p_value < 0.01 and c.relative_ci[1] < 0 and c.relative_ci[0] < -0.3 < c.relative_ci[1]
+
+
+def test_ratio_homogeneity_is_cluster_robust():
+    rng = np.random.default_rng(4)
+    same = [hypothesis_tests.ClusterSums.of(*clusters(rng, 40, 50, 2, 2)) for _ in range(5)]
+    stat, p = hypothesis_tests.ratio_homogeneity(same)
+    assert p > 0.01
+    tokens = hypothesis_tests.chi_square_homogeneity([int(s.a) for s in same], [int(s.p) for s in same])
+    assert tokens[1] < p  # treating tokens as independent overstates the evidence
+    differ = same[:4] + [hypothesis_tests.ClusterSums.of(*clusters(rng, 40, 50, 1, 4))]
+    assert hypothesis_tests.ratio_homogeneity(differ)[1] < 1e-4
+    assert hypothesis_tests.ratio_homogeneity(same[:1]) is None

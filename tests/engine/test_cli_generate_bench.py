@@ -50,3 +50,15 @@ def test_the_engine_side_produces_exactly_the_requested_tokens(tiny_llama):
     w = make_workload(6, vocab_size=512, seed=2, prompt_lens=(4, 30), output_lens=(2, 9))
     result = run_engine(str(tiny_llama), w, 1, dict(block_size=4, num_kv_blocks=128))
     assert result["output_tokens"] == w.output_tokens and result["seconds"] > 0
+
+
+def test_generate_json_keeps_the_top_logprobs(tiny_llama, capsys):
+    rc = main(["generate", "--model", str(tiny_llama), "--prompt", "The quick", "--max-tokens", "3",
+               "--ignore-eos", "--json", "--threads", "1", "--logprobs", "3"])
+    assert rc == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert len(row["logprobs"]) == 3 and len(row["top_logprobs"]) == 3
+    for sampled, lp, top in zip(row["token_ids"], row["logprobs"], row["top_logprobs"]):
+        assert len(top) == 3 and [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+        assert all(isinstance(t["token"], str) and isinstance(t["token_id"], int) for t in top)
+        assert top[0]["token_id"] == sampled and abs(top[0]["logprob"] - lp) < 1e-5  # greedy: the best one

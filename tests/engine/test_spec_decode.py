@@ -276,3 +276,18 @@ def test_failed_step_leaves_no_draft_in_the_output(target, reference):
     assert engine.kv_cache.num_used_blocks == 0
     engine.runner.forward = real_forward  # and the engine keeps serving
     assert [o.token_ids for o in generate(engine, prompts[:2], GREEDY)] == expected[:2]
+
+
+def test_penalized_requests_decode_as_without_speculation(target, reference):
+    """Verification scores drafts on the raw logits; a request whose penalties or bias change the
+    distribution gets no draft, so its greedy output is the plain engine's (draft-is-target would
+    otherwise accept the raw argmax everywhere)."""
+    prompts, _ = reference
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, repetition_penalty=1.8, frequency_penalty=0.7)
+    plain = generate(LLMEngine(target, block_size=4, num_kv_blocks=512), prompts, params)
+    spec = generate(LLMEngine(target, block_size=4, num_kv_blocks=512, speculative_mode="draft",
+                              draft_model=str(target), num_speculative_tokens=K), prompts, params)
+    assert [a.token_ids for a in plain] == [b.token_ids for b in spec]
+    unpenalized = generate(LLMEngine(target, block_size=4, num_kv_blocks=512),
+                           prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    assert [a.token_ids for a in plain] != [u.token_ids for u in unpenalized]  # the penalties did change them

@@ -23,6 +23,12 @@ def chat(model: str, **extra) -> dict:
     return {"model": model, "messages": MESSAGES, "max_tokens": 10, "temperature": 0, "ignore_eos": True, **extra}
 
 
+def client_params(upstream_params: str) -> str:
+    """The upstream's row holds the logprobs the proxy asked for (engine/proxy/extras.py); the proxy's
+    row holds the client's parameters (it asked for none)."""
+    return json.dumps({**json.loads(upstream_params), "logprobs": None}, sort_keys=True)
+
+
 def rid() -> str:
     return uuid.uuid4().hex
 
@@ -58,9 +64,10 @@ def test_a_whole_response_is_what_the_upstream_says_and_its_row_holds_the_upstre
     t, m = truth[request_id], mine[request_id]
     for column in ("prompt_token_ids", "output_token_ids"):
         assert list(m[column]) == list(t[column]) and len(t[column]) > 0
-    for column in ("prompt_text_hash", "sampling_params_json", "workload", "trace_id", "finish_reason",
-                   "prompt_tokens", "output_tokens", "model_name"):
+    for column in ("prompt_text_hash", "workload", "trace_id", "finish_reason", "prompt_tokens", "output_tokens",
+                   "model_name"):
         assert m[column] == t[column], column
+    assert m["sampling_params_json"] == client_params(t["sampling_params_json"])
     assert m["trace_id"] == TRACEPARENT.split("-")[1] and m["workload"] == "chat"
     # a whole response has no per-token times: it is kept out of the latency views, not faked
     assert list(m["token_times"]) == [] and m["ttft_seconds"] == 0
@@ -92,7 +99,7 @@ def test_a_stream_keeps_its_events_and_its_row_has_a_time_per_token(clients, ups
     assert m["output_tokens"] == len(m["token_times"]) == len(t["output_token_ids"]) == body["max_tokens"]
     assert list(m["token_times"]) == sorted(m["token_times"]) and m["token_times"][0] > 0
     assert m["ttft_seconds"] == pytest.approx(m["token_times"][0], abs=1e-5)
-    assert m["workload"] == "agent" and m["sampling_params_json"] == t["sampling_params_json"]
+    assert m["workload"] == "agent" and m["sampling_params_json"] == client_params(t["sampling_params_json"])
     assert m["finish_reason"] == t["finish_reason"] == "length"
 
 

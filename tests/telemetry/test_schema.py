@@ -71,9 +71,10 @@ def test_table_and_text_ttls_and_skip_indexes(store):
 def test_migrate_is_idempotent_and_recorded(store):
     assert migrate(store) == []
     rows = store.query_df("SELECT version, name FROM schema_migrations ORDER BY version")
-    assert list(rows["version"]) == [1, 2, 3, 4, 5, 6]
+    assert list(rows["version"]) == [1, 2, 3, 4, 5, 6, 7, 8]
     assert list(rows["name"]) == ["initial", "steps_spec_num_drafts", "requests_rendered_prompt_hash",
-                                 "probe_baselines", "requests_output_logprobs", "steps_num_context_tokens"]
+                                 "probe_baselines", "requests_output_logprobs", "steps_num_context_tokens",
+                                 "engine_request_timings", "requests_prompt_logprobs"]
 
 
 def test_new_migration_applies_once_and_a_changed_one_is_refused(store, tmp_path):
@@ -128,7 +129,7 @@ def test_render_rejects_bad_names():
 
 UNIQUE_KEY = {"replicas": "replica_id", "requests": "request_id", "steps": "step_id", "eval_runs": "run_id",
               "eval_items": "item_id", "findings": "finding_id", "profiles": "samples",
-              "probe_baselines": "probe_id"}
+              "probe_baselines": "probe_id", "engine_request_timings": "request_id"}
 
 
 @pytest.mark.parametrize("table", sorted(RECORD_TYPES))

@@ -93,12 +93,14 @@ def test_a_text_prompt_is_tokenized_once_through_the_cache(tiny_llama):
     (lambda: _completion(prompt="word " * 200), "prompt", "maximum context length is 64"),
     (lambda: _completion(prompt=[1, 2, 10**6]), "prompt", "outside the vocabulary"),
     (lambda: _completion(prompt=[]), "prompt", "must not be empty"),
-    (lambda: _completion(prompt=["a", "b"]), "prompt", "batched prompts"),
-    (lambda: _completion(n=3), "n", "only n=1"),
-    (lambda: _completion(best_of=2), "best_of", "best_of=1"),
-    (lambda: _completion(echo=True), "echo", "not supported"),
-    (lambda: _completion(presence_penalty=0.5), "presence_penalty", "not supported"),
-    (lambda: _completion(logit_bias={"5": 1.0}), "logit_bias", "not supported"),
+    (lambda: _completion(prompt=["a"] * 65), "best_of", "at most 64 samples"),
+    (lambda: _completion(n=3, best_of=2), "best_of", "at least n"),
+    (lambda: _completion(best_of=2, stream=True), "best_of", "cannot be streamed"),
+    (lambda: _chat(n=65), "n", "at most 64"),
+    (lambda: _completion(logit_bias={"1000000": 1.0}), "logit_bias", "not token IDs of this vocabulary"),
+    (lambda: _completion(logit_bias={"05": 1.0}), "logit_bias", "not token IDs of this vocabulary"),
+    (lambda: _completion(logit_bias={" 5": 1.0}), "logit_bias", "not token IDs of this vocabulary"),
+    (lambda: _completion(logit_bias={"9" * 5000: 1.0}), "logit_bias", "not token IDs of this vocabulary"),
     (lambda: _completion(stop=[""]), "stop", "must not be empty"),
     (lambda: _completion(stop=["s"] * 17), "stop", "at most 16"),
     (lambda: _completion(stop_token_ids=[10**6]), "stop_token_ids", "outside the vocabulary"),
@@ -133,3 +135,21 @@ def test_headers():
     for bad in [{"x-request-id": "a b"}, {"x-request-id": "x" * 200}, {"x-workload": "chat;drop"}]:
         with pytest.raises(APIError):
             request_context(Headers(bad), "chat")
+
+
+def test_penalties_min_p_and_logit_bias_reach_the_sampling_params(served):
+    for admit, req in [(admit_completion, _completion), (admit_chat, _chat)]:
+        p = admit(req(presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.2, min_p=0.1,
+                      logit_bias={"5": 3.0, "0": -100.0}), served).sampling_params
+        assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.min_p) == (0.5, -0.25, 1.2, 0.1)
+        assert p.logit_bias == {5: 3.0, 0: -100.0}
+        assert admit(req(logit_bias={}), served).sampling_params.logit_bias is None
+
+
+@pytest.mark.parametrize("body", [{"presence_penalty": 2.5}, {"frequency_penalty": -3}, {"repetition_penalty": 0},
+                                  {"min_p": 1.5}, {"logit_bias": {"5": 101.0}}])
+def test_out_of_range_processor_values_are_validation_errors(body):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):  # the server answers these with a 400 naming the field
+        _completion(**body)

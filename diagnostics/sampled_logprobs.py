@@ -1,0 +1,341 @@
+"""Quality drift from sampled traffic: is one replica less (or more) sure of the tokens it samples?
+
+Under sampled, load-balanced traffic no two requests are the same, so exact-token checks
+(diagnostics/output_drift.py, diagnostics/probes.py) have nothing to pair. What every request
+does carry is `requests.output_logprobs`: the raw logprob of each token it sampled. A damaged
+model (coarse int4, noisy weights ...) puts less mass on the tokens it then picks.
+
+Algorithm:
+1. In ClickHouse, per request (the unit): the mean of its first K = 16 sampled-token logprobs
+   (its negative is the per-token surprisal, the entropy estimate under sampling) and the share of
+   those tokens with p < 5% (the low-probability tail). Only the first K tokens: the length of an
+   output must not move the per-request statistic. Requests are put in strata of
+   model x workload (prompt mix) x sampling (temperature, top-p, top-k bucket) x output-length
+   bucket (how many of the K tokens exist); per (model, replica, stratum): counts, means and a
+   uniform sample of at most CAP requests.
+2. Per model, the subject against its peers: 2 replicas: the canary against the baseline
+   (diagnostics.baseline: a pin, the requested side, or the first-served identity); 3+: each
+   replica against the pooled others, peeling: the most shifted significant replica leaves the
+   pool and all are compared again (one damaged replica in the pool must not make its healthy
+   peers look shifted). Only strata where both sides have >= MIN_PER_STRATUM requests.
+3. The test: van Elteren's stratified Wilcoxon-Mann-Whitney (within-stratum rank sums, weights
+   1 / (N_s + 1), ties corrected); the effect: the difference of means standardized to the
+   subject's stratum counts, with a percentile bootstrap CI resampling requests within strata
+   (computed where the test is significant and the CI decides; elsewhere its normal approximation).
+4. Holm over every (replica, metric) test of the run; a finding where the adjusted p < ALPHA,
+   the CI excludes 0 and the effect is at least 10% of the peers' own level (and an absolute
+   floor): how sure a model is depends on the model and the task. Critical from 50%. Where exact-token findings exist for
+   the replica (drift / probe in the findings table) the summary says they are the stronger evidence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+from diagnostics.baseline import baselines_by_model
+from diagnostics.findings import Finding, insufficient
+from diagnostics.hypothesis_tests import holm
+from diagnostics.replicas import identity_differences
+from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope, replicas_in, requests_in
+from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
+
+DIAGNOSTIC = "quality"
+KIND = "sampled_logprob_shift"
+K = 16  # tokens per request: the first K (output length must not move the statistic)
+MIN_TOKENS = 2  # one token says too little about a request (short answers are the length stratum '2-3')
+LOW_LOGPROB = float(np.log(0.05))  # a token the model itself gave < 5%
+CAP = 1000  # requests sampled per (replica, stratum) for the test and the bootstrap
+MIN_PER_STRATUM = 5
+MIN_REQUESTS = 20  # per side, over the shared strata
+ALPHA = 0.01
+N_BOOT = 500
+BOOT_MAX = 400  # per side and stratum: larger samples are bootstrapped m-out-of-n (a mean's spread rescales)
+# name -> (unit, smallest absolute effect worth a finding). The floor is relative too: how sure a model
+# is depends on the model and the task, so an effect counts from REL_FLOOR of the peers' own level
+# (10% more or less surprisal per token) and is critical from REL_CRITICAL.
+METRICS = {
+    "mean_logprob": ("nats/token", 0.01),
+    "low_prob_share": ("share of tokens", 0.005),
+}
+REL_FLOOR, REL_CRITICAL = 0.10, 0.50
+EXACT_EVIDENCE = ("drift", "probe")  # diagnostics whose token-exact findings outrank this one
+
+_STRATUM = f"""concat(workload, '|T', multiIf(temp = 0, '0', temp <= 0.5, '<=0.5', temp <= 0.85, '<=0.85',
+        temp <= 1.1, '<=1.1', '>1.1'), '|p', multiIf(top_p >= 1, '1', top_p >= 0.9, '>=0.9', top_p >= 0.5, '>=0.5',
+        '<0.5'), '|k', multiIf(top_k <= 0, 'off', top_k < 20, '<20', '>=20'),
+        '|n', multiIf(n_tok >= {K}, '{K}', n_tok >= 8, '8-{K - 1}', n_tok >= 4, '4-7', '{MIN_TOKENS}-3'))"""
+
+_QUERY = f"""
+SELECT model_name, replica_id, stratum, count() AS n,
+       groupArraySample({CAP}, 7)((mean_lp, low_share)) AS sample
+FROM (
+    SELECT model_name, replica_id, {_STRATUM} AS stratum, arrayAvg(head) AS mean_lp,
+           arrayAvg(arrayMap(x -> x < {LOW_LOGPROB}, head)) AS low_share
+    FROM (
+        SELECT t.model_name AS model_name, t.replica_id AS replica_id, t.workload AS workload,
+               arraySlice(t.output_logprobs, 1, {K}) AS head, length(head) AS n_tok,
+               -- one parse of the JSON for the three fields (three JSONExtract calls cost three)
+               JSONExtract(t.sampling_params_json, 'Tuple(temperature Float64, top_p Nullable(Float64), top_k Int64)')
+                   AS sp,
+               sp.1 AS temp, ifNull(sp.2, 1.0) AS top_p, sp.3 AS top_k
+        FROM {{source}} AS t
+        WHERE t.finish_reason NOT IN ('abort', 'error') AND length(t.output_logprobs) >= {MIN_TOKENS}
+              AND t.workload NOT IN {ACTIVE_WORKLOADS_SQL}  -- probes, rescores: not client traffic
+    )
+)
+GROUP BY model_name, replica_id, stratum
+ORDER BY model_name, replica_id, stratum
+"""
+
+_MODELS = "SELECT model_name, count() AS n FROM {source} GROUP BY model_name"
+
+_EXACT = """
+SELECT DISTINCT diagnostic, kind FROM findings FINAL
+WHERE has({diagnostics:Array(String)}, diagnostic) AND severity != 'info' AND position(subject, {replica:String}) > 0
+"""
+
+
+# -- statistics --------------------------------------------------------------------------------------
+
+def van_elteren(pairs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
+    """Stratified Wilcoxon-Mann-Whitney over (subject, peers) samples per stratum: (z, two-sided p).
+    z > 0: the subject's values are larger."""
+    num, var = 0.0, 0.0
+    for a, b in pairs:
+        n1, n2 = len(a), len(b)
+        n = n1 + n2
+        ranks = stats.rankdata(np.concatenate([a, b]))
+        _, ties = np.unique(ranks, return_counts=True)
+        v = n1 * n2 * (n + 1) / 12.0 - n1 * n2 * float(np.sum(ties ** 3 - ties)) / (12.0 * n * (n - 1))
+        w = 1.0 / (n + 1)
+        num += w * (float(ranks[:n1].sum()) - n1 * (n + 1) / 2.0)
+        var += w * w * v
+    if var <= 0:
+        return 0.0, 1.0
+    z = num / np.sqrt(var)
+    return float(z), float(2 * stats.norm.sf(abs(z)))
+
+
+def standardized_difference(pairs, rng, n_boot: int = N_BOOT) -> tuple[float, tuple[float, float], float]:
+    """Mean(subject) - mean(peers) within strata, weighted by the subject's counts; a percentile
+    bootstrap CI that resamples requests within each stratum and side; the peers' level (same weights)."""
+    weights = np.array([len(a) for a, _ in pairs], dtype=float)
+    weights /= weights.sum()
+    point = sum(w * (a.mean() - b.mean()) for w, (a, b) in zip(weights, pairs))
+    level = float(sum(w * b.mean() for w, (_, b) in zip(weights, pairs)))
+    if n_boot == 0:  # the point estimate only
+        return float(point), (float("nan"), float("nan")), level
+    boot = np.zeros(n_boot)
+    for w, (a, b) in zip(weights, pairs):
+        boot += w * (_resampled_means(a, n_boot, rng) - _resampled_means(b, n_boot, rng))
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return float(point), (float(low), float(high)), level
+
+
+def _normal_ci(pairs) -> tuple[float, float]:
+    """95% interval of the standardized difference from the within-stratum standard errors."""
+    weights = np.array([len(a) for a, _ in pairs], dtype=float)
+    weights /= weights.sum()
+    point = sum(w * (a.mean() - b.mean()) for w, (a, b) in zip(weights, pairs))
+    se = np.sqrt(sum(w * w * (a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b)) for w, (a, b) in zip(weights, pairs)))
+    return float(point - 1.96 * se), float(point + 1.96 * se)
+
+
+def _resampled_means(x: np.ndarray, n_boot: int, rng) -> np.ndarray:
+    if len(x) > BOOT_MAX:  # m-out-of-n: a BOOT_MAX subsample's resampled means, spread rescaled by sqrt(m / n)
+        sub = rng.choice(x, BOOT_MAX, replace=False)
+        means = sub[rng.integers(0, BOOT_MAX, (n_boot, BOOT_MAX))].mean(axis=1)
+        return x.mean() + (means - sub.mean()) * np.sqrt(BOOT_MAX / len(x))
+    return x[rng.integers(0, len(x), (n_boot, len(x)))].mean(axis=1)
+
+
+def requests_needed(pairs, delta: float) -> int:
+    """Per side, for a two-sided 1% test with 80% power to see `delta` (normal approximation)."""
+    values = np.concatenate([np.concatenate([a, b]) for a, b in pairs]) if pairs else np.array([])
+    sd = float(values.std()) if len(values) > 1 else 1.0
+    return int(np.ceil(2 * ((stats.norm.isf(ALPHA / 2) + stats.norm.isf(0.2)) * max(sd, 1e-6) / delta) ** 2))
+
+
+# -- reading -----------------------------------------------------------------------------------------
+
+def per_replica_strata(store, scope: Scope) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """model -> replica -> stratum -> [n, 2] sample of (mean_logprob, low_prob_share) per request."""
+    source = requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.workload AS workload, "
+                         "t.output_logprobs AS output_logprobs, t.sampling_params_json AS sampling_params_json, "
+                         "t.finish_reason AS finish_reason", scope=scope)
+    table = store.query_arrow(_QUERY.replace("{source}", source), scope.parameters())
+    # the samples as one numpy block (list<struct> -> offsets + two value columns), not Python tuples
+    samples = table.column("sample").combine_chunks()
+    offsets = samples.offsets.to_numpy()
+    values = np.column_stack([samples.values.field(i).to_numpy(zero_copy_only=False) for i in range(2)]).astype(float)
+    out: dict = {}
+    keys = zip(*(table.column(c).to_pylist() for c in ("model_name", "replica_id", "stratum")))
+    for i, (model, replica, stratum) in enumerate(keys):
+        out.setdefault(model, {}).setdefault(replica, {})[stratum] = values[offsets[i]:offsets[i + 1]]
+    return out
+
+
+def _shared_pairs(mine: dict, peers: list[dict], col: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    pairs = []
+    for stratum, a in mine.items():
+        b = [p[stratum][:, col] for p in peers if stratum in p]
+        if len(a) >= MIN_PER_STRATUM and b and sum(len(x) for x in b) >= MIN_PER_STRATUM:
+            pairs.append((a[:, col], np.concatenate(b)))
+    return pairs
+
+
+# -- the diagnostic ----------------------------------------------------------------------------------
+
+def run(store, request: DiagnosticRequest) -> list[Finding]:
+    scope = request.scope
+    data = per_replica_strata(store, scope)
+    findings = _without_logprobs(store, scope, data)
+    identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
+    baselines = baselines_by_model(store, [identity[r] for m in data.values() for r in m if r in identity],
+                                   request, models=data)
+    rng = np.random.default_rng(0)
+    decided = []
+    for model, reps in data.items():
+        if len(reps) == 2:
+            decided += _test_all(model, reps, _two(sorted(reps), baselines.get(model), identity), findings, scope)
+        elif len(reps) > 2:
+            decided += _peeled(model, reps, findings, scope)
+    for d, p_adj in zip(decided, holm([d["p"] for d in decided])):
+        d["p_holm"] = p_adj
+        # the bootstrap where it decides (a finding needs its CI to exclude 0); elsewhere the
+        # normal approximation of the same stratified difference, and says so
+        d["ci"], d["ci_method"] = ((standardized_difference(d["pairs"], rng)[1], "bootstrap") if p_adj < ALPHA
+                                   else (_normal_ci(d["pairs"]), "normal"))
+    by_subject: dict[tuple, list[dict]] = {}
+    for d in decided:
+        by_subject.setdefault((d["model"], d["subject"]), []).append(d)
+    for (model, subject), results in by_subject.items():
+        findings.append(_finding(store, scope, model, subject, results, identity, baselines.get(model)))
+    return findings
+
+
+def _two(replicas: list[str], baseline, identity: dict) -> list[tuple[str, list[str]]]:
+    """Two replicas: the canary against the baseline side; the same identity on both: the later
+    started against the first."""
+    base = [r for r in replicas if baseline is not None and r in baseline.replicas]
+    if len(base) == 1:
+        return [(next(r for r in replicas if r != base[0]), base)]
+    first, later = sorted(replicas, key=lambda r: (str(identity.get(r, {}).get("started", "")), r))
+    return [(later, [first])]
+
+
+def _peeled(model, reps, findings, scope) -> list[dict]:
+    """3+ replicas, each against the pooled others; a shifted replica in the pool would make its peers
+    look shifted the other way, so the most shifted significant one leaves the pool and everyone is
+    compared again, until no new one is significant (Holm within each round to pick, over all at the end)."""
+    names, outliers = sorted(reps), []
+    while True:
+        clean = [r for r in names if r not in outliers]
+        comparisons = [(r, [p for p in clean if p != r]) for r in names]
+        results = _test_all(model, reps, comparisons, [], scope, metrics=("mean_logprob",))
+        for d, p_adj in zip(results, holm([d["p"] for d in results])):
+            d["p_holm"] = p_adj
+        new = [d for d in results if d["subject"] not in outliers and d["p_holm"] < ALPHA and _large_enough(d)]
+        if not new or len(clean) - 1 < 2:
+            return _test_all(model, reps, comparisons, findings, scope)
+        outliers.append(max(new, key=lambda d: abs(d["effect"]))["subject"])
+
+
+def _test_all(model, reps, comparisons, findings, scope, metrics=tuple(METRICS)) -> list[dict]:
+    """Every (subject, peers) x metric: the stratified test and the effect; too few requests: `insufficient`."""
+    out = []
+    for subject, peers in comparisons:
+        for col, metric in enumerate(METRICS):
+            if metric not in metrics:
+                continue
+            pairs = _shared_pairs(reps[subject], [reps[p] for p in peers], col)
+            n_a, n_b = sum(len(a) for a, _ in pairs), sum(len(b) for _, b in pairs)
+            if n_a < MIN_REQUESTS or n_b < MIN_REQUESTS:
+                if metric == "mean_logprob":  # one "cannot decide" per comparison, not per metric
+                    need = max(MIN_REQUESTS, requests_needed(pairs, 0.1))
+                    findings.append(insufficient(
+                        KIND, subject, DIAGNOSTIC, scope,
+                        f"{n_a} requests on {subject} and {n_b} on {', '.join(peers)} with >= {MIN_TOKENS} "
+                        f"sampled-token logprobs in shared strata (workload x sampling x length, >= "
+                        f"{MIN_PER_STRATUM} each); need >= {MIN_REQUESTS} per side, about {need} per side to see "
+                        f"a 0.1 nats/token shift",
+                        requests=n_a, peer_requests=n_b, needed_per_side=need, model_name=model, peers=peers))
+                continue
+            z, p = van_elteren(pairs)
+            effect, _, level = standardized_difference(pairs, None, n_boot=0)
+            out.append(dict(model=model, subject=subject, peers=peers, metric=metric, pairs=pairs, z=z, p=p,
+                            effect=effect, peer_level=level, relative=effect / max(abs(level), 1e-9),
+                            n=n_a, n_peers=n_b))
+    return out
+
+
+def _large_enough(d: dict) -> bool:
+    return abs(d["effect"]) >= METRICS[d["metric"]][1] and abs(d["relative"]) >= REL_FLOOR
+
+
+def _significant(d: dict) -> bool:
+    low, high = d["ci"]
+    return d["p_holm"] < ALPHA and (low > 0 or high < 0) and _large_enough(d)
+
+
+def _finding(store, scope, model, subject, results, identity, baseline) -> Finding:
+    hits = [d for d in results if _significant(d)]
+    peers = results[0]["peers"]
+    evidence = {
+        "model_name": model, "replica": subject, "peers": peers,
+        "unit": f"request (mean of its first {K} sampled-token raw logprobs; share of them with p < 5%)",
+        "test": "van Elteren stratified Wilcoxon-Mann-Whitney, Holm across replicas x metrics",
+        "effect": "difference of means standardized to the replica's stratum counts, 95% CI: bootstrap "
+                  "(requests resampled within strata) where the test is significant, normal approximation elsewhere",
+        "controlled_for": ["model", "workload (prompt mix)", "temperature / top-p / top-k bucket",
+                           f"output length (first {K} tokens; length bucket)"],
+        "baseline": baseline.describe() if baseline is not None and len(peers) == 1 else
+        {"rule": "pooled_peers", "replicas": peers},
+        "metrics": {d["metric"]: {"effect": d["effect"], "ci95": d["ci"], "ci_method": d["ci_method"],
+                                  "unit": METRICS[d["metric"]][0],
+                                  "peer_level": d["peer_level"], "relative": d["relative"],
+                                  "z": d["z"], "p": d["p"], "p_holm": d["p_holm"], "requests": d["n"],
+                                  "peer_requests": d["n_peers"], "strata": len(d["pairs"])} for d in results},
+    }
+    if not hits:
+        return Finding("sampled_logprobs_unchanged", "info", subject,
+                       f"{subject}: sampled-token logprobs match {', '.join(peers)} "
+                       f"({results[0]['n']} vs {results[0]['n_peers']} requests)", DIAGNOSTIC, scope, evidence,
+                       id_kind=KIND)
+    lead = next((d for d in hits if d["metric"] == "mean_logprob"), hits[0])
+    critical = any(abs(d["relative"]) >= REL_CRITICAL for d in hits)
+    diffs = identity_differences(identity.get(subject, {}), [identity[p] for p in peers if p in identity])
+    evidence["identity_differences"] = diffs
+    exact = store.query_arrow(_EXACT, {"diagnostics": list(EXACT_EVIDENCE), "replica": subject}).to_pylist()
+    evidence["exact_token_findings"] = exact
+    unit = METRICS[lead["metric"]][0]
+    direction = "less" if (lead["metric"] == "mean_logprob") == (lead["effect"] < 0) else "more"
+    summary = (f"{subject} ({model}) is {direction} sure of the tokens it samples than {', '.join(peers)}: "
+               f"{lead['metric']} {lead['effect']:+.3f} {unit} [95% CI {lead['ci'][0]:+.3f}, {lead['ci'][1]:+.3f}] "
+               f"({lead['relative']:+.0%} of the peers' {lead['peer_level']:.3f}), "
+               f"van Elteren p_holm={lead['p_holm']:.2g}, {lead['n']} vs {lead['n_peers']} requests in "
+               f"{len(lead['pairs'])} strata (workload x sampling x length)")
+    if diffs:
+        summary += "; differs in " + ", ".join(d["field"] for d in diffs[:4])
+    summary += ("; exact-token evidence exists (" + ", ".join(f"{e['diagnostic']}: {e['kind']}" for e in exact)
+                + ") and is the stronger evidence" if exact else
+                "; confirm with exact tokens: `infersight diagnose probe` / `drift` (golden probes, greedy replays)")
+    return Finding(KIND, "critical" if critical else "warning", subject, summary, DIAGNOSTIC, scope, evidence)
+
+
+def _without_logprobs(store, scope: Scope, data: dict) -> list[Finding]:
+    """A model whose requests carry no logprobs at all: say why nothing can be compared (a cheap
+    count: the model column only)."""
+    source = requests_in("t.model_name AS model_name", scope=scope)
+    rows = store.query_arrow(_MODELS.replace("{source}", source), scope.parameters())
+    out = []
+    for r in rows.to_pylist():
+        if r["model_name"] not in data and r["n"] > 0:
+            out.append(insufficient(KIND, r["model_name"], DIAGNOSTIC, scope,
+                                    f"none of {r['n']} requests of {r['model_name']} carry >= {MIN_TOKENS} "
+                                    f"output_logprobs (an engine before migration 0005, or vLLM without the "
+                                    f"recording proxy); need >= {MIN_REQUESTS} per replica",
+                                    requests=r["n"], model_name=r["model_name"]))
+    return out

@@ -1,0 +1,363 @@
+"""Step model: which replica takes more time for the same work ("same batch shape, more time").
+
+A replica pinned to one CPU beside a busy loop, a noisy neighbour, NUMA misplacement or a slower
+build makes every scheduler step slower at the same batch shape; a replica that merely got bigger
+batches or longer contexts has slower steps too, and is not at fault. So steps are compared through
+a model of their cost, never raw:
+
+1. Per model, step time is linear in the batch shape: one intercept per phase (prefill / decode /
+   mixed), prefill tokens, decode tokens, sequences and context tokens (what attention reads).
+   Three targets are modelled: the whole step (duration), the forward pass, and host time
+   (duration - forward). Idle steps and steps with no tokens are left out.
+2. ClickHouse aggregates the sufficient statistics of that least-squares fit (X'X, X'y, the sums of
+   x and y) per (replica, time block, phase); Python sees those sums, never a step.
+3. Leave-one-out: each replica's expected time is predicted by the fit on its PEERS' steps only,
+   so a slow replica does not pull the model towards itself (with two replicas, the other one).
+   The effect is a ratio of sums: observed seconds / predicted seconds over the replica's steps.
+4. Uncertainty: a cluster bootstrap over time blocks (BLOCK_SECONDS; steps within a block share
+   load and neighbours, so the block, not the step, is the unit). Blocks are resampled jointly
+   across replicas and the peers' model is refitted in every resample, so its uncertainty counts.
+   Interval: bootstrap percentiles. Test: one-sided, H0 "ratio <= MIN_RATIO", a normal
+   approximation on the bootstrap standard error of log(ratio); Holm over replicas x targets of
+   the model.
+5. A replica is slow when a target's interval lies above MIN_RATIO and its Holm-adjusted p is
+   below ALPHA. The finding names the replica, the targets, the effect with its interval, and how
+   its identity and placement differ from its peers' (CPU count, CPUs shared, NUMA, version, config).
+   Too few blocks or steps is an explicit "insufficient data" finding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+from diagnostics.findings import Finding, insufficient
+from diagnostics.hypothesis_tests import holm
+from diagnostics.replicas import (
+    IDENTITY,
+    _explain,  # the same wording as the latency outlier's
+    identity_differences,
+)
+from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope, replicas_in, steps_in
+from telemetry.contract.derived import replica_filter_sql, window_sql
+
+DIAGNOSTIC = "steps"
+KIND = "slow_steps"
+BLOCK_SECONDS = 10.0  # the resampling unit; widened so that a window has at most MAX_BLOCKS of them
+MAX_BLOCKS = 2000
+MIN_BLOCKS = 10  # time blocks with steps, per replica
+MIN_STEPS = 100  # per replica
+MIN_RATIO = 1.10  # the smallest slowdown worth a finding
+CRITICAL_RATIO = 1.5  # interval's lower bound at or above this: critical
+ALPHA = 0.01
+RESAMPLES = 1000
+CONFIDENCE = 0.95
+# the batch shape: phase intercepts, then the work
+FEATURES = ("prefill", "decode", "mixed", "prefill_tokens", "decode_tokens", "seqs", "context_tokens")
+TARGETS = ("step", "forward", "host")
+RIDGE = 1e-8  # on the scaled normal equations: collinear columns (decode tokens = sequences) stay solvable
+
+PHASES = FEATURES[:3]  # idle steps (and any other phase) are no batch shape: left out
+_K, _T, _P = len(FEATURES), len(TARGETS), len(PHASES)
+_C = _K - _P  # the continuous features
+_PAIRS = [(i, j) for i in range(_K) for j in range(i, _K)]
+_CPAIRS = [(i, j) for i in range(_C) for j in range(i, _C)]
+
+
+_STEP_COLUMNS = ("t.replica_id AS replica_id, t.start_time AS start_time, t.phase AS phase, "
+                 "t.num_tokens AS num_tokens, t.num_prefill_tokens AS prefill_tokens, "
+                 "t.num_decode_tokens AS decode_tokens, t.num_seqs AS seqs, t.num_context_tokens AS context_tokens, "
+                 "t.duration_seconds AS duration, t.forward_seconds AS forward_s")
+
+
+def _source(scope: Scope) -> str:
+    """The scope's steps. A scope that filters on no identity (version, config, model) skips the
+    identity join (a pass over the rows): each replica's model then comes from its latest start."""
+    if scope.versions or scope.config_hashes or scope.models:
+        return steps_in(_STEP_COLUMNS)
+    return (f"(SELECT {_STEP_COLUMNS}, '' AS model_name FROM steps AS t "
+            f"WHERE {window_sql('t.start_time')} AND {replica_filter_sql('t.replica_id')})")
+
+
+def _aggregate_sql(source: str) -> str:
+    # per phase, so the phase intercepts' products need no columns of their own (see _expand)
+    cs = ("prefill_tokens", "decode_tokens", "seqs", "context_tokens")
+    ys = ("duration", "forward_s", "greatest(duration - forward_s, 0)")
+    inner = ", ".join([f"toFloat64({c}) AS c{i}" for i, c in enumerate(cs)]
+                      + [f"{y} AS y{t}" for t, y in enumerate(ys)])
+    sums = ([f"sum(c{i}) AS sc{i}" for i in range(_C)] + [f"sum(y{t}) AS sy{t}" for t in range(_T)]
+            + [f"sum(c{i} * c{j}) AS cc{i}_{j}" for i, j in _CPAIRS]
+            + [f"sum(c{i} * y{t}) AS cy{i}_{t}" for i in range(_C) for t in range(_T)])
+    return f"""
+SELECT model_name, replica_id, intDiv(toUnixTimestamp64Micro(start_time), {{block_us:UInt64}}) AS block,
+       indexOf({{phases:Array(String)}}, phase) - 1 AS phase_index, count() AS n, {', '.join(sums)}
+FROM (SELECT model_name, replica_id, start_time, phase, {inner}
+      FROM {source} WHERE has({{phases:Array(String)}}, phase) AND num_tokens > 0)
+GROUP BY model_name, replica_id, block, phase
+"""
+
+
+# -- the statistics: per (replica, block) sums -> leave-one-out fits -> ratios ---------------------
+
+# what ClickHouse returns per (replica, block, phase): n, sums of the continuous features and the targets,
+# their products
+_PART_COLUMNS = (["n"] + [f"sc{i}" for i in range(_C)] + [f"sy{t}" for t in range(_T)]
+                 + [f"cc{i}_{j}" for i, j in _CPAIRS] + [f"cy{i}_{t}" for i in range(_C) for t in range(_T)])
+
+
+def _expand(phase: np.ndarray, part: np.ndarray) -> np.ndarray:
+    """Per-phase partial sums (N, len(_PART_COLUMNS)) -> full stats vectors (N, D): n, sum x (K), sum y (T),
+    X'X upper triangle, X'y (K x T), with x = (one-hot phase, continuous features)."""
+    n, sc, sy = part[:, 0], part[:, 1:1 + _C], part[:, 1 + _C:1 + _C + _T]
+    o = 1 + _C + _T
+    cc = np.zeros((len(part), _C, _C))
+    for c, (i, j) in enumerate(_CPAIRS):
+        cc[:, i, j] = cc[:, j, i] = part[:, o + c]
+    cy = part[:, o + len(_CPAIRS):].reshape(-1, _C, _T)
+    e = np.eye(_P)[phase]  # (N, P)
+    xtx = np.zeros((len(part), _K, _K))
+    xtx[:, :_P, :_P] = e[:, :, None] * e[:, None, :] * n[:, None, None]
+    xtx[:, :_P, _P:] = e[:, :, None] * sc[:, None, :]
+    xtx[:, _P:, :_P] = np.swapaxes(xtx[:, :_P, _P:], 1, 2)
+    xtx[:, _P:, _P:] = cc
+    xty = np.concatenate([e[:, :, None] * sy[:, None, :], cy], axis=1)
+    sx = np.concatenate([e * n[:, None], sc], axis=1)
+    upper = np.stack([xtx[:, i, j] for i, j in _PAIRS], axis=1)
+    return np.concatenate([n[:, None], sx, sy, upper, xty.reshape(len(part), -1)], axis=1)
+
+
+def _unpack(s: np.ndarray):
+    """Stacked stats vectors (..., D) -> n, sum x (..., K), sum y (..., T), X'X (..., K, K), X'y (..., K, T)."""
+    n = s[..., 0]
+    sx = s[..., 1:1 + _K]
+    sy = s[..., 1 + _K:1 + _K + _T]
+    o = 1 + _K + _T
+    tri = s[..., o:o + len(_PAIRS)]
+    xtx = np.zeros(s.shape[:-1] + (_K, _K))
+    for c, (i, j) in enumerate(_PAIRS):
+        xtx[..., i, j] = xtx[..., j, i] = tri[..., c]
+    xty = s[..., o + len(_PAIRS):].reshape(s.shape[:-1] + (_K, _T))
+    return n, sx, sy, xtx, xty
+
+
+def _fit(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
+    """Least squares from normal equations (..., K, K), (..., K, T) -> coefficients (..., K, T).
+    Columns are scaled to unit diagonal (absent ones, e.g. no mixed steps, get coefficient 0) and a
+    tiny ridge keeps exactly collinear columns solvable; predictions in the data's span are exact."""
+    d = np.sqrt(np.clip(np.diagonal(xtx, axis1=-2, axis2=-1), 0, None))
+    scale = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0)
+    a = xtx * scale[..., :, None] * scale[..., None, :] + RIDGE * np.eye(_K)
+    b = np.linalg.solve(a, xty * scale[..., :, None])
+    return b * scale[..., :, None]
+
+
+def _ratios(per_replica: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """per_replica (..., R, D) summed stats -> observed, predicted seconds and their ratio (..., R, T),
+    each replica predicted by the fit on all the others (leave-one-out)."""
+    peers = per_replica.sum(axis=-2, keepdims=True) - per_replica
+    _, _, _, xtx, xty = _unpack(peers)
+    beta = _fit(xtx, xty)
+    _, sx, sy, _, _ = _unpack(per_replica)
+    predicted = np.einsum("...k,...kt->...t", sx, beta)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(predicted > 0, sy / np.where(predicted > 0, predicted, 1.0), np.nan)
+    return sy, predicted, ratio
+
+
+def block_bootstrap(blocks: np.ndarray, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
+    """blocks (B, R, D) per time block and replica -> ratios (resamples, R, T): time blocks drawn with
+    replacement, the same draw for every replica, the peers' model refitted in each."""
+    rng = np.random.default_rng(seed)
+    b = blocks.shape[0]
+    draws = rng.integers(0, b, (resamples, b))  # counts: how often each block is drawn, per resample
+    counts = np.bincount((draws + b * np.arange(resamples)[:, None]).ravel(),
+                         minlength=resamples * b).reshape(resamples, b).astype(float)
+    sums = (counts @ blocks.reshape(b, -1)).reshape((resamples,) + blocks.shape[1:])
+    return _ratios(sums)[2]
+
+
+def _blocks(block: np.ndarray, replica: np.ndarray, sums: np.ndarray, merge: int) -> np.ndarray:
+    """(B, R, D) array: the sums of each replica (index) in each time block, `merge` blocks made one."""
+    keys, index = np.unique(block // merge, return_inverse=True)
+    n_replicas = int(replica.max()) + 1
+    cell = index * n_replicas + replica
+    size = len(keys) * n_replicas
+    out = np.column_stack([np.bincount(cell, weights=sums[:, d], minlength=size) for d in range(sums.shape[1])])
+    return out.reshape(len(keys), n_replicas, sums.shape[1])
+
+
+def _without_feature(blocks: np.ndarray, k: int) -> np.ndarray:
+    """The stats with feature k zeroed (its sums and products): the fit then leaves it out."""
+    out = blocks.copy()
+    out[..., 1 + k] = 0.0
+    o = 1 + _K + _T
+    for c, (i, j) in enumerate(_PAIRS):
+        if k in (i, j):
+            out[..., o + c] = 0.0
+    out[..., o + len(_PAIRS) + k * _T:o + len(_PAIRS) + (k + 1) * _T] = 0.0
+    return out
+
+
+# -- the diagnostic --------------------------------------------------------------------------------
+
+def run(store, request: DiagnosticRequest, *, block_seconds: float = BLOCK_SECONDS) -> list[Finding]:
+    scope = request.scope
+    params = {**scope.parameters(), "block_us": int(block_seconds * 1e6), "phases": list(PHASES)}
+    table = store.query_arrow(_aggregate_sql(_source(scope)), params)
+    if table.num_rows == 0:
+        return []
+    identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
+    replica_ids = np.asarray(table.column("replica_id").to_pylist(), dtype=object)
+    models = np.asarray(table.column("model_name").to_pylist(), dtype=object)
+    unknown = models == ""  # read without the identity join: the replica's latest start names its model
+    ids, inverse = np.unique(replica_ids[unknown], return_inverse=True)
+    models[unknown] = np.asarray([identity.get(r, {}).get("model_name", "") for r in ids], dtype=object)[inverse]
+    block = table.column("block").to_numpy().astype(np.int64)
+    phase = table.column("phase_index").to_numpy().astype(np.int64)
+    sums = _expand(phase, np.column_stack([table.column(c).to_numpy().astype(float) for c in _PART_COLUMNS]))
+    # a step means something else in another engine (vLLM's iteration vs infersight's step): replicas
+    # are compared with peers of their model on the same engine; builds of one engine are compared
+    families = np.asarray([engine_family(identity.get(r, {}).get("engine_version", "")) for r in replica_ids],
+                          dtype=object)
+    findings: list[Finding] = []
+    for model, family in sorted(set(zip(models, families))):
+        rows = (models == model) & (families == family)
+        replicas, replica = np.unique(replica_ids[rows], return_inverse=True)
+        findings += _model_findings(model, list(replicas), block[rows], replica, sums[rows], identity, scope,
+                                    block_seconds)
+    return findings
+
+
+def engine_family(engine_version: str) -> str:
+    """The engine a version string names: "vllm-0.32.0" -> "vllm"; infersight's own ("0.1.0") -> "infersight"."""
+    name = engine_version.split("-", 1)[0]
+    return name if name[:1].isalpha() else "infersight"
+
+
+def _model_findings(model: str, replicas: list[str], block: np.ndarray, replica: np.ndarray, sums: np.ndarray,
+                    identity: dict, scope: Scope, block_seconds: float) -> list[Finding]:
+    span = int(block.max() - block.min()) + 1
+    merge = max(1, int(np.ceil(span / MAX_BLOCKS)))  # a long window: wider blocks, never more than MAX_BLOCKS
+    blocks = _blocks(block, replica, sums, merge)
+    width = block_seconds * merge
+    reports_context = blocks[:, :, 1 + FEATURES.index("context_tokens")].sum(axis=0) > 0
+    if not reports_context.all():  # an engine that leaves it 0 (vLLM's stat logger): no context slope to share
+        blocks = _without_feature(blocks, FEATURES.index("context_tokens"))
+    findings, tested = _eligible(model, replicas, blocks, width, scope)
+    if not tested:
+        return findings
+    tests = _tests(blocks, tested)
+    for i in tested:
+        targets = {TARGETS[t]: r for (j, t), r in tests.items() if j == i}
+        if any(r["slow"] for r in targets.values()):
+            findings.append(_finding(model, replicas, i, targets, blocks, identity, scope, width, len(tests)))
+    return findings
+
+
+def _eligible(model: str, replicas: list[str], blocks: np.ndarray, width: float, scope: Scope):
+    """The replicas with enough steps and blocks (and peers that have enough) to be tested; an
+    insufficient-data finding for each of the others."""
+    steps = blocks[:, :, 0].sum(axis=0)
+    nblocks = (blocks[:, :, 0] > 0).sum(axis=0)
+    findings, tested = [], []
+    for i, rid in enumerate(replicas):
+        peer_steps = int(steps.sum() - steps[i])
+        peer_blocks = int((blocks[:, :, 0].sum(axis=1) - blocks[:, i, 0] > 0).sum())
+        if len(replicas) < 2:
+            what = f"{rid} is the only replica of {model} with steps: a step-time model needs at least one peer"
+        elif nblocks[i] < MIN_BLOCKS or steps[i] < MIN_STEPS:
+            what = (f"{int(steps[i])} steps in {int(nblocks[i])} time blocks of {width:g} s on {rid} "
+                    f"(need {MIN_STEPS} steps in {MIN_BLOCKS} blocks)")
+        elif peer_blocks < MIN_BLOCKS or peer_steps < MIN_STEPS:
+            what = (f"the peers of {rid} have {peer_steps} steps in {peer_blocks} time blocks of {width:g} s "
+                    f"(need {MIN_STEPS} steps in {MIN_BLOCKS} blocks to fit their step-time model)")
+        else:
+            tested.append(i)
+            continue
+        findings.append(insufficient(KIND, rid, DIAGNOSTIC, scope, what, model_name=model, steps=int(steps[i]),
+                                     blocks=int(nblocks[i]), peer_steps=peer_steps, block_seconds=width,
+                                     min_steps=MIN_STEPS, min_blocks=MIN_BLOCKS))
+    return findings, tested
+
+
+def _tests(blocks: np.ndarray, tested: list[int]) -> dict[tuple[int, int], dict]:
+    """(replica, target) -> ratio, interval, p and Holm-adjusted p (over every test of the model), slow or not.
+    Forward and host time are compared among the replicas whose engine splits the step into them only (one that
+    reports the whole step as forward would read as a peer with no host time)."""
+    splits = blocks[:, :, 1 + _K + TARGETS.index("host")].sum(axis=0) > 0
+    groups = ([(list(range(_T)), np.arange(blocks.shape[1]))] if splits.all() else
+              [([0], np.arange(blocks.shape[1])), ([1, 2], np.flatnonzero(splits))])
+    out = {}
+    for targets, members in groups:
+        if len(members) >= 2:
+            out.update(_group_tests(blocks[:, members], members, targets, [i for i in tested if i in members]))
+    for r, p_holm in zip(out.values(), holm([r["p"] for r in out.values()]) if out else []):
+        r["p_holm"] = float(p_holm)
+        r["slow"] = bool(r["ci"][0] > MIN_RATIO and p_holm < ALPHA)
+    return out
+
+
+def _group_tests(blocks: np.ndarray, members: np.ndarray, targets: list[int], tested: list[int]) -> dict:
+    """The tests of `targets` among `members` (indices into the model's replicas), unadjusted."""
+    observed, predicted, ratio = _ratios(blocks.sum(axis=0))
+    boot = block_bootstrap(blocks)
+    alpha = (1 - CONFIDENCE) / 2
+    out = {}
+    for i in tested:
+        m = int(np.flatnonzero(members == i)[0])
+        for t in targets:
+            if not (observed[m, t] > 0 and predicted[m, t] > 0 and np.isfinite(ratio[m, t])):
+                continue
+            b = boot[:, m, t]
+            logs = np.log(b[np.isfinite(b) & (b > 0)])
+            if len(logs) < 2:
+                continue
+            excess = np.log(ratio[m, t]) - np.log(MIN_RATIO)  # H0: ratio <= MIN_RATIO
+            se = float(np.std(logs, ddof=1))
+            z = excess / se if se > 0 else np.copysign(np.inf, excess)
+            lo, hi = np.exp(np.quantile(logs, [alpha, 1 - alpha]))
+            out[(i, t)] = {"ratio": float(ratio[m, t]), "ci": [float(lo), float(hi)], "p": float(stats.norm.sf(z)),
+                           "observed_seconds": float(observed[m, t]), "predicted_seconds": float(predicted[m, t])}
+    return out
+
+
+def _mean_shape(blocks: np.ndarray, cols) -> dict:
+    total = blocks[:, cols].sum(axis=(0, 1))
+    n, sx = total[0], total[1:1 + _K]
+    return {f: float(v / n) if n else None for f, v in zip(FEATURES, sx)}
+
+
+def _finding(model, replicas, i, targets, blocks, identity, scope, width, family) -> Finding:
+    rid = replicas[i]
+    peers = [p for p in replicas if p != rid]
+    slow = {t: r for t, r in targets.items() if r["slow"]}
+    name, worst = max(slow.items(), key=lambda kv: kv[1]["ci"][0])
+    me = identity.get(rid, {"replica_id": rid})
+    diffs = identity_differences(me, [identity.get(p, {"replica_id": p}) for p in peers])
+    severity = "critical" if worst["ci"][0] >= CRITICAL_RATIO else "warning"
+    others = ", ".join(f"{t} {r['ratio']:.2f}x" for t, r in targets.items() if t != name)
+    summary = (f"{rid} takes {worst['ratio']:.2f}x [{worst['ci'][0]:.2f}, {worst['ci'][1]:.2f}] the {name} time "
+               f"its {len(peers)} peer(s) of {model} take for the same batch shapes"
+               + (f" ({others})" if others else "")
+               + f"; block bootstrap over {width:g} s time blocks, Holm p={worst['p_holm']:.1e}; "
+               + _explain(diffs))
+    peer_cols = [replicas.index(p) for p in peers]
+    evidence = {
+        "model_name": model, "replica": rid, "peers": peers, "targets": targets, "slow_targets": sorted(slow),
+        "unit": f"time blocks of {width:g} s (resampled jointly across replicas)",
+        "steps": int(blocks[:, i, 0].sum()), "blocks": int((blocks[:, i, 0] > 0).sum()),
+        "peer_steps": int(blocks[:, peer_cols, 0].sum()),
+        "mean_shape": {"replica": _mean_shape(blocks, [i]), "peers": _mean_shape(blocks, peer_cols)},
+        "identity_differences": diffs,
+        "identity": {k: me.get(k) for k in (*IDENTITY, "cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes")},
+        "test": (f"one-sided, H0 ratio <= {MIN_RATIO}: normal approximation on the block-bootstrap standard error of "
+                 f"log(ratio), {RESAMPLES} resamples; {CONFIDENCE:.0%} percentile interval; Holm over {family} "
+                 f"(replica, target) tests of {model}"),
+        "controlled_for": ("batch shape: phase, prefill tokens, decode tokens, sequences, context tokens (a linear "
+                           "step-time model fitted on the peers' steps only, leave-one-out); time: blocks drawn "
+                           "jointly for every replica"),
+        "method": "observed seconds / seconds the peers' step-time model predicts, summed over the replica's steps",
+    }
+    return Finding(KIND, severity, rid, summary, DIAGNOSTIC, scope, evidence)
+

@@ -1,0 +1,231 @@
+"""The step-time model: a replica slower at the same batch shapes fires; one that got bigger batches or
+longer contexts does not; block-level noise and many replicas do not fool it. Real chdb store."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from diagnostics import DIAGNOSTICS, step_model
+from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope
+from telemetry.synthetic import T0
+from tests.diagnostics.diag_records import replica, step
+
+SPACING = 0.1  # seconds between a replica's steps: 100 steps per 10 s block
+SECONDS = 300.0  # 30 blocks
+
+
+def cost(prefill_tokens, decode_tokens, seqs, context_tokens):
+    """The true per-step cost on a healthy replica: (forward, host) seconds, linear in the shape."""
+    forward = 0.002 + 2e-5 * prefill_tokens + 3e-4 * decode_tokens + 1e-6 * context_tokens
+    host = 0.001 + 1e-4 * seqs
+    return forward, host
+
+
+def steps_of(rid: str, t0: float, *, seed: int, seconds: float = SECONDS, seqs=(1, 16), context_per_seq=(100, 400),
+             forward_factor: float = 1.0, host_factor: float = 1.0, step_noise: float = 0.1,
+             block_noise: float = 0.03, block_factors=None, no_split: bool = False, no_context: bool = False,
+             idle: bool = False):
+    """Steps of one replica: phases, batch sizes and contexts drawn from the given ranges; the healthy
+    cost times the replica's factors, a per-10 s-block shock (or `block_factors`, cycled) and per-step noise;
+    with `idle`, an idle step (no sequences, the loop's wait) between every two."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds / SPACING)
+    shocks = (np.resize(np.asarray(block_factors, float), int(seconds / 10) + 1) if block_factors is not None
+              else np.exp(rng.normal(0, block_noise, int(seconds / 10) + 1)))
+    out = []
+    for k in range(n):
+        s = int(rng.integers(seqs[0], seqs[1] + 1))
+        phase = rng.choice(["decode", "prefill", "mixed"], p=[0.8, 0.1, 0.1])
+        npre = {"decode": 0, "prefill": s, "mixed": max(1, s // 4)}[phase]
+        pre_tokens = int(npre * rng.integers(50, 200))
+        dec = s - npre
+        ctx = int(dec * rng.integers(*context_per_seq)) + pre_tokens
+        forward, host = cost(pre_tokens, dec, s, ctx)
+        shock = shocks[int(k * SPACING / 10)]
+        forward *= forward_factor * shock * np.exp(rng.normal(0, step_noise))
+        host *= host_factor * shock * np.exp(rng.normal(0, step_noise))
+        if no_split:  # an engine that reports the whole step as forward (vLLM's stat logger)
+            forward, host = forward + host, 0.0
+        out.append(step(rid, k, t0 + k * SPACING, duration=forward + host, forward=forward, num_seqs=s, phase=phase,
+                        num_prefill_seqs=1 if npre else 0, num_decode_seqs=dec, num_tokens=pre_tokens + dec,
+                        num_prefill_tokens=pre_tokens, num_decode_tokens=dec,
+                        num_context_tokens=0 if no_context else ctx))
+        if idle:
+            out.append(step(rid, n + k, t0 + (k + 0.5) * SPACING, duration=0.05, forward=0.0, num_seqs=0,
+                            phase="idle", num_decode_seqs=0, num_tokens=0, num_decode_tokens=0))
+    return out
+
+
+_WINDOWS = iter(range(1, 100))
+
+
+def fleet(store, model: str, specs: dict[str, dict], identities: dict[str, dict] | None = None,
+          seconds: float = SECONDS) -> Scope:
+    """Insert one replica start and the steps of each replica (`specs`: replica -> steps_of kwargs) in a
+    window of its own; returns that window's scope."""
+    t0 = T0 - 40_000 + 2_000 * next(_WINDOWS)
+    identities = identities or {}
+    store.insert_records("replicas", [replica(rid, t0 - 60, model_name=model, **identities.get(rid, {}))
+                                      for rid in specs])
+    for k, (rid, kw) in enumerate(specs.items()):
+        store.insert_records("steps", steps_of(rid, t0, seed=kw.pop("seed", k), seconds=seconds, **kw))
+    return Scope(start=t0 - 1, end=t0 + seconds + 1)
+
+
+def run(store, scope, **kw):
+    return step_model.run(store, DiagnosticRequest(scope), **kw)
+
+
+def slow(findings):
+    return {f.subject: f for f in findings if f.kind == "slow_steps"}
+
+
+def above_info(findings):
+    return [f for f in findings if f.severity != "info"]
+
+
+def test_registered():
+    assert DIAGNOSTICS["steps"] is step_model
+
+
+def test_a_pinned_canary_beside_its_baseline_fires_on_host_and_step_time(store):
+    scope = fleet(store, "m-two", {"c-base": {}, "c-canary": {"host_factor": 2.0}},
+                  {"c-canary": {"cpu_affinity": [0], "cpus": (0,)}})
+    found = slow(run(store, scope))
+    assert set(found) == {"c-canary"}
+    f = found["c-canary"]
+    assert f.severity in ("warning", "critical")
+    host = f.evidence["targets"]["host"]
+    assert host["slow"] and 1.7 < host["ratio"] < 2.3 and host["ci"][0] > step_model.MIN_RATIO
+    assert host["p_holm"] < step_model.ALPHA
+    assert f.evidence["targets"]["forward"]["ci"][0] < 1.0 < f.evidence["targets"]["forward"]["ci"][1]
+    assert "c-canary" in f.summary and "cpu_count" in f.summary
+    assert any(d["field"] == "cpu_count" for d in f.evidence["identity_differences"])
+    assert f.evidence["peers"] == ["c-base"] and f.evidence["blocks"] >= 30
+
+
+def test_a_modest_slowdown_of_one_of_two_is_found_against_the_other_alone(store):
+    # leave-one-out: a fit on both replicas would sit halfway and read 1.25x as ~1.1x
+    scope = fleet(store, "m-loo", {"l-base": {}, "l-canary": {"forward_factor": 1.25, "host_factor": 1.25}})
+    found = slow(run(store, scope))
+    assert set(found) == {"l-canary"}
+    step_ratio = found["l-canary"].evidence["targets"]["step"]
+    assert 1.18 < step_ratio["ratio"] < 1.32 and step_ratio["ci"][0] > step_model.MIN_RATIO
+
+
+def test_three_replicas_name_the_slow_one_with_an_interval_above_one(store):
+    scope = fleet(store, "m-three", {"t-r0": {}, "t-r1": {}, "t-r2": {"forward_factor": 1.5}},
+                  {"t-r2": {"numa_mismatch": True}})
+    found = slow(run(store, scope))
+    assert set(found) == {"t-r2"}
+    fwd = found["t-r2"].evidence["targets"]["forward"]
+    assert fwd["slow"] and fwd["ci"][0] > 1.0 and 1.35 < fwd["ratio"] < 1.65
+    assert "numa_mismatch" in found["t-r2"].summary
+    assert found["t-r2"].evidence["peers"] == ["t-r0", "t-r1"]
+    # a scope that filters on identity reads the steps through the replica starts' identity: the same answer
+    narrowed = slow(run(store, scope.narrowed(models=("m-three",), versions=("0.1.0",))))
+    assert set(narrowed) == {"t-r2"}
+    assert narrowed["t-r2"].evidence["targets"]["forward"]["ratio"] == pytest.approx(fwd["ratio"])
+    assert run(store, scope.narrowed(models=("another-model",))) == []
+
+
+def test_bigger_batches_and_longer_contexts_at_the_same_cost_do_not_fire(store):
+    specs = {"b-r0": {}, "b-r1": {}, "b-big": {"seqs": (16, 48), "context_per_seq": (1500, 4000)}}
+    scope = fleet(store, "m-traffic", specs)
+    mean = store.query_df("SELECT replica_id, avg(duration_seconds) AS d FROM steps WHERE replica_id LIKE 'b-%' "
+                          "GROUP BY replica_id").set_index("replica_id")["d"]
+    assert mean["b-big"] > 2.5 * mean["b-r0"]  # its raw step time is far slower: traffic, not the replica
+    assert above_info(run(store, scope)) == []
+
+
+def test_a_clean_fleet_gives_nothing_above_info(store):
+    # one of them idles between steps: idle steps are no batch shape and must not count
+    scope = fleet(store, "m-clean", {"k-r0": {}, "k-r1": {}, "k-r2": {}, "k-idle": {"idle": True}})
+    assert above_info(run(store, scope)) == []
+
+
+def test_an_engine_without_a_host_split_is_compared_on_step_time_only(store):
+    scope = fleet(store, "m-nosplit", {"n-r0": {"no_split": True}, "n-r1": {"no_split": True},
+                                       "n-slow": {"no_split": True, "forward_factor": 1.6, "host_factor": 1.6}})
+    found = slow(run(store, scope))
+    assert set(found) == {"n-slow"} and "host" not in found["n-slow"].evidence["targets"]
+
+
+def test_a_mixed_fleet_where_one_engine_reports_no_split_and_no_context_is_quiet(store):
+    # a vLLM replica beside infersight ones: its stat logger gives neither a host / forward split nor context
+    # tokens; its steps must not teach the others' model that host time is 0 or that context costs nothing
+    vllm = {"no_split": True, "no_context": True}
+    scope = fleet(store, "m-mixed", {"x-r0": {}, "x-r1": {}, "x-r2": {}, "x-vllm": vllm})
+    assert above_info(run(store, scope)) == []
+    scope = fleet(store, "m-mixed-slow", {"y-r0": {}, "y-r1": {}, "y-vllm": vllm,
+                                          "y-slow": {**vllm, "forward_factor": 1.5, "host_factor": 1.5}})
+    found = slow(run(store, scope))
+    assert set(found) == {"y-slow"} and set(found["y-slow"].evidence["targets"]) == {"step"}
+
+
+def test_autocorrelated_noise_is_judged_by_time_blocks_not_steps(store):
+    # the canary's blocks alternate 0.75x / 1.75x: 1.25x on average, but over only 30 blocks, not 3000 steps
+    scope = fleet(store, "m-blocks", {"a-base": {}, "a-canary": {"block_factors": [0.75, 1.75], "step_noise": 0.05}})
+    assert above_info(run(store, scope)) == []
+    # the same data judged step by step (each step its own block) looks decisive: the block is what saves it
+    assert "a-canary" in slow(run(store, scope, block_seconds=SPACING / 2))
+
+
+def test_many_replicas_need_holm(store, monkeypatch):
+    # eight healthy replicas, per-block shocks, and no minimum effect: 24 tests of "slower at all", and by
+    # chance a few p-values fall below ALPHA (this seed: three, the smallest 0.004); Holm keeps them quiet
+    monkeypatch.setattr(step_model, "MIN_RATIO", 1.0)
+    specs = {f"h-r{i}": {"block_noise": 0.1, "seed": 200 + i} for i in range(8)}
+    scope = fleet(store, "m-holm", specs, seconds=120.0)
+    assert above_info(run(store, scope)) == []
+    monkeypatch.setattr(step_model, "holm", lambda ps: list(ps))  # uncorrected: a false alarm
+    assert slow(run(store, scope))
+
+
+def test_too_few_blocks_is_insufficient_data_saying_what_is_needed(store):
+    scope = fleet(store, "m-short", {"s-r0": {}, "s-r1": {}}, seconds=50.0)
+    found = run(store, scope)
+    assert {f.subject for f in found} == {"s-r0", "s-r1"}
+    for f in found:
+        assert f.insufficient and f.severity == "info" and f.evidence["for_kind"] == "slow_steps"
+        assert f"need {step_model.MIN_STEPS} steps in {step_model.MIN_BLOCKS} blocks" in f.summary
+
+
+def test_a_lone_replica_is_insufficient_data(store):
+    scope = fleet(store, "m-lone", {"z-only": {}})
+    (f,) = run(store, scope)
+    assert f.insufficient and "at least one peer" in f.summary
+
+
+def test_fit_is_exact_on_noiseless_linear_steps():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 10, (200, step_model._K))
+    x[:, 3] = x[:, 4]  # exactly collinear columns are still solvable
+    beta = rng.uniform(0, 1, (step_model._K, step_model._T))
+    y = x @ beta
+    fitted = step_model._fit(x.T @ x, x.T @ y)
+    assert np.allclose(x @ fitted, y, rtol=1e-6)
+
+
+@pytest.mark.parametrize("field", ["num_context_tokens"])
+def test_the_step_record_carries_the_shape_the_model_reads(field):
+    assert field in {f.name for f in dataclasses.fields(step("r", 0, 0.0))}
+
+
+def test_another_engine_is_not_a_slow_replica_but_a_slower_build_of_the_same_engine_is(store):
+    # a clean mixed fleet: vLLM's iterations on the CPU take ~3x infersight's steps at the same shapes;
+    # that is two engines, not one slow replica (compared with peers of its own engine: it has none)
+    vllm = {"no_split": True, "no_context": True, "forward_factor": 3.0, "host_factor": 3.0}
+    scope = fleet(store, "m-engines", {"e-r0": {}, "e-r1": {}, "e-vllm": vllm},
+                  {"e-vllm": {"engine_version": "vllm-0.32.0"}})
+    assert above_info(run(store, scope)) == []
+    # a new build of infersight beside the old one is the same engine: its slower steps are a finding
+    scope = fleet(store, "m-builds", {"b-r0": {}, "b-r1": {}, "b-new": {"forward_factor": 1.5, "host_factor": 1.5}},
+                  {"b-new": {"engine_version": "0.2.0"}})
+    found = slow(run(store, scope))
+    assert set(found) == {"b-new"} and "engine_version" in found["b-new"].summary
+    assert step_model.engine_family("vllm-0.32.0") == "vllm" and step_model.engine_family("0.1.0") == "infersight"
