@@ -190,7 +190,10 @@ def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, l
         run_probe_round(urls)
         check("probe round 1")
     run_id = f"fm{seed}-{int(time.time())}"
-    workload = make_workload("mixed", seed)
+    # the perf matrix's traffic ends at EOS as production traffic does (an eos change must be able to show);
+    # the identity matrix keeps the loadgen's default (ignore_eos: fixed output lengths)
+    ignore_eos = probes
+    workload = make_workload("mixed", seed, ignore_eos=ignore_eos)
     sent = 0
     per = max(1, requests // checkpoints)
     for k in range(checkpoints):
@@ -198,7 +201,7 @@ def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, l
         load = asyncio.run(run_load(urls, workload, Arrival("poisson", rate=RATE), num_requests=n,
                                     seed=seed * 100 + k, pick="random", run_id=f"{run_id}c{k}",
                                     request_timeout=60.0))
-        workload = make_workload("mixed", seed * 100 + k + 1)  # the next checkpoint's prompts are new ones
+        workload = make_workload("mixed", seed * 100 + k + 1, ignore_eos=ignore_eos)  # new prompts each checkpoint
         sent += len(load.results)
         with open_store(base.store_url) as store:
             wait_for_requests(store, f"{run_id}c{k}-", len(load.results))
@@ -231,6 +234,10 @@ def _outcome(fault, shape, candidate, stages, sent, log) -> Outcome:
     out = Outcome(name, shape, candidate, caught, explanation, false_positives, sent)
     verdict = "clean run" if clean else f"caught: {caught}" if caught else "MISSED"
     log(f"{out.fault:22s} {shape:7s} {verdict}  {explanation[:140]}")
+    if not clean and caught is None:  # what the detectors said instead (info: insufficient data, below a bar ...)
+        for f in final:
+            if f.kind in fault.detectors or f.subject == candidate:
+                log(f"    {f.severity} {f.kind} {f.subject}: {f.summary[:220]}")
     for fp in false_positives:
         log(f"    false positive: {fp}")
     return out

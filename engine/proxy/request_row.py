@@ -73,10 +73,19 @@ def sampling_params_json(body: dict, kind: str, prompt_len: int, max_model_len: 
               "presence_penalty": _number(body.get("presence_penalty"), 0.0, float),
               "frequency_penalty": _number(body.get("frequency_penalty"), 0.0, float),
               "repetition_penalty": _number(body.get("repetition_penalty"), 1.0, float),
-              "min_p": _number(body.get("min_p"), 0.0, float), "logit_bias": _logit_bias(body.get("logit_bias"))}
+              "min_p": _number(body.get("min_p"), 0.0, float), "logit_bias": _logit_bias(body.get("logit_bias")),
+              # the API request a sample belongs to, as infersight's server records it (engine/server/admission.py)
+              "n": _number(body.get("n"), 1, int),
+              "best_of": _number(body.get("best_of"), None, int) if kind == "completion" else None,
+              "response_format": _response_format(body.get("response_format"))}
     if token_ids_source is not None:
         params["token_ids_source"] = token_ids_source
     return json.dumps(params, sort_keys=True)
+
+
+def _response_format(value) -> dict | None:
+    """A constrained format as the engine records it; plain text (or none) is None."""
+    return value if isinstance(value, dict) and value.get("type") not in (None, "text") else None
 
 
 def _logit_bias(value) -> dict[str, float] | None:

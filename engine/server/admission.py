@@ -81,8 +81,6 @@ def _check_common(req: CompletionRequest | ChatCompletionRequest, served: Served
     check_unicode(req)
     _check_model(req.model, served)
     _check_logit_bias(req.logit_bias, served)
-    if req.stream and not req.skip_special_tokens and req.stop:
-        raise _unsupported("skip_special_tokens", "skip_special_tokens=false with stop strings is not streamed")
     if req.stream_options is not None and not req.stream:
         raise APIError("stream_options is only allowed when stream is true", param="stream_options")
     bad = [t for t in req.stop_token_ids if t >= served.vocab_size]

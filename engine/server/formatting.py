@@ -252,13 +252,20 @@ class StreamFormatter:
     def _new_text(self, out: RequestOutput) -> str:
         if self.opts.skip_special_tokens:
             return out.new_text
-        # special tokens kept: the output decoded again (stop strings are refused with this when streamed);
-        # an incomplete character at the end waits for the next token
-        text = _text(self.served, self.opts, out) if out.finished else self.served.tokenizer.decode(
-            list(out.token_ids), skip_special_tokens=False)
-        if not out.finished and text.endswith("\ufffd"):
-            return ""
-        new, self.sent_chars = text[self.sent_chars:], len(text)
+        # special tokens kept: the output decoded again; an incomplete character at the end waits for the
+        # next token, and so does a tail that could still begin a stop string: the final text is cut
+        # before the first stop string (choice_fields.text_with_specials), and nothing sent runs past it
+        if out.finished:
+            text = _text(self.served, self.opts, out)
+        else:
+            text = self.served.tokenizer.decode(list(out.token_ids), skip_special_tokens=False)
+            if text.endswith("\ufffd"):
+                return ""
+            if self.opts.stop:
+                cuts = [text.find(s) for s in self.opts.stop if s in text]
+                text = text[:min(cuts)] if cuts else text[:max(0, len(text) - max(map(len, self.opts.stop)) + 1)]
+        new = text[self.sent_chars:]
+        self.sent_chars = max(self.sent_chars, len(text))
         return new
 
 

@@ -126,3 +126,19 @@ def test_skip_special_tokens_and_eos_logprob_token(client, live):
                                                     "stop_token_ids": [], "skip_special_tokens": False,
                                                     "max_tokens": 2}).json()["choices"][0]
     assert out_ids["text"] == tok.decode(out_ids["token_ids"], skip_special_tokens=False)
+
+
+def test_a_stream_with_special_tokens_kept_and_stop_strings_sends_the_whole_text_only(client, live):
+    """Streamed, skip_special_tokens=false with a stop string: the events add up to the whole response's
+    text, cut before the stop string, and no event sent text past it (a tail that could begin a stop
+    string waits)."""
+    req = {"model": _model(live), "prompt": "abc abc abc", "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+           "skip_special_tokens": False}
+    full = client.post("/v1/completions", json=req).json()["choices"][0]["text"]
+    assert len(full) >= 4
+    stop = full[len(full) // 2:len(full) // 2 + 2]  # a string the greedy answer is known to contain
+    whole = client.post("/v1/completions", json={**req, "stop": [stop]}).json()["choices"][0]
+    streamed = client.post("/v1/completions", json={**req, "stop": [stop], "stream": True})
+    assert streamed.status_code == 200
+    text = "".join(c["choices"][0]["text"] for c in _chunks(streamed.text) if c["choices"])
+    assert text == whole["text"] == full[:full.index(stop)]
