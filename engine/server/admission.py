@@ -157,12 +157,17 @@ def _is_prompt_list(prompt) -> bool:
 def admit_completion(req: CompletionRequest, served: ServedModel) -> Admitted:
     _check_common(req, served)
     best_of = req.n if req.best_of is None else req.best_of
+    for param, value in (("n", req.n), ("best_of", best_of),
+                         ("prompt", len(req.prompt) if _is_prompt_list(req.prompt) else 1)):
+        if value > MAX_CHOICES:
+            raise APIError(f"{param}: at most {MAX_CHOICES}, got {value}", param=param)
+    # two rules that relate two fields, which no JSON Schema can state (codes of their own, see the
+    # schemathesis test): OpenAI's and vLLM's
     if best_of < req.n:
-        raise APIError(f"best_of must be at least n ({req.n}), got {best_of}", param="best_of")
-    if best_of * (len(req.prompt) if _is_prompt_list(req.prompt) else 1) > MAX_CHOICES:
-        raise APIError(f"at most {MAX_CHOICES} samples per request (prompts x best_of)", param="best_of")
-    if best_of > req.n and req.stream:  # OpenAI's rule: the best are known only at the end
-        raise APIError("best_of > n cannot be streamed", param="best_of")
+        raise APIError(f"best_of must be at least n ({req.n}), got {best_of}", param="best_of",
+                       code="best_of_less_than_n")
+    if best_of > req.n and req.stream:  # the best are known only at the end
+        raise APIError("best_of > n cannot be streamed", param="best_of", code="best_of_streamed")
     if req.suffix:
         raise _unsupported("suffix", "suffix is not supported")
     # the engine's logprobs: best_of ranks by cumulative logprob; echo's come from the prompt's

@@ -30,7 +30,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
-MAX_CHOICES = 64  # n and best_of, and prompts in one completions request
+MAX_CHOICES = 64  # n and best_of, and prompts in one completions request (at most 64 x 64 samples: the scheduler queues them)
 
 
 def _integral(value):

@@ -93,7 +93,7 @@ def test_a_text_prompt_is_tokenized_once_through_the_cache(tiny_llama):
     (lambda: _completion(prompt="word " * 200), "prompt", "maximum context length is 64"),
     (lambda: _completion(prompt=[1, 2, 10**6]), "prompt", "outside the vocabulary"),
     (lambda: _completion(prompt=[]), "prompt", "must not be empty"),
-    (lambda: _completion(prompt=["a"] * 65), "best_of", "at most 64 samples"),
+    (lambda: _completion(prompt=["a"] * 65), "prompt", "at most 64"),
     (lambda: _completion(n=3, best_of=2), "best_of", "at least n"),
     (lambda: _completion(best_of=2, stream=True), "best_of", "cannot be streamed"),
     (lambda: _chat(n=65), "n", "at most 64"),
