@@ -38,7 +38,6 @@ from pathlib import Path
 
 import httpx
 
-from engine.benchmarks.proxy_overhead import start_proxy
 from engine.benchmarks.telemetry_overhead import DetachedSidecar, bootstrap_median_ci, round_order
 from engine.vllm_adapter.launch import REPO, start_vllm_server
 from telemetry.contract import derived
@@ -141,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                                           env={"INFERSIGHT_REQUEST_ROWS": "0"} if args.proxy else None)
         urls = {mode: server.url for mode, server in servers.items()}
         if args.proxy:
+            from engine.benchmarks.proxy_overhead import start_proxy  # it imports this module's helpers
+
             proxy, urls["on"] = start_proxy(servers["on"].url, sidecar.store_url, work, replica_id=REPLICA,
                                           replica_row=False)
         texts = prompts(args.requests, args.seed)
