@@ -75,8 +75,9 @@ def served_replica():
         from engine.server.model_info import ServedModel
         from telemetry.replica_wiring import build_observer
 
-        config = EngineConfig(model=str(model), max_model_len=512, num_kv_blocks=96, block_size=16, max_num_seqs=8,
-                              replica_id=replica_id, **engine)
+        # small defaults; a caller's engine options win (a model with a shorter context passes its own)
+        config = EngineConfig(**{"max_model_len": 512, "num_kv_blocks": 96, "block_size": 16, "max_num_seqs": 8,
+                                 **engine, "model": str(model), "replica_id": replica_id})
         observer, parts = build_observer(replica_id, Path(model).name, store_target=store, metrics=False)
         served = ServedModel.from_engine(AsyncLLM(config, observer), created=int(time.time()))
         try:

@@ -45,26 +45,8 @@ def noisy(tmp_path_factory):
     return path
 
 
-@contextlib.contextmanager
-def serve(model: Path, replica_id: str, store, **engine):
-    """One replica as `infersight serve` assembles it (tests/conftest.py served_replica, with the
-    reference model's 256-token context)."""
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
-    from engine.server.model_info import ServedModel
-    from telemetry.replica_wiring import build_observer
-
-    config = EngineConfig(model=str(model), max_model_len=256, num_kv_blocks=256, block_size=16, max_num_seqs=16,
-                          replica_id=replica_id, **engine)
-    observer, parts = build_observer(replica_id, Path(model).name, store_target=store, metrics=False)
-    served = ServedModel.from_engine(AsyncLLM(config, observer), created=int(time.time()))
-    try:
-        with BackgroundServer(build_app(served)) as server:
-            yield server.url
-    finally:
-        parts.close()
+# the reference model's context is 256 tokens: tests/conftest.py served_replica with room for it
+ENGINE = {"max_model_len": 256, "num_kv_blocks": 256, "max_num_seqs": 16}
 
 
 async def _traffic(url: str, examples, replica_id: str) -> None:
@@ -75,14 +57,14 @@ async def _traffic(url: str, examples, replica_id: str) -> None:
             for i, ex in enumerate(examples)))
 
 
-def fleet_round(store, replicas: dict[str, tuple[Path, dict]]):
+def fleet_round(served_replica, store, replicas: dict[str, tuple[Path, dict]]):
     """Serve each replica its own sampled prompts, then one rescore round; the diagnostic's findings."""
     torch.set_num_threads(1)
     t0, seen = time.time(), set()
     with contextlib.ExitStack() as stack:
         urls = {}
         for k, (rid, (model, options)) in enumerate(replicas.items()):
-            urls[rid] = stack.enter_context(serve(model, rid, store, seed=k, **options))
+            urls[rid], _ = stack.enter_context(served_replica(model, rid, store, seed=k, **ENGINE, **options))
         for k, rid in enumerate(replicas):
             examples = [ex for ex in itertools.islice(stream(seed=100 + k), 3 * N) if ex.prompt not in seen][:N]
             seen.update(ex.prompt for ex in examples)
@@ -111,9 +93,9 @@ def _report(found, damaged: str) -> str:
 
 
 @pytest.mark.parametrize("damage", ["int4_g128", "noise_5pct"])
-def test_damaged_replica_is_named_by_cross_scoring(clean, noisy, damage):
+def test_damaged_replica_is_named_by_cross_scoring(served_replica, clean, noisy, damage):
     bad = (REFERENCE, {"quantization": "int4", "quant_group_size": 128}) if damage == "int4_g128" else (noisy, {})
-    found, _ = fleet_round(clean, {"r-a": (REFERENCE, {}), "r-b": (REFERENCE, {}), "r-x": bad})
+    found, _ = fleet_round(served_replica, clean, {"r-a": (REFERENCE, {}), "r-b": (REFERENCE, {}), "r-x": bad})
     print(_report(found, "r-x"))
     hits = [f for f in found if f.severity != "info"]
     assert [f.subject for f in hits] == ["r-x"], [f.summary for f in found]
@@ -121,7 +103,7 @@ def test_damaged_replica_is_named_by_cross_scoring(clean, noisy, damage):
     assert not pairs[("r-a", "r-b")]["differs"] and not pairs[("r-b", "r-a")]["differs"]  # the clean pair agrees
 
 
-def test_clean_pair_stays_quiet(clean):
-    found, _ = fleet_round(clean, {"r-a": (REFERENCE, {}), "r-b": (REFERENCE, {})})
+def test_clean_pair_stays_quiet(served_replica, clean):
+    found, _ = fleet_round(served_replica, clean, {"r-a": (REFERENCE, {}), "r-b": (REFERENCE, {})})
     assert [f for f in found if f.severity != "info"] == [], [f.summary for f in found]
     assert [f.kind for f in found] == ["cross_scores_agree"]
