@@ -1,14 +1,19 @@
 """Replicas: which replica of a model is slower than its peers, like for like, and what about it differs.
 
 Requests are compared only within strata (diagnostics.request_strata: model, workload, prompt-length
-bucket, output-length bucket, running / waiting sequences at arrival), so a replica that got longer
-prompts, longer outputs or far more load is not called slow for it. Per model, each replica with
-MIN_REQUESTS requests is tested against its peers' pooled requests on each metric (queue, prefill,
-TTFT, decode time per output token, mean ITL, e2e) by van Elteren's stratified Mann-Whitney
-(diagnostics.stratified); the effect is the median of its requests' latency over the peers' median in
-the same stratum, with a stratified bootstrap interval. Holm over replicas x metrics; a replica is
-lagging when the adjusted p < ALPHA and the interval's lower bound exceeds MIN_EFFECT. Peers are
-pooled requests, not per-replica summaries, so two replicas (baseline + canary) and three work.
+bucket, output-length bucket, offered load: the requests that arrived at it in the seconds before),
+so a replica that got longer prompts, longer outputs or far more load is not called slow for it. Its
+own queue is no control: a slow replica queues more at the same arrivals, and that is its slowness.
+Per model, each replica with MIN_REQUESTS requests is tested against its peers' pooled requests on
+each metric (queue, prefill, TTFT, decode time per output token, mean ITL, e2e) by van Elteren's
+stratified Mann-Whitney (diagnostics.stratified); the effect is the median of its requests' latency
+over the peers' median in the same stratum, with a stratified bootstrap interval. Holm over
+replicas x metrics; a replica is lagging when the adjusted p < ALPHA and the interval's lower bound
+exceeds MIN_EFFECT. Decode time per output token and ITL depend on the batch a replica's scheduler limits (max_num_seqs,
+max_num_batched_tokens) let it build, so they are compared only among replicas with the same
+limits: one held to a single sequence is slower to first token and faster per token, and its
+batching peers are not lagging for that. Peers are pooled requests, not per-replica summaries, so
+two replicas (baseline + canary) and three work.
 
 Two findings of their own come first (diagnostics.traffic_mix, diagnostics.prefix_hits): a replica
 whose outputs end differently for the same workload (`output_mix_shift`: eos changed, every request
@@ -23,7 +28,7 @@ from collections import Counter
 
 import numpy as np
 
-from diagnostics import hypothesis_tests, prefix_hits, request_strata, stratified, traffic_mix
+from diagnostics import config_keys, hypothesis_tests, prefix_hits, request_strata, stratified, traffic_mix
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import replicas_in
@@ -38,7 +43,12 @@ ALPHA = 0.01
 # ratios are taken over a peer median of at least this much (seconds): an idle queue of 50 us is not 0
 FLOORS = {"queue": 1e-3, "prefill": 1e-3, "ttft": 1e-3, "tpot": 1e-4, "itl": 1e-4, "e2e": 1e-3}
 CONTROLLED = ("model", "workload", "prompt-length bucket (4x)", "output-length bucket (sqrt 2)",
-              "running sequences at arrival (2x)", "waiting sequences at arrival (2x)")
+              f"offered load: requests that arrived at the replica in the {request_strata.OFFERED_WINDOW:g} s "
+              f"before (2x)")
+# per-token decode time depends on the batch a replica may build: its scheduler's limits (config keys
+# ending in these) bound it, so those metrics are compared only among replicas with the same limits
+SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens")
+PER_BATCH = ("tpot", "itl")
 # identity fields compared with the peers, in the order a person would check them
 IDENTITY = ("numa_mismatch", "cpu_count", "config_hash", "engine_version", "tokenizer_hash", "chat_template_hash",
             "quantization", "speculative_mode", "attention_backend", "dtype", "device", "weights_hash", "host",
@@ -46,8 +56,10 @@ IDENTITY = ("numa_mismatch", "cpu_count", "config_hash", "engine_version", "toke
 
 
 def identity_differences(subject: dict, peers: list[dict]) -> list[dict]:
-    """Identity fields on which `subject` differs from the most common value among `peers`."""
-    out = []
+    """Identity fields on which `subject` differs from the most common value among `peers`; the
+    scheduler's limits (config keys) first, which say why a replica queues or batches differently."""
+    out = [{"field": d["key"], "replica": d["replica"], "peers": d["peers"]}
+           for d in config_keys.differences(subject, peers, _is_scheduler_key)]
     for f in IDENTITY:
         counts = Counter(str(p.get(f)) for p in peers)
         if not counts:
@@ -60,6 +72,16 @@ def identity_differences(subject: dict, peers: list[dict]) -> list[dict]:
     if mine and shared:
         out.append({"field": "cpus_shared_with", "replica": sorted(mine), "peers": shared})
     return out
+
+
+def _is_scheduler_key(key: str) -> bool:
+    return key.rsplit(".", 1)[-1] in SCHEDULER_KEYS
+
+
+def scheduler_limits(identity: dict) -> str:
+    """The replica's scheduler limits as one comparable value ("" when it records none)."""
+    flat = config_keys.flat(identity.get("config_json"))
+    return ";".join(f"{k}={flat[k]}" for k in sorted(flat) if _is_scheduler_key(k))
 
 
 def _explain(diffs: list[dict]) -> str:
@@ -88,16 +110,26 @@ def _own(entry: dict, metric: str) -> dict:
     return {s: v[metric] for s, v in entry["strata"].items()}
 
 
-def tests(group: dict[str, dict], skip: dict[str, set]) -> list[dict]:
+def peers_for(group: dict[str, dict], rid: str, metric: str, limits: dict[str, str]) -> list[dict]:
+    """The peers `rid` is compared with on `metric`: all of them, or on a per-token decode metric those
+    with its scheduler limits (a replica limited to one sequence decodes faster per token than one that
+    batches eight: not a slower peer, another trade-off)."""
+    return [e for p, e in sorted(group.items()) if p != rid
+            and (metric not in PER_BATCH or limits.get(p, "") == limits.get(rid, ""))]
+
+
+def tests(group: dict[str, dict], skip: dict[str, set], limits: dict[str, str] | None = None) -> list[dict]:
     """Every (replica, metric) test of one model's replicas against their peers, Holm-adjusted together.
-    `skip`: replica -> metrics not compared for it (e2e when its output mix differs)."""
+    `skip`: replica -> metrics not compared for it (e2e when its output mix differs); `limits`: replica ->
+    its scheduler limits (scheduler_limits)."""
+    limits = limits or {}
     out = []
     for rid, entry in sorted(group.items()):
         if entry["n"] < MIN_REQUESTS:
             continue
-        peers = [e for p, e in group.items() if p != rid]
         for m in LATENCIES:
-            if m in skip.get(rid, ()):
+            peers = peers_for(group, rid, m, limits)
+            if m in skip.get(rid, ()) or not peers:
                 continue
             c = stratified.compare(_own(entry, m), _pooled(peers, m), FLOORS[m], MIN_REQUESTS)
             if c is not None:
@@ -124,26 +156,27 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
                                             requests=entry["n"], model_name=model))
         if len(group) < 2:
             continue
-        done = tests(group, skip)
+        limits = {rid: scheduler_limits(identity.get(rid, {})) for rid in group}
+        done = tests(group, skip, limits)
         tested = {t["replica"] for t in done}
         for rid, entry in sorted(group.items()):
             if entry["n"] >= MIN_REQUESTS and rid not in tested:
                 lagging.append(insufficient(KIND, rid, DIAGNOSTIC, scope,
                                             f"fewer than {MIN_REQUESTS} of {rid}'s {entry['n']} requests fall in "
-                                            f"strata (workload, prompt and output length, load at arrival) its "
-                                            f"peers also served: needs peers' traffic at the same load and lengths",
+                                            f"strata (workload, prompt and output length, offered load) its peers "
+                                            f"also served: needs peers' traffic at the same arrival rate and lengths",
                                             requests=entry["n"], model_name=model))
-        lagging += _verdicts(model, group, done, identity, skip, scope)
+        lagging += _verdicts(model, group, done, identity, skip, scope, limits)
     return lagging + findings
 
 
-def _verdicts(model, group, done, identity, skip, scope) -> list[Finding]:
+def _verdicts(model, group, done, identity, skip, scope, limits) -> list[Finding]:
     flagged: dict[str, dict] = {}
     for t in done:
         c, rid, m = t["comparison"], t["replica"], t["metric"]
         if t["holm_p"] >= ALPHA or c.ratio < MIN_EFFECT:
             continue
-        peers = [e for p, e in group.items() if p != rid]
+        peers = peers_for(group, rid, m, limits)
         full = stratified.compare(_own(group[rid], m), _pooled(peers, m), FLOORS[m], MIN_REQUESTS, bootstrap=True)
         if full.ratio_ci is None or full.ratio_ci[0] <= MIN_EFFECT:
             continue
@@ -159,14 +192,17 @@ def _verdicts(model, group, done, identity, skip, scope) -> list[Finding]:
         tw = worst["test_vs_peers"]
         summary = (f"{rid} is {ratio:.2f}x slower than its {len(peers)} peer(s) of {model} on "
                    f"{request_strata.LABELS[worst_metric]} (95% CI {lo:.2f}-{hi:.2f}x; {tw['n_subject']} requests "
-                   f"like for like in {tw['strata']} strata of workload, prompt / output length and load; "
+                   f"like for like in {tw['strata']} strata of workload, prompt / output length and offered load; "
                    f"van Elteren p={tw['p_value']:.1e}, Holm over {len(done)} tests); " + _explain(diffs))
         evidence = {"model_name": model, "replica": rid, "peers": [p["replica_id"] for p in peers],
                     "metrics": metrics, "identity_differences": diffs,
                     "identity": {k: me.get(k) for k in
                                  (*IDENTITY, "cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes")},
                     "requests": {r: e["n"] for r, e in group.items()}, "unit": "request",
-                    "controlled_for": list(CONTROLLED), "not_compared": sorted(skip.get(rid, ())),
+                    "controlled_for": list(CONTROLLED), "not_compared": sorted(
+                        set(skip.get(rid, ())) | {m for m in PER_BATCH if not peers_for(group, rid, m, limits)}),
+                    "compared_per_token_with": [p for p in sorted(group) if p != rid
+                                                and limits.get(p, "") == limits.get(rid, "")],
                     "correction": f"Holm over {len(done)} tests (replicas x metrics)",
                     "method": "latency over the peers' median in the same stratum; van Elteren stratified MWU "
                               "against the peers' pooled requests; stratified bootstrap CI of the ratio"}

@@ -14,8 +14,16 @@ a model of their cost, never raw:
 3. Leave-one-out: each replica's expected time is predicted by the fit on its PEERS' steps only,
    so a slow replica does not pull the model towards itself (with two replicas, the other one).
    The effect is a ratio of sums: observed seconds / predicted seconds over the replica's steps.
-4. Uncertainty: a cluster bootstrap over time blocks (BLOCK_SECONDS; steps within a block share
-   load and neighbours, so the block, not the step, is the unit). Blocks are resampled jointly
+4. Uncertainty: a cluster bootstrap over time blocks (steps within a block share load and
+   neighbours, so the block, not the step, is the unit). The block length adapts to the data: about
+   TARGET_BLOCKS blocks over the window, each with MIN_STEPS_PER_BLOCK steps of a replica on
+   average, between MIN_BLOCK_SECONDS and BLOCK_SECONDS (a 60 s canary gets 3 s blocks, a day 10 s
+   ones, widened to at most MAX_BLOCKS). Short blocks are honest only while they are long relative
+   to the noise's autocorrelation: while adjacent blocks' residuals (observed / the pooled fit's
+   prediction, each replica centred on its own level) have a significantly positive lag-1
+   correlation (z > AUTOCORR_Z), blocks are merged in pairs; too few blocks left is "insufficient
+   data". What correlation is left (too few blocks to call it significant) widens the bootstrap's
+   spread by sqrt((1 + rho) / (1 - rho)), the AR(1) variance of a mean. Blocks are resampled jointly
    across replicas and the peers' model is refitted in every resample, so its uncertainty counts.
    Interval: bootstrap percentiles. Test: one-sided, H0 "ratio <= MIN_RATIO", a normal
    approximation on the bootstrap standard error of log(ratio); Holm over replicas x targets of
@@ -44,7 +52,13 @@ from telemetry.contract.derived import replica_filter_sql, window_sql
 
 DIAGNOSTIC = "steps"
 KIND = "slow_steps"
-BLOCK_SECONDS = 10.0  # the resampling unit; widened so that a window has at most MAX_BLOCKS of them
+BLOCK_SECONDS = 10.0  # the longest adaptive block; a long window widens it so that it has at most MAX_BLOCKS
+MIN_BLOCK_SECONDS = 1.0
+TARGET_BLOCKS = 20  # over the window's span: twice MIN_BLOCKS, so half the window busy is enough
+MIN_STEPS_PER_BLOCK = 20  # a replica's steps per block, on average
+AUTOCORR_Z = 2.0  # adjacent blocks' residuals correlated beyond this z: blocks too short, merged in pairs
+MAX_RHO = 0.9  # the widening's cap
+MIN_CELL_STEPS = 5  # a (block, replica) cell with fewer steps gives no residual to the autocorrelation
 MAX_BLOCKS = 2000
 MIN_BLOCKS = 10  # time blocks with steps, per replica
 MIN_STEPS = 100  # per replica
@@ -201,8 +215,32 @@ def _without_feature(blocks: np.ndarray, k: int) -> np.ndarray:
 
 # -- the diagnostic --------------------------------------------------------------------------------
 
-def run(store, request: DiagnosticRequest, *, block_seconds: float = BLOCK_SECONDS) -> list[Finding]:
+_SPAN_SQL = """
+SELECT toFloat64(min(start_time)) AS first, toFloat64(max(start_time)) AS last, count() AS n,
+       uniqExact(replica_id) AS replicas
+FROM steps WHERE {window} AND {replicas} AND num_tokens > 0
+"""
+
+
+def block_length(store, scope: Scope) -> float:
+    """Seconds per time block for the scope's steps (module doc, 4): about TARGET_BLOCKS over its span,
+    MIN_STEPS_PER_BLOCK steps of a replica each, within [MIN_BLOCK_SECONDS, BLOCK_SECONDS]. Sized
+    from every replica's busy steps in the window (a cheap pass; the model filter does not matter here)."""
+    sql = _SPAN_SQL.replace("{window}", window_sql("start_time")).replace("{replicas}", replica_filter_sql())
+    row = store.query_arrow(sql, scope.parameters()).to_pylist()[0]
+    if not row["n"]:
+        return BLOCK_SECONDS
+    span = max(row["last"] - row["first"], 0.0)
+    per_replica = row["n"] / max(row["replicas"], 1)
+    wanted = max(span / TARGET_BLOCKS, MIN_STEPS_PER_BLOCK * span / per_replica)
+    return float(min(BLOCK_SECONDS, max(MIN_BLOCK_SECONDS, wanted)))
+
+
+def run(store, request: DiagnosticRequest, *, block_seconds: float | None = None) -> list[Finding]:
+    """`block_seconds`: a fixed block length (no adaptation, no merging for autocorrelation)."""
     scope = request.scope
+    fixed = block_seconds is not None
+    block_seconds = block_seconds if fixed else block_length(store, scope)
     params = {**scope.parameters(), "block_us": int(block_seconds * 1e6), "phases": list(PHASES)}
     table = store.query_arrow(_aggregate_sql(_source(scope)), params)
     if table.num_rows == 0:
@@ -225,7 +263,7 @@ def run(store, request: DiagnosticRequest, *, block_seconds: float = BLOCK_SECON
         rows = (models == model) & (families == family)
         replicas, replica = np.unique(replica_ids[rows], return_inverse=True)
         findings += _model_findings(model, list(replicas), block[rows], replica, sums[rows], identity, scope,
-                                    block_seconds)
+                                    block_seconds, adapt=not fixed)
     return findings
 
 
@@ -236,23 +274,54 @@ def engine_family(engine_version: str) -> str:
 
 
 def _model_findings(model: str, replicas: list[str], block: np.ndarray, replica: np.ndarray, sums: np.ndarray,
-                    identity: dict, scope: Scope, block_seconds: float) -> list[Finding]:
+                    identity: dict, scope: Scope, block_seconds: float, adapt: bool = True) -> list[Finding]:
     span = int(block.max() - block.min()) + 1
     merge = max(1, int(np.ceil(span / MAX_BLOCKS)))  # a long window: wider blocks, never more than MAX_BLOCKS
-    blocks = _blocks(block, replica, sums, merge)
+    reports_context = np.bincount(replica, weights=sums[:, 1 + FEATURES.index("context_tokens")]) > 0
+
+    def blocks_of(m: int) -> np.ndarray:
+        b = _blocks(block, replica, sums, m)
+        # an engine that leaves context at 0 (vLLM's stat logger): no context slope to share
+        return b if reports_context.all() else _without_feature(b, FEATURES.index("context_tokens"))
+
+    blocks = blocks_of(merge)
+    rho, z = lag1_autocorrelation(blocks, np.unique(block // merge))
+    while adapt and z > AUTOCORR_Z and len(blocks) >= MIN_BLOCKS:  # too short for the noise: merge in pairs
+        merge *= 2
+        blocks = blocks_of(merge)
+        rho, z = lag1_autocorrelation(blocks, np.unique(block // merge))
     width = block_seconds * merge
-    reports_context = blocks[:, :, 1 + FEATURES.index("context_tokens")].sum(axis=0) > 0
-    if not reports_context.all():  # an engine that leaves it 0 (vLLM's stat logger): no context slope to share
-        blocks = _without_feature(blocks, FEATURES.index("context_tokens"))
     findings, tested = _eligible(model, replicas, blocks, width, scope)
     if not tested:
         return findings
-    tests = _tests(blocks, tested)
+    tests = _tests(blocks, tested, inflation(rho))
     for i in tested:
         targets = {TARGETS[t]: r for (j, t), r in tests.items() if j == i}
         if any(r["slow"] for r in targets.values()):
-            findings.append(_finding(model, replicas, i, targets, blocks, identity, scope, width, len(tests)))
+            findings.append(_finding(model, replicas, i, targets, blocks, identity, scope, width, len(tests),
+                                     (rho, z)))
     return findings
+
+
+def lag1_autocorrelation(blocks: np.ndarray, keys: np.ndarray) -> tuple[float, float]:
+    """Lag-1 correlation of adjacent blocks' step-time residuals and its z (rho * sqrt(pairs)).
+    Residual: a (block, replica) cell's observed / predicted step seconds - 1 under the fit on every
+    replica's steps, centred on the replica's own mean (its level is the effect under test, not noise)."""
+    _, _, _, xtx, xty = _unpack(blocks.sum(axis=(0, 1)))
+    beta = _fit(xtx, xty)[:, 0]
+    n, sx, sy, _, _ = _unpack(blocks)
+    predicted = sx @ beta
+    ok = (n >= MIN_CELL_STEPS) & (predicted > 0)
+    e = np.where(ok, sy[..., 0] / np.where(ok, predicted, 1.0) - 1.0, 0.0)
+    counts = ok.sum(axis=0)
+    e = np.where(ok, e - e.sum(axis=0) / np.maximum(counts, 1), 0.0)
+    adjacent = (np.diff(keys) == 1)[:, None] & ok[1:] & ok[:-1]
+    pairs = int(adjacent.sum())
+    den = float((e[ok] ** 2).sum())
+    if pairs < 2 or den <= 0:
+        return 0.0, 0.0
+    rho = float((e[1:] * e[:-1])[adjacent].sum()) / den
+    return rho, rho * float(np.sqrt(pairs))
 
 
 def _eligible(model: str, replicas: list[str], blocks: np.ndarray, width: float, scope: Scope):
@@ -281,7 +350,15 @@ def _eligible(model: str, replicas: list[str], blocks: np.ndarray, width: float,
     return findings, tested
 
 
-def _tests(blocks: np.ndarray, tested: list[int]) -> dict[tuple[int, int], dict]:
+def inflation(rho: float) -> float:
+    """How much wider the bootstrap's spread must be for what correlation adjacent blocks still have:
+    sqrt((1 + rho) / (1 - rho)), an AR(1)'s variance of a mean over independent-looking blocks
+    (1 when they are uncorrelated or anti-correlated)."""
+    r = min(max(rho, 0.0), MAX_RHO)
+    return float(np.sqrt((1 + r) / (1 - r)))
+
+
+def _tests(blocks: np.ndarray, tested: list[int], widen: float = 1.0) -> dict[tuple[int, int], dict]:
     """(replica, target) -> ratio, interval, p and Holm-adjusted p (over every test of the model), slow or not.
     Forward and host time are compared among the replicas whose engine splits the step into them only (one that
     reports the whole step as forward would read as a peer with no host time)."""
@@ -291,14 +368,16 @@ def _tests(blocks: np.ndarray, tested: list[int]) -> dict[tuple[int, int], dict]
     out = {}
     for targets, members in groups:
         if len(members) >= 2:
-            out.update(_group_tests(blocks[:, members], members, targets, [i for i in tested if i in members]))
+            mine = [i for i in tested if i in members]
+            out.update(_group_tests(blocks[:, members], members, targets, mine, widen))
     for r, p_holm in zip(out.values(), holm([r["p"] for r in out.values()]) if out else []):
         r["p_holm"] = float(p_holm)
         r["slow"] = bool(r["ci"][0] > MIN_RATIO and p_holm < ALPHA)
     return out
 
 
-def _group_tests(blocks: np.ndarray, members: np.ndarray, targets: list[int], tested: list[int]) -> dict:
+def _group_tests(blocks: np.ndarray, members: np.ndarray, targets: list[int], tested: list[int],
+                 widen: float = 1.0) -> dict:
     """The tests of `targets` among `members` (indices into the model's replicas), unadjusted."""
     observed, predicted, ratio = _ratios(blocks.sum(axis=0))
     boot = block_bootstrap(blocks)
@@ -314,9 +393,10 @@ def _group_tests(blocks: np.ndarray, members: np.ndarray, targets: list[int], te
             if len(logs) < 2:
                 continue
             excess = np.log(ratio[m, t]) - np.log(MIN_RATIO)  # H0: ratio <= MIN_RATIO
-            se = float(np.std(logs, ddof=1))
+            se = widen * float(np.std(logs, ddof=1))
             z = excess / se if se > 0 else np.copysign(np.inf, excess)
-            lo, hi = np.exp(np.quantile(logs, [alpha, 1 - alpha]))
+            centre = np.log(ratio[m, t])  # percentiles widened about the estimate by the residual correlation
+            lo, hi = np.exp(centre + widen * (np.quantile(logs, [alpha, 1 - alpha]) - centre))
             out[(i, t)] = {"ratio": float(ratio[m, t]), "ci": [float(lo), float(hi)], "p": float(stats.norm.sf(z)),
                            "observed_seconds": float(observed[m, t]), "predicted_seconds": float(predicted[m, t])}
     return out
@@ -328,7 +408,7 @@ def _mean_shape(blocks: np.ndarray, cols) -> dict:
     return {f: float(v / n) if n else None for f, v in zip(FEATURES, sx)}
 
 
-def _finding(model, replicas, i, targets, blocks, identity, scope, width, family) -> Finding:
+def _finding(model, replicas, i, targets, blocks, identity, scope, width, family, autocorrelation) -> Finding:
     rid = replicas[i]
     peers = [p for p in replicas if p != rid]
     slow = {t: r for t, r in targets.items() if r["slow"]}
@@ -346,6 +426,10 @@ def _finding(model, replicas, i, targets, blocks, identity, scope, width, family
     evidence = {
         "model_name": model, "replica": rid, "peers": peers, "targets": targets, "slow_targets": sorted(slow),
         "unit": f"time blocks of {width:g} s (resampled jointly across replicas)",
+        "block_seconds": width,
+        "block_autocorrelation": {"lag1": autocorrelation[0], "z": autocorrelation[1],
+                                  "merged_while_z_above": AUTOCORR_Z,
+                                  "spread_widened_by": inflation(autocorrelation[0])},
         "steps": int(blocks[:, i, 0].sum()), "blocks": int((blocks[:, i, 0] > 0).sum()),
         "peer_steps": int(blocks[:, peer_cols, 0].sum()),
         "mean_shape": {"replica": _mean_shape(blocks, [i]), "peers": _mean_shape(blocks, peer_cols)},

@@ -34,6 +34,8 @@ class EngineConfig:
     draft_model: str | None = None
     ngram_min: int = 1
     ngram_max: int = 4
+    # torch.compile the forward of pure decode steps (engine/model_runner.py); off: see there
+    compile_decode: bool = False
     # tokenization
     tokenization_cache_size: int = 4096
     # identity

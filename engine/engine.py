@@ -32,6 +32,7 @@ from engine.sampler import Sampler, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
+from engine.structured_output import StructuredOutput, backend_identity
 from engine.tokenization import Tokenizer
 from telemetry.contract import derived
 from telemetry.contract.hooks import NOOP_OBSERVER, EngineObserver, ObserverGuard
@@ -87,8 +88,10 @@ class LLMEngine:
                                    enable_chunked_prefill=config.enable_chunked_prefill)
         self.backend = get_backend(config.attention_backend, config.device)
         self.runner = ModelRunner(self.loaded.model, allocate_kv_cache(self.loaded, num_blocks, block_size),
-                                  self.backend, block_size, self.device)
+                                  self.backend, block_size, self.device, config.compile_decode)
         self.sampler = Sampler(config.seed, self.device)
+        # response_format's grammars (xgrammar loads on the first constrained request)
+        self.structured_output = StructuredOutput(self.tokenizer.hf, self.vocab_size, self.eos_token_ids)
         self.speculator = None
         if config.speculative_mode not in ("none", "", None):
             from engine.spec_decode.speculator import Speculator
@@ -114,7 +117,8 @@ class LLMEngine:
     def generation_identity(self) -> dict:
         """What the model directory says about where answers start and stop (its generation_config /
         config eos and bos ids): part of the replica's identity, as the diagnostics compare it."""
-        return {"eos_token_ids": sorted(self.eos_token_ids), "bos_token_id": self.loaded.config.bos_token_id}
+        return {"eos_token_ids": sorted(self.eos_token_ids), "bos_token_id": self.loaded.config.bos_token_id,
+                "structured_output": backend_identity()}  # response_format's backend: "xgrammar 0.2.9"
 
     def prepare_prompt(self, prompt: str | list[int] | Prompt) -> Prompt:
         """Any prompt as a `Prompt`, checked: text is tokenized (once, through the tokenization cache),
@@ -155,6 +159,7 @@ class LLMEngine:
                        prompt_text_hash=prompt.text_hash, rendered_prompt_hash=prompt.rendered_hash)
         if params.seed is not None:
             seq.generator = self.sampler.make_generator(params.seed)
+        seq.grammar = self.structured_output.grammar_for(params.response_format)  # None: unconstrained
         if stream or params.stop:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer.decode, params.stop)
         return seq
@@ -279,7 +284,9 @@ class LLMEngine:
                         self._notify("on_first_token", seq.request_id, now)
                 if logprob is not None:
                     seq.logprobs.append(logprob)
-                stop_token = (token in eos and not params.ignore_eos) or token in params.stop_token_ids
+                # under a grammar EOS is allowed only once the JSON is complete: it ends the request, ignore_eos or not
+                stop_token = (token in eos and (not params.ignore_eos or getattr(seq, "grammar", None) is not None)) \
+                    or token in params.stop_token_ids
                 if stop_token:
                     reason = "stop"
                 elif seq.detokenizer is not None and seq.detokenizer.add_tokens([token]) is not None:

@@ -8,6 +8,8 @@ Applied in vLLM's order (vllm/v1/sample/sampler.py):
      logit is divided by the penalty when > 0, multiplied when <= 0;
    - frequency / presence penalty (OpenAI, over output tokens only):
      `logits -= frequency * count + presence * (count > 0)`;
+   - response_format (engine/structured_output.py): -inf outside the tokens the request's
+     grammar allows next (last, so no bias or penalty can bring a forbidden token back);
 2. after temperature (the sampler's job): min_p removes every token whose
    probability is below `min_p * max probability` (then top-k / top-p).
 
@@ -26,12 +28,13 @@ import torch
 
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from engine.structured_output import apply_grammar_masks, is_constrained
 
 
 def needs_raw_processing(p: SamplingParams) -> bool:
     """Whether the request changes the logits before greedy / temperature."""
     return bool(p.logit_bias) or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 \
-        or p.frequency_penalty != 0.0
+        or p.frequency_penalty != 0.0 or is_constrained(p.response_format)
 
 
 def uses_processors(p: SamplingParams) -> bool:
@@ -41,8 +44,9 @@ def uses_processors(p: SamplingParams) -> bool:
 
 
 def apply_raw_processors(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Logit bias, then repetition / frequency / presence penalties. Returns `logits` itself when no row uses
-    any of them, else a new tensor (the raw logits stay untouched for the raw logprobs)."""
+    """Logit bias, then repetition / frequency / presence penalties, then grammar masks. Returns `logits`
+    itself when no row uses any of them, else a new tensor (the raw logits stay untouched for the raw
+    logprobs)."""
     params = [s.sampling_params for s in seqs]
     if not any(needs_raw_processing(p) for p in params):
         return logits
@@ -59,7 +63,22 @@ def apply_raw_processors(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Te
         presence = torch.tensor([params[i].presence_penalty for i in rows], device=x.device, dtype=x.dtype)
         frequency = torch.tensor([params[i].frequency_penalty for i in rows], device=x.device, dtype=x.dtype)
         apply_frequency_presence(x, _index(rows, len(seqs)), counts, frequency, presence)
+    rows = [i for i, p in enumerate(params) if is_constrained(p.response_format)]
+    if rows:
+        states = [_grammar(seqs[i]) for i in rows]
+        for i, state in zip(rows, states):  # catch up with the tokens sampled since its last mask
+            state.advance(seqs[i].token_ids, seqs[i].num_prompt_tokens)
+        apply_grammar_masks(x, states, rows)
     return x
+
+
+def _grammar(seq: Sequence):
+    """The sequence's GrammarState (LLMEngine.make_sequence attaches it)."""
+    state = getattr(seq, "grammar", None)
+    if state is None:
+        raise RuntimeError(f"request {seq.request_id!r} has a response_format but no grammar "
+                           "(it was not made by LLMEngine.make_sequence)")
+    return state
 
 
 def _index(rows: list[int], n: int) -> list[int] | slice:
@@ -94,10 +113,13 @@ def apply_logit_bias(x: torch.Tensor, biases: list[dict[int, float] | None]) -> 
 
 def apply_repetition_penalty(x: torch.Tensor, rows: list[int] | slice, seen: torch.Tensor,
                              penalty: torch.Tensor) -> None:
-    """In place on `x[rows]`: seen tokens' logits / penalty where > 0, * penalty where <= 0."""
+    """In place on `x[rows]`: seen tokens' logits / penalty where > 0, * penalty where <= 0. Kept finite: a
+    penalty below the dtype's range (2.7e-201 is 0 in float32) gave x / 0 = inf and 0 / 0 = NaN, and then
+    NaN probabilities and an arbitrary token (one a grammar forbids: schemathesis found it)."""
+    finfo = torch.finfo(x.dtype)
     sub = x[rows]
-    factor = torch.where(seen, penalty[:, None], 1.0)
-    x[rows] = torch.where(sub > 0, sub / factor, sub * factor)
+    factor = torch.where(seen, penalty.clamp(min=finfo.tiny)[:, None], 1.0)
+    x[rows] = torch.where(sub > 0, sub / factor, sub * factor).clamp(finfo.min, finfo.max)
 
 
 def apply_frequency_presence(x: torch.Tensor, rows: list[int] | slice, counts: torch.Tensor, frequency: torch.Tensor,

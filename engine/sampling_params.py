@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from engine.structured_output import grammar_spec
+
+GREEDY_BELOW = 1e-5
+
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (anything below GREEDY_BELOW) means greedy
     top_k: int = -1  # -1: off
     top_p: float = 1.0
     max_tokens: int = 16
@@ -28,13 +32,19 @@ class SamplingParams:
     n: int = 1
     best_of: int | None = None
     response_format: dict | None = None  # {"type": "json_object"} / {"type": "json_schema", ...}: constrained
+    # a chat request's tools (engine/server/tool_calls.py): sha256 of their canonical JSON, and the tool
+    # choice ("none" | "auto" | "required" | "function:NAME"); in to_json only when set, so every other
+    # request's layout stays the one the proxy writes too (engine/proxy/request_row.py)
+    tools_hash: str | None = None
+    tool_choice: str | None = None
 
     def __post_init__(self):
         self.validate()
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # vLLM's _SAMPLING_EPS: a temperature this small is greedy (dividing by it would overflow float32)
+        return self.temperature < GREEDY_BELOW
 
     def validate(self) -> None:
         """Raise ValueError with a message a user can act on."""
@@ -62,9 +72,13 @@ class SamplingParams:
                 raise ValueError(f"logit_bias keys must be token IDs (integers >= 0), got {token!r}")
             if not (-100.0 <= bias <= 100.0):
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
+        grammar_spec(self.response_format)  # engine/structured_output.py: the type, the schema, xgrammar parses it
 
     def to_json(self) -> str:
         d = asdict(self)
+        for name in ("tools_hash", "tool_choice"):
+            if d[name] is None:
+                del d[name]
         if self.logit_bias is not None:  # string keys, as JSON (and the proxy's copy of the body) has them
             d["logit_bias"] = {str(t): float(b) for t, b in self.logit_bias.items()}
         return json.dumps(d, sort_keys=True)

@@ -7,11 +7,14 @@ decoding on the reference models in evals/benchmarks); this menu is the one plac
 from __future__ import annotations
 
 from engine.benchmarks import quantization, telemetry_overhead, throughput
+from engine.benchmarks.peers import cli as peers
 from evals.benchmarks import spec_decode
 
 # name -> (module, one-line help)
 BENCHMARKS = {
     "throughput": (throughput, "offline throughput: the engine vs transformers' generate on the same model and prompts"),
+    "peers": (peers, "infersight vs vLLM, CTranslate2, llama.cpp, transformers (each installed one) on the same "
+                     "token-ID workloads, with this machine's roofline"),
     "spec-decode": (spec_decode, "speculative decoding: tokens/s without and with each proposer, acceptance, speedup"),
     "quantization": (quantization, "weight-only int8 / int4: logit fidelity, weight bytes and tokens/s against float32"),
     "telemetry-overhead": (telemetry_overhead,

@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from diagnostics import DIAGNOSTICS
+from diagnostics import DIAGNOSTICS, spec_sums
 from diagnostics import run as run_diagnostics
 from diagnostics.benchmarks import perf_faults
 from diagnostics.benchmarks.model_faults import FILE_FAULTS
@@ -66,8 +66,8 @@ class Fault:
     engine: dict = field(default_factory=dict)  # the candidate's engine options
     every_engine: dict = field(default_factory=dict)  # options of every replica (speculative decoding ...)
     neighbour: bool = False  # the candidate pinned to one CPU beside a busy loop (perf_faults.busy_neighbour)
-    draft: str | None = None  # "good" | "damaged": every replica drafts with the reference draft, the candidate
-    #                           with this one
+    draft: str | None = None  # "good" | "damaged": every replica drafts with the served checkpoint, the
+    #                           candidate with this one (perf_faults.good_draft / damaged_draft)
 
     @property
     def clean(self) -> bool:
@@ -108,7 +108,8 @@ PERF_FAULTS = {f.name: f for f in (
           frozenset({"sampled_logprob_shift", "cross_score_shift"}), engine={"quantization": "int4", "quant_group_size": 128}),
     Fault("noisy_weights", "weights with 5% relative noise at the same path",
           frozenset({"sampled_logprob_shift", "cross_score_shift"}), file_fault="noisy_weights"),
-    Fault("damaged_draft", "every replica drafts; the candidate's draft model has heavy weight noise",
+    Fault("damaged_draft", "every replica drafts with the served checkpoint; the candidate's draft is a copy "
+                           "with 50% weight noise (a corrupted draft checkpoint)",
           frozenset({"spec_acceptance_drop"}), every_engine=perf_faults.SPECULATIVE, draft="damaged"),
     Fault("clean_speculative", "every replica drafts with the same good draft model (a clean run)", frozenset(),
           every_engine=perf_faults.SPECULATIVE, draft="good"),
@@ -155,9 +156,9 @@ def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, s
     every = dict(fault.every_engine) if fault else {}
     cand_engine = {**every, **(fault.engine if fault else {})}
     if fault is not None and fault.draft:
-        every["draft_model"] = perf_faults.good_draft()
-        cand_engine["draft_model"] = (perf_faults.damaged_draft(work) if fault.draft == "damaged"
-                                      else perf_faults.good_draft())
+        every["draft_model"] = perf_faults.good_draft(model)
+        cand_engine["draft_model"] = (perf_faults.damaged_draft(work, model) if fault.draft == "damaged"
+                                      else perf_faults.good_draft(model))
     fleets = []
     with ExitStack() as neighbours:
         try:
@@ -214,6 +215,12 @@ def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, l
         with open_store(base.store_url) as store:
             wait_for_requests(store, f"rescore.{rescored.round_id}.", rescored.sent - len(rescored.failed))
         check(f"{sent} requests + a rescore round")
+    if fault is not None and fault.draft:  # what the detector sees: each replica's acceptance over the run
+        with open_store(base.store_url) as store:
+            for r in spec_sums.acceptance(store, Scope(start=since)):
+                rate = "n/a" if r["rate"] is None else f"{r['rate']:.3f}"
+                log(f"    acceptance {r['replica_id']}: {r['accepted']}/{r['proposed']} = {rate} "
+                    f"({sum(s.n for s in r['requests'].values())} requests with drafts)")
     return _outcome(fault, shape, candidate, stages, sent, log)
 
 

@@ -5,7 +5,9 @@ layer shares (stored in `metadata.scratch`), so a layer does one cache write
 and one SDPA call per group of sequences, with no Python loop over sequences:
 - decode sequences (one new token each) form one group (two to four when their
   context lengths differ so much that padding would dominate): their cached
-  keys/values are gathered into a padded [B, Lmax] batch with a length mask;
+  keys/values are gathered into a padded [B, Lmax] batch with a length mask
+  (none when all lengths are equal, as at batch 1); the group's index tensors are
+  built from the block tables in about ten tensor ops;
 - prefill chunks are grouped by the power of two of their length (so padding
   wastes at most half of a group), each group one masked SDPA call;
 - a lone prefill with nothing cached before it attends its own fresh keys with
@@ -36,7 +38,9 @@ class _Group:
     out_index: torch.Tensor  # [num real rows]: where each real row goes in the flat output
     fresh_causal: bool = False  # one sequence, nothing cached before: attend fresh k/v causally
     token_start: int = 0  # first row of a fresh_causal sequence in the flat batch
-    head_rows: dict = field(default_factory=dict)  # num_kv_heads -> gather index, built by the first layer
+    # num_kv_heads -> gather index, and (kv heads, head dim, dtype, device) -> gather index and
+    # buffer views: built by the first layer, used by all
+    head_rows: dict = field(default_factory=dict)
 
     def kv_rows(self, num_kv_heads: int) -> torch.Tensor:
         """Flat [B * KVH * Lmax] index of (slot, kv head) rows, so a gather lands head-major."""
@@ -73,9 +77,41 @@ def _seq_slots(block_tables: list[list[int]], lengths: list[int], block_size: in
     return slots.to(device)
 
 
+def _build_decode_group(seq_ids: list[int], metadata: AttentionMetadata, starts: list[int],
+                        device: torch.device) -> _Group:
+    """A decode group in few ops (~10 instead of ~25: about a third of `prepare` at batch 1).
+
+    Key positions past a sequence's length read whatever its last block (or block 0, for
+    missing blocks) holds there - finite, since the pool is zero-filled - and are masked.
+    When all lengths are equal (always at batch 1) there is nothing to mask: no mask at all.
+    """
+    bs = metadata.block_size
+    clens = [metadata.context_lens[i] for i in seq_ids]
+    b, lmax = len(seq_ids), max(clens)
+    nblocks = (lmax + bs - 1) // bs
+    table = []
+    for i, length in zip(seq_ids, clens):
+        blocks = metadata.block_tables[i]
+        if len(blocks) * bs < length:
+            raise ValueError(f"sequence {i}: {len(blocks)} blocks cannot hold {length} tokens "
+                             f"(block size {bs})")
+        row = blocks[:nblocks]
+        table.append(row + [0] * (nblocks - len(row)) if len(row) < nblocks else row)
+    table_t = torch.tensor(table, dtype=torch.long)
+    slots = (table_t[:, :, None] * bs + torch.arange(bs)).view(b, -1)[:, :lmax]
+    token_index = torch.tensor([starts[i] for i in seq_ids], dtype=torch.long)
+    mask = None
+    if min(clens) != lmax:
+        mask = (torch.arange(lmax)[None, :] < torch.tensor(clens)[:, None])[:, None, None, :].to(device)
+    token_index = token_index.to(device)
+    return _Group(True, token_index[:, None], slots.to(device), mask, None, token_index)
+
+
 def _build_group(seq_ids: list[int], metadata: AttentionMetadata, starts: list[int],
                  device: torch.device) -> _Group:
     qlens = [metadata.query_lens[i] for i in seq_ids]
+    if max(qlens) == 1:
+        return _build_decode_group(seq_ids, metadata, starts, device)
     clens = [metadata.context_lens[i] for i in seq_ids]
     b, qmax, lmax = len(seq_ids), max(qlens), max(clens)
     qpos = torch.arange(qmax)
@@ -204,16 +240,23 @@ class TorchAttentionBackend(AttentionBackend):
                                                enable_gqa=group_size > 1)
             return o[0].transpose(0, 1)
         # gather straight into SDPA's contiguous [B, KVH, L, D] layout (a permuted view would
-        # make SDPA copy it again) and into reused buffers (fresh ones cost page faults)
-        rows = g.kv_rows(num_kv_heads)
-        numel = rows.numel() * head_dim
-        kbuf, vbuf = self._gather_buffers(numel, k_flat)
-        shape = (b, num_kv_heads, g.slots.shape[1], head_dim)
-        ks = torch.index_select(k_flat.view(-1, head_dim), 0, rows, out=kbuf[:numel].view(-1, head_dim)).view(shape)
-        vs = torch.index_select(v_flat.view(-1, head_dim), 0, rows, out=vbuf[:numel].view(-1, head_dim)).view(shape)
+        # make SDPA copy it again) and into reused buffers (fresh ones cost page faults); the
+        # buffer views are made by the first layer and reused by the others (6 ops a layer)
+        key = (num_kv_heads, head_dim, k_flat.dtype, k_flat.device)
+        views = g.head_rows.get(key)
+        if views is None:
+            rows = g.kv_rows(num_kv_heads)
+            numel = rows.numel() * head_dim
+            kbuf, vbuf = self._gather_buffers(numel, k_flat)
+            shape = (b, num_kv_heads, g.slots.shape[1], head_dim)
+            kout, vout = kbuf[:numel].view(-1, head_dim), vbuf[:numel].view(-1, head_dim)
+            views = g.head_rows[key] = (rows, kout, vout, kout.view(shape), vout.view(shape))
+        rows, kout, vout, ks, vs = views
+        torch.index_select(k_flat.view(-1, head_dim), 0, rows, out=kout)
+        torch.index_select(v_flat.view(-1, head_dim), 0, rows, out=vout)
         if g.is_decode:
             # the query heads sharing a kv head act as that head's query rows: no kv repeat
-            qs = q[g.token_index[:, 0]].view(b, num_kv_heads, group_size, head_dim)
+            qs = q[g.out_index].view(b, num_kv_heads, group_size, head_dim)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=g.mask, scale=scale)
             return o.reshape(b, num_heads, head_dim)
         qs = q[g.token_index].permute(0, 2, 1, 3)  # [B, H, Qmax, D]

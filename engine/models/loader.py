@@ -4,7 +4,8 @@ Weights load name for name into our modules; anything that does not line up (a
 missing shard, a missing or unexpected tensor, a shape mismatch) raises
 `ModelLoadError` naming the file and the tensor. The weights hash covers tensor
 names, dtypes, shapes and bytes in name order, so it does not depend on how the
-checkpoint was sharded.
+checkpoint was sharded. Once loaded, a model with `fuse_projections` (Llama) gets its
+q/k/v and gate/up weights concatenated, each module's weight a view of its slice.
 """
 
 from __future__ import annotations
@@ -120,4 +121,7 @@ def load_weights(model: nn.Module, model_dir: Path, dtype: torch.dtype,
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelLoadError(f"{model_dir}: checkpoint lacks tensor(s) {missing[:5]}{more}")
+    fuse = getattr(model, "fuse_projections", None)
+    if fuse is not None:  # q/k/v and gate/up as one matmul each, same storage (models/llama.py)
+        fuse()
     return digest.hexdigest()

@@ -56,16 +56,23 @@ class RotaryEmbedding(torch.nn.Module):
         self._per_device: dict[str, torch.Tensor] = {}
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [T, 1, head_dim / 2] (broadcast over heads), in `dtype`."""
+        """(cos, signed sin), each [T, 1, head_dim] (broadcast over heads), in `dtype`.
+
+        Both halves are laid out for `apply_rotary`: cos is (cos, cos), the signed sin is
+        (-sin, sin), so a layer rotates with 4 ops instead of 8 (the once-per-step cats pay).
+        """
         key = str(positions.device)
         inv_freq = self._per_device.get(key)
         if inv_freq is None:
             inv_freq = self._per_device[key] = self.inv_freq.to(positions.device)
         freqs = positions.float()[:, None] * inv_freq[None, :]
-        return freqs.cos().to(dtype)[:, None, :], freqs.sin().to(dtype)[:, None, :]
+        cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
+        return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, H, D] by (cos, sin) [T, 1, D/2]; pairs are (i, i + D/2) as in transformers."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """Rotate x [T, H, D] by `RotaryEmbedding`'s (cos, signed sin) [T, 1, D]; pairs are
+    (i, i + D/2) as in transformers: (x1 cos - x2 sin, x2 cos + x1 sin), where the roll
+    brings x2 under x1 and the sign of sin does the minus - the same float operations, so
+    the same bits as transformers' rotate_half form."""
+    return (x * cos).add_(x.roll(x.shape[-1] // 2, dims=-1).mul_(sin))

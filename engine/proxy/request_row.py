@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from engine.prompt import chat_prompt, text_prompt
 from engine.proxy.capture import ChoiceCapture, ResponseCapture
+from engine.server.tool_calls import recorded_tool_fields
 from telemetry.contract.derived import e2e_seconds, ttft_split
 from telemetry.contract.records import RequestRecord, chat_messages_hash, text_sha256
 
@@ -78,6 +79,8 @@ def sampling_params_json(body: dict, kind: str, prompt_len: int, max_model_len: 
               "n": _number(body.get("n"), 1, int),
               "best_of": _number(body.get("best_of"), None, int) if kind == "completion" else None,
               "response_format": _response_format(body.get("response_format"))}
+    if kind == "chat":  # tools_hash / tool_choice (and a forced call's format), as the server records them
+        params.update(recorded_tool_fields(body.get("tools"), body.get("tool_choice")))
     if token_ids_source is not None:
         params["token_ids_source"] = token_ids_source
     return json.dumps(params, sort_keys=True)

@@ -29,6 +29,7 @@ from engine.server.errors import APIError
 from engine.server.model_info import ServedModel
 from engine.server.protocol import MAX_CHOICES, MAX_STOP_STRINGS, ChatCompletionRequest, CompletionRequest
 from engine.server.text_check import check_countable, check_fits, check_unicode
+from engine.server.tool_calls import ToolPlan, constrain, plan_tools, template_message
 
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")  # a logit_bias key: a token ID as JSON writes it
 
@@ -43,6 +44,7 @@ class Admitted:
     best_of: int = 1  # samples per prompt, of which the n of highest cumulative logprob are kept
     echo: bool = False  # completions: the prompt prepended to each choice
     skip_special_tokens: bool = True
+    tools: ToolPlan | None = None  # chat with tools: how the output becomes tool calls (tool_calls.py)
 
     @property
     def is_group(self) -> bool:
@@ -144,9 +146,16 @@ def _sampling_params(req, max_tokens: int, logprobs: int | None, prompt_logprobs
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty, min_p=req.min_p,
             logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
+            response_format=_response_format(req.response_format),  # validated (xgrammar parses it) there
         )
     except ValueError as e:  # SamplingParams.validate's message names the parameter
-        raise APIError(str(e), param=str(e).split(" ")[0]) from None
+        raise APIError(str(e), param=str(e).split(" ")[0].rstrip(":")) from None
+
+
+def _response_format(fmt) -> dict | None:
+    """json_object / json_schema as the client sent it (so the proxy's record matches: engine/proxy/request_row.py);
+    text: None."""
+    return None if fmt is None or fmt.type == "text" else fmt.model_dump(by_alias=True, exclude_unset=True)
 
 
 def _is_prompt_list(prompt) -> bool:
@@ -219,35 +228,34 @@ def detokenize(req, served: ServedModel) -> str:
 
 
 def _message_text(content) -> str:
+    if content is None:  # an assistant message that only calls tools
+        return ""
     return content if isinstance(content, str) else "".join(part.text for part in content)
 
 
-def _render_chat(messages, add_generation_prompt: bool, served: ServedModel, check_length=check_fits) -> Prompt:
-    plain = [{"role": m.role, "content": _message_text(m.content)} for m in messages]
-    check_length(sum(len(m["content"]) for m in plain), "messages", served.max_model_len, served.chars_per_token)
+def _render_chat(messages, add_generation_prompt: bool, served: ServedModel, check_length=check_fits,
+                 tools: list[dict] | None = None) -> Prompt:
+    plain = [template_message(m, _message_text(m.content)) for m in messages]
+    chars = sum(len(m["content"]) for m in plain) + sum(len(c.function.arguments) for m in messages
+                                                        for c in m.tool_calls or [])
+    check_length(chars, "messages", served.max_model_len, served.chars_per_token)
+    extra = {"tools": tools} if tools else {}
     try:
-        return chat_prompt(served.tokenizer, plain, add_generation_prompt=add_generation_prompt)
+        return chat_prompt(served.tokenizer, plain, add_generation_prompt=add_generation_prompt, **extra)
     except Exception as e:  # a template may reject a conversation (e.g. roles out of order)
         raise APIError(f"messages: the chat template rejected the conversation: {e}", param="messages") from None
 
 
 def admit_chat(req: ChatCompletionRequest, served: ServedModel) -> Admitted:
     _check_common(req, served)
-    if req.tools:
-        template = getattr(getattr(served.tokenizer, "hf", None), "chat_template", None) or ""
-        why = ("this model's chat template does not render `tools`" if "tools" not in str(template)
-               else "tool-call parsing is not implemented on this server yet")
-        raise _unsupported("tools", f"tool calling is not supported: {why}")
-    if req.tool_choice not in (None, "none"):
-        raise _unsupported("tool_choice", "tool calling is not supported")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise _unsupported("response_format", f"only type 'text' is supported, got {req.response_format.type!r}")
+    tools = plan_tools(req, served)  # None without tools; 400s for tools this server cannot serve
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
     if req.max_tokens is not None and req.max_completion_tokens is not None:
         raise APIError("give max_completion_tokens or max_tokens, not both", param="max_tokens")
 
-    engine_prompt = _render_chat(req.messages, req.add_generation_prompt, served)
+    engine_prompt = _render_chat(req.messages, req.add_generation_prompt, served,
+                                 tools=tools.tools if tools is not None else None)
     param = "max_tokens" if req.max_tokens is not None else "max_completion_tokens"
     max_tokens = _max_tokens(req.max_completion_tokens if req.max_tokens is None else req.max_tokens,
                              len(engine_prompt), served, param)
@@ -256,4 +264,7 @@ def admit_chat(req: ChatCompletionRequest, served: ServedModel) -> Admitted:
         raise APIError(f"n: at most {MAX_CHOICES} choices, got {req.n}", param="n")
     params = _sampling_params(req, max_tokens, logprobs)
     params.n = req.n
-    return Admitted(engine_prompt, params, n=req.n, best_of=req.n, skip_special_tokens=req.skip_special_tokens)
+    if tools is not None:
+        constrain(params, tools)
+    skip_special = req.skip_special_tokens and not (tools is not None and tools.keeps_special_tokens)
+    return Admitted(engine_prompt, params, n=req.n, best_of=req.n, skip_special_tokens=skip_special, tools=tools)

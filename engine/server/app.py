@@ -53,6 +53,8 @@ from engine.server.protocol import (
 )
 from engine.server.request_id import RequestIdMiddleware
 from engine.server.server_log import log_access
+from engine.server.tool_calls import tool_response
+from engine.server.tool_stream import ToolStream
 from engine.server.version import package_version
 from telemetry.metrics.collectors import register_process_collector
 
@@ -140,7 +142,10 @@ class Server:
                 return Response(status_code=499)
             out = _engine_result(collect)
             done = True
-            response = JSONResponse(full_response(self.served, opts, out))
+            body = full_response(self.served, opts, out)
+            if admitted.tools is not None:  # tool calls parsed out of the content (tool_calls.py)
+                body = tool_response(admitted.tools, body)
+            response = JSONResponse(body)
             status = 200
             return response
         except APIError as e:
@@ -171,6 +176,8 @@ class Server:
             raise
         formatter = (GroupStreamFormatter(self.served, opts, len(admitted.engine_requests())) if admitted.is_group
                      else StreamFormatter(self.served, opts))
+        if admitted.tools is not None:  # content deltas -> tool-call deltas (tool_stream.py)
+            formatter = ToolStream(formatter, admitted.tools)
         state = {"finished": first.finished, "last": first}
 
         async def events():

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from engine.server.engine_args import add_engine_arguments, engine_config_from_args, parse_size
+from engine.server.tool_parsers import PARSERS
 
 log = logging.getLogger("infersight.serve")
 
@@ -55,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue", type=int, default=None, metavar="N",
                         help="requests that may wait beyond the --max-num-seqs running; more get 429 with "
                              "Retry-After (default: 4 x max_num_seqs)")
+    parser.add_argument("--tool-call-parser", default=None, choices=sorted(PARSERS), metavar="NAME",
+                        help="how the model writes tool calls, vLLM's names: " + ", ".join(sorted(PARSERS))
+                             + " (default: detected from the chat template; the start summary names it)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--stats-interval", type=float, default=10.0, metavar="SECONDS",
                         help="log running / waiting / KV use and prompt and generation throughput every SECONDS "
@@ -86,6 +90,7 @@ def build_server(args, placement=None):
     from engine.server.model_info import ServedModel
     from engine.server.preflight import preflight
     from engine.server.server_log import StatsLogger, StepThroughput, start_summary
+    from engine.server.tool_calls import PARSER_KEY, describe
     from telemetry.contract.hooks import MultiObserver
     from telemetry.replica_wiring import build_observer
     from telemetry.spool import replica_spool_dir
@@ -103,7 +108,8 @@ def build_server(args, placement=None):
         observer = MultiObserver([observer, throughput])
     engine = AsyncLLM(config, observer)
     served = ServedModel.from_engine(engine, created=int(time.time()))
-    for line in start_summary(engine.engine, placement, args.store):
+    served.extra[PARSER_KEY] = getattr(args, "tool_call_parser", None)
+    for line in start_summary(engine.engine, placement, args.store, tools=describe(served)):
         log.info("%s", line)
     stats = StatsLogger(served, throughput, args.stats_interval) if throughput is not None else None
     if not args.access_log:

@@ -127,6 +127,7 @@ class CompletionRequest(_SamplingFields):
     best_of: Annotated[Count, admitted(maximum=MAX_CHOICES)] | None = Field(
         None, description="samples per prompt (>= n), the n of highest cumulative logprob returned; not streamed")
     suffix: Annotated[str, admitted(maxLength=0)] | None = Field(None, description="not supported")
+    response_format: ResponseFormat | None = Field(None, description="vLLM's: as chat completions take it")
 
 
 class TextPart(_Request):
@@ -134,10 +135,25 @@ class TextPart(_Request):
     text: PromptText
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: PromptText = Field(description="the arguments as JSON text")
+
+
+class MessageToolCall(_Request):
+    """A tool call of an earlier assistant message (as a response's message.tool_calls gave it)."""
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
-    role: Literal["system", "user", "assistant", "developer"]
-    content: PromptText | list[TextPart]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: PromptText | list[TextPart] | None = Field(None, description="null: empty (an assistant's "
+                                                                           "message that only calls tools)")
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = Field(None, description="an assistant message's tool calls")
+    tool_call_id: str | None = Field(None, description="a tool message: the call it answers")
 
 
 class CountableTextPart(TextPart):
@@ -146,13 +162,33 @@ class CountableTextPart(TextPart):
 
 class CountableMessage(ChatMessage):
     """A message /tokenize counts: its text may be longer than the context (that is what is measured)."""
-    content: CountableText | list[CountableTextPart]
+    content: CountableText | list[CountableTextPart] | None = None
 
 
-class ResponseFormat(_Request):
-    type: Literal["text", "json_object", "json_schema"] = Field(
-        description="only 'text' is supported", json_schema_extra={"enum": ["text"]})
-    json_schema: dict | None = None
+class TextFormat(_Request):
+    type: Literal["text"]
+
+
+class JSONObjectFormat(_Request):
+    type: Literal["json_object"] = Field(description="the output is one JSON object (constrained decoding)")
+
+
+class JSONSchemaSpec(_Request):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    # `schema` would shadow BaseModel.schema: kept under another attribute, read and written by its alias
+    schema_: dict = Field(alias="schema", description="a JSON Schema the output must validate against "
+                          "(xgrammar strict mode: no properties or items beyond those listed)")
+    strict: bool | None = Field(None, description="accepted; the output always follows the schema strictly")
+
+
+class JSONSchemaFormat(_Request):
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaSpec
+
+
+# engine/structured_output.py turns the two JSON formats into grammars
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaFormat, Field(discriminator="type")]
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -169,10 +205,17 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: NewTokens | None = None
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = Field(None, description="only with logprobs: true")
-    tools: Annotated[list[dict], admitted(maxItems=0)] | None = Field(None, description="not supported")
-    tool_choice: str | dict | None = Field(None, description="not supported: null or 'none'",
-                                           json_schema_extra={"anyOf": [{"const": "none"}, {"type": "null"}]})
-    response_format: ResponseFormat | None = Field(None, description="only type=text is supported")
+    # accepted where the chat template renders tools (engine/server/tool_calls.py); the schema states the
+    # case of a template that does not (as the reference model's), which every test server has
+    tools: Annotated[list[dict], admitted(maxItems=0)] | None = Field(
+        None, description="[{type: function, function: {name, description, parameters}}]: only where the "
+                          "model's chat template renders tools")
+    tool_choice: str | dict | None = Field(
+        None, description="'none', 'auto' (default with tools), 'required' or {type: function, function: "
+                          "{name}}; without tools: null or 'none'",
+        json_schema_extra={"anyOf": [{"const": "none"}, {"type": "null"}]})
+    response_format: ResponseFormat | None = Field(
+        None, description="text (default), json_object, or json_schema: constrained decoding")
     add_generation_prompt: bool = True
 
 
@@ -289,9 +332,21 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class ResponseFunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ResponseToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ResponseFunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # null when the message only calls tools
+    tool_calls: list[ResponseToolCall] | None = None
 
 
 class ChatChoice(BaseModel):

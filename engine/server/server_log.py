@@ -2,7 +2,7 @@
 
 Loggers (the logging module; the CLI's --log-level and handlers apply):
 - `infersight.serve`: the start summary (model, architecture, dtype, quantization, KV pool, context,
-  speculation, placement, telemetry store with any credentials removed).
+  speculation, placement, telemetry store with any credentials removed, the tool-call parser).
 - `infersight.access`: one line per generation request when it ends (id, status, prompt / output tokens,
   TTFT, e2e).
 - `infersight.stats`: every --stats-interval seconds, like vLLM's "Avg prompt throughput" line: running,
@@ -40,8 +40,9 @@ def redact_url(target: str | None) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def start_summary(core, placement=None, store_target: str | None = None) -> list[str]:
-    """The start lines of one replica (core: the LLMEngine)."""
+def start_summary(core, placement=None, store_target: str | None = None, tools: str | None = None) -> list[str]:
+    """The start lines of one replica (core: the LLMEngine); `tools`: the tool-call line
+    (engine/server/tool_calls.py `describe`: which parser, or why tool calls are not available)."""
     cfg, loaded, kv = core.config, core.loaded, core.kv_cache
     spec = cfg.speculative_mode if cfg.speculative_mode not in ("none", "", None) else "none"
     if spec != "none":
@@ -59,7 +60,7 @@ def start_summary(core, placement=None, store_target: str | None = None) -> list
         f"{'on' if cfg.enable_prefix_caching else 'off'}; speculative decoding {spec}",
         f"placement: {where}",
         f"replica {cfg.replica_id}; telemetry store: {redact_url(store_target)}",
-    ]
+    ] + ([tools] if tools else [])
 
 
 def log_access(request_id: str, status: int, out=None, started: float | None = None) -> None:

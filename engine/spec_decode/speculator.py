@@ -170,7 +170,7 @@ class Speculator:
                 self._in_sequence.discard(i)
                 batch.num_new_tokens[i] = 1  # the engine counts the committed token; `commit` the rest
                 params = seq.sampling_params
-                if params.temperature == 0.0:
+                if params.greedy:
                     result = verify_greedy(logits, drafts)
                 else:
                     generator = seq.generator if seq.generator is not None else self.sampler.generator

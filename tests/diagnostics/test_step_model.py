@@ -28,12 +28,20 @@ def cost(prefill_tokens, decode_tokens, seqs, context_tokens):
 def steps_of(rid: str, t0: float, *, seed: int, seconds: float = SECONDS, seqs=(1, 16), context_per_seq=(100, 400),
              forward_factor: float = 1.0, host_factor: float = 1.0, step_noise: float = 0.1,
              block_noise: float = 0.03, block_factors=None, no_split: bool = False, no_context: bool = False,
-             idle: bool = False):
+             idle: bool = False, drift=None):
     """Steps of one replica: phases, batch sizes and contexts drawn from the given ranges; the healthy
     cost times the replica's factors, a per-10 s-block shock (or `block_factors`, cycled) and per-step noise;
-    with `idle`, an idle step (no sequences, the loop's wait) between every two."""
+    with `idle`, an idle step (no sequences, the loop's wait) between every two; `drift` (sigma, tau seconds):
+    an AR(1) log-factor on every step, autocorrelated over tau (a host's slowly varying contention)."""
     rng = np.random.default_rng(seed)
     n = int(seconds / SPACING)
+    walk = np.zeros(n)
+    if drift is not None:
+        sigma, tau = drift
+        a = np.exp(-SPACING / tau)
+        walk[0] = rng.normal(0, sigma)
+        for k in range(1, n):
+            walk[k] = a * walk[k - 1] + rng.normal(0, sigma * np.sqrt(1 - a * a))
     shocks = (np.resize(np.asarray(block_factors, float), int(seconds / 10) + 1) if block_factors is not None
               else np.exp(rng.normal(0, block_noise, int(seconds / 10) + 1)))
     out = []
@@ -45,7 +53,7 @@ def steps_of(rid: str, t0: float, *, seed: int, seconds: float = SECONDS, seqs=(
         dec = s - npre
         ctx = int(dec * rng.integers(*context_per_seq)) + pre_tokens
         forward, host = cost(pre_tokens, dec, s, ctx)
-        shock = shocks[int(k * SPACING / 10)]
+        shock = shocks[int(k * SPACING / 10)] * np.exp(walk[k])
         forward *= forward_factor * shock * np.exp(rng.normal(0, step_noise))
         host *= host_factor * shock * np.exp(rng.normal(0, step_noise))
         if no_split:  # an engine that reports the whole step as forward (vLLM's stat logger)
@@ -181,13 +189,34 @@ def test_many_replicas_need_holm(store, monkeypatch):
     monkeypatch.setattr(step_model, "MIN_RATIO", 1.0)
     specs = {f"h-r{i}": {"block_noise": 0.1, "seed": 200 + i} for i in range(8)}
     scope = fleet(store, "m-holm", specs, seconds=120.0)
-    assert above_info(run(store, scope)) == []
+    assert above_info(run(store, scope, block_seconds=10.0)) == []  # blocks as long as the shocks
     monkeypatch.setattr(step_model, "holm", lambda ps: list(ps))  # uncorrected: a false alarm
+    assert slow(run(store, scope, block_seconds=10.0))
+
+
+def test_short_runs_get_shorter_blocks_and_a_starved_canary_of_60_s_is_found(store):
+    # 60 s: fixed 10 s blocks would be 6, "insufficient data"; the adaptive length makes them 3 s
+    scope = fleet(store, "m-60s", {"q-base": {}, "q-canary": {"host_factor": 2.0}}, seconds=60.0)
+    assert step_model.block_length(store, scope) == pytest.approx(3.0, rel=0.01)
+    found = slow(run(store, scope))
+    assert set(found) == {"q-canary"} and found["q-canary"].evidence["block_seconds"] == pytest.approx(3.0, rel=0.01)
+    assert all(f.insufficient for f in run(store, scope, block_seconds=10.0))
+
+
+def test_autocorrelated_step_noise_on_a_short_clean_run_merges_blocks_and_stays_quiet(store, monkeypatch):
+    # two clean replicas, 90 s, each with its own slow drift (AR(1), sd 0.3, tau 8 s): 4.5 s blocks are short
+    # against it (adjacent residuals correlate), so they are merged, and what correlation is left widens
+    # the interval. Over 20 seeds neither guard on, 1 fires; both on, none (this is that seed)
+    specs = {"d-r0": {"drift": (0.3, 8.0), "seed": 412}, "d-r1": {"drift": (0.3, 8.0), "seed": 413}}
+    scope = fleet(store, "m-drift", specs, seconds=90.0)
+    assert above_info(run(store, scope)) == []
+    monkeypatch.setattr(step_model, "AUTOCORR_Z", np.inf)  # no merging, no widening: a false alarm
+    monkeypatch.setattr(step_model, "MAX_RHO", 0.0)
     assert slow(run(store, scope))
 
 
 def test_too_few_blocks_is_insufficient_data_saying_what_is_needed(store):
-    scope = fleet(store, "m-short", {"s-r0": {}, "s-r1": {}}, seconds=50.0)
+    scope = fleet(store, "m-short", {"s-r0": {}, "s-r1": {}}, seconds=10.0)
     found = run(store, scope)
     assert {f.subject for f in found} == {"s-r0", "s-r1"}
     for f in found:

@@ -33,6 +33,17 @@ def test_greedy_is_the_argmax():
     assert out.logprobs == [None] * 5
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 1e-6])
+def test_a_temperature_too_small_to_divide_by_is_greedy(temperature):
+    # 1e-300 is 0 in float32: dividing by it gave inf/NaN rows (a 500 under a grammar); vLLM treats < 1e-5 as greedy
+    logits = random_logits(6)
+    sampler = Sampler(seed=1)
+    params = [SamplingParams(temperature=temperature), SamplingParams(temperature=1.0)] * 3
+    out = sampler(logits, seqs_for(sampler, params))
+    assert out.token_ids[::2] == logits[::2].argmax(-1).tolist()
+    assert all(torch.isfinite(torch.tensor(out.sampled_logprobs)))
+
+
 def test_top_k_one_equals_greedy_at_any_temperature():
     logits = random_logits(8)
     sampler = Sampler(seed=3)

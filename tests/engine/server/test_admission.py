@@ -106,7 +106,8 @@ def test_a_text_prompt_is_tokenized_once_through_the_cache(tiny_llama):
     (lambda: _completion(stop_token_ids=[10**6]), "stop_token_ids", "outside the vocabulary"),
     (lambda: _completion(stream_options={"include_usage": True}), "stream_options", "stream is true"),
     (lambda: _chat(tools=[{"type": "function"}]), "tools", "not supported"),
-    (lambda: _chat(response_format={"type": "json_object"}), "response_format", "only type 'text'"),
+    (lambda: _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}),
+     "response_format", "cannot compile"),
     (lambda: _chat(top_logprobs=2), "top_logprobs", "requires logprobs"),
     (lambda: _chat(max_tokens=3, max_completion_tokens=3), "max_tokens", "not both"),
 ])

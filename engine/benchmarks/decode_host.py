@@ -1,0 +1,162 @@
+"""Decode-step host overhead: tokens/s and the engine's own per-step time split, small batches.
+
+    python -m engine.benchmarks.decode_host                  # all workloads, 3 runs each, medians
+    python -m engine.benchmarks.decode_host --only batch1 --runs 1 --json out.json
+
+Workloads (greedy, ignore EOS, so every run produces exactly the requested tokens):
+- batch1:    1 prompt, 128 tokens in -> 128 out, on the shipped reference model
+             (evals/reference/models/target, 0.9M parameters: all host, almost no math);
+- decode16:  16 prompts, 32 in -> 224 out each (its 256 positions allow no more), reference model;
+- mixed:     64 prompts, 16-512 in / 16-256 out, on the throughput benchmark's random 4-layer Llama;
+- 135m:      1 prompt, 32 in -> 32 out, on a random Llama of SmolLM2-135M's shape (hidden 576,
+             30 layers, 9 / 3 heads, vocab 49152, tied embeddings), built once into the cache.
+
+Each workload runs `--runs` times (fresh engine each, after a warm-up) and the median is
+printed: the machine is shared and noisy. The host split comes from the StepRecords the
+engine itself emits (wall time; schedule / prepare / forward / sample / postprocess, per step):
+"host" is everything but the forward, as a share of the step and in ms per decode step.
+CPU ms per token (process time, all threads) and the 10th percentile of the decode steps'
+time (and of their host part) are printed too: wall time on a loaded machine swings by
+2-5x; the fastest steps show what a step costs when it is not preempted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE = REPO / "evals" / "reference" / "models" / "target"
+SMOL_SPEC = dict(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, intermediate_size=1536,
+                 vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True)
+from telemetry.contract.hooks import EngineObserver
+
+PARTS = ("schedule", "prepare", "forward", "sample", "postprocess")
+
+
+def smol_model() -> Path:
+    from engine.benchmarks.throughput import DEFAULT_CACHE
+    from engine.tiny_model import build_random_model
+
+    path = DEFAULT_CACHE / "llama-smol135m-shape"
+    if not (path / "config.json").exists():
+        path.mkdir(parents=True, exist_ok=True)
+        build_random_model(path, "llama", tokenizer_dir=REFERENCE, **SMOL_SPEC)
+    return path
+
+
+def workloads() -> dict:
+    from engine.benchmarks.throughput import default_model, make_workload
+
+    ref = str(REFERENCE)
+    return {
+        "batch1": (ref, make_workload(1, 463, 0, (128, 128), (128, 128))),
+        "decode16": (ref, make_workload(16, 463, 0, (32, 32), (224, 224))),
+        "mixed": (str(default_model()), make_workload(64, 512, 0, (16, 512), (16, 256))),
+        "135m": (str(smol_model()), make_workload(1, 49152, 0, (32, 32), (32, 32))),
+    }
+
+
+class StepCollector(EngineObserver):
+    """Keeps the host split of every step (the engine's StepRecord fields)."""
+
+    enabled = True
+
+    def __init__(self):
+        self.steps = []
+
+    def on_step(self, record) -> None:
+        self.steps.append((record.num_decode_tokens, record.num_prefill_tokens, *(getattr(record, f"{p}_seconds") for p in PARTS)))
+
+
+def run_once(model: str, workload, threads: int, engine_args: dict) -> dict:
+    import torch
+
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+
+    torch.set_num_threads(threads)
+    obs = StepCollector()
+    llm = LLM(model, obs, **engine_args)
+    warm = workload.head(2)
+    llm.generate(warm.prompts, [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * len(warm.prompts),
+                 use_tqdm=False)
+    llm.engine.kv_cache.reset_prefix_cache()
+    obs.steps.clear()
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
+    start, cpu = time.perf_counter(), time.process_time()
+    outs = llm.generate(workload.prompts, params, use_tqdm=False)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    produced = sum(len(o.token_ids) for o in outs)
+    assert produced == workload.output_tokens, (produced, workload.output_tokens)
+    # decode-only steps: no prefill token in them
+    decode = [s for s in obs.steps if s[1] == 0] or obs.steps
+    sums = {p: sum(s[2 + i] for s in decode) for i, p in enumerate(PARTS)}
+    total = sum(sums.values())
+    host = total - sums["forward"]
+    # the 10th percentile of per-step times: what a step costs when nothing else runs (on a
+    # loaded machine most steps are stretched by preemption; the fastest ones are not)
+    steps_ms = sorted(1e3 * sum(s[2:]) for s in decode)
+    host_ms = sorted(1e3 * (sum(s[2:]) - s[2 + PARTS.index("forward")]) for s in decode)
+    p10 = len(decode) // 10
+    return dict(tokens_per_s=produced / elapsed, step_p10_ms=steps_ms[p10], host_p10_ms=host_ms[p10], cpu_ms_per_token=1e3 * cpu / produced, steps=len(obs.steps), decode_steps=len(decode),
+                step_ms=1e3 * total / len(decode), host_ms=1e3 * host / len(decode),
+                host_share=host / total if total else 0.0,
+                split_ms={p: 1e3 * v / len(decode) for p, v in sums.items()},
+                first_tokens=outs[0].token_ids[:8])
+
+
+def _median_run(fn_args, runs: int) -> dict:
+    import multiprocessing as mp
+
+    results = []
+    for _ in range(runs):
+        pool = mp.get_context("spawn").Pool(1)  # fresh process: no state carried between runs
+        try:
+            results.append(pool.apply(run_once, fn_args))
+        finally:
+            pool.close()
+            pool.join()
+    med = {k: statistics.median(r[k] for r in results)
+           for k in ("tokens_per_s", "cpu_ms_per_token", "step_p10_ms", "host_p10_ms", "step_ms", "host_ms", "host_share")}
+    med["split_ms"] = {p: statistics.median(r["split_ms"][p] for r in results) for p in PARTS}
+    med["runs_tokens_per_s"] = [r["tokens_per_s"] for r in results]
+    med["decode_steps"] = results[0]["decode_steps"]
+    med["first_tokens"] = results[0]["first_tokens"]
+    return med
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", help="comma-separated workloads (batch1,decode16,mixed,135m)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--compile", action="store_true", help="engine option compile_decode=True")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    engine_args = dict(max_num_seqs=128, max_num_batched_tokens=2048, kv_cache_memory_bytes=512 * 2**20)
+    if args.compile:
+        engine_args["compile_decode"] = True
+    chosen = args.only.split(",") if args.only else ["batch1", "decode16", "mixed", "135m"]
+    results = {}
+    print(f"{args.threads} torch threads, {args.runs} runs per workload (medians)", flush=True)
+    for name, (model, workload) in workloads().items():
+        if name not in chosen:
+            continue
+        r = _median_run((model, workload, args.threads, engine_args), args.runs)
+        results[name] = r
+        split = " ".join(f"{k} {v:.3f}" for k, v in r["split_ms"].items())
+        print(f"{name:9s} {r['tokens_per_s']:9.1f} tok/s  cpu {r['cpu_ms_per_token']:.3f} ms/tok  p10 step {r['step_p10_ms']:.3f} ms host {r['host_p10_ms']:.3f} ms  mean step {r['step_ms']:.3f} ms, host {r['host_ms']:.3f} ms "
+              f"({100 * r['host_share']:.0f}%)  [ms/step: {split}]  runs {[round(x) for x in r['runs_tokens_per_s']]}",
+              flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

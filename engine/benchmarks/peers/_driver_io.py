@@ -1,0 +1,83 @@
+"""What every peer driver shares (stdlib only: drivers run in the peers' own interpreters).
+
+Protocol: `python drive_X.py REQUEST.json RESULT.json`. The request holds `model_dir`, `threads`,
+`variant` ("fp32" | "int8"), `cache_dir` (for converted models) and `workloads`: a list of
+{"name", "prompts": [[token ids]], "output_lens": [n]}. The driver warms up, then times each
+workload's generation alone (conversion and loading excluded), and writes
+{"peer", "variant", "version", "load_s", "results": {name: {"seconds", "output_counts",
+"first_tokens"}}, "vm_hwm_mib"}: the driver's own peak RSS, read from /proc at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+FIRST_REQUESTS, FIRST_TOKENS = 4, 16  # greedy tokens returned for cross-checking between sides
+
+
+def read_request() -> tuple[dict, str]:
+    req_path, out_path = sys.argv[1], sys.argv[2]
+    with open(req_path) as f:
+        return json.load(f), out_path
+
+
+def set_threads(threads: int) -> None:
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+
+
+def run_workloads(workloads: list[dict], generate) -> dict:
+    """`generate(prompts, output_lens) -> list of generated token-id lists`, timed per workload."""
+    results = {}
+    for w in workloads:
+        start = time.perf_counter()
+        outs = generate(w["prompts"], w["output_lens"])
+        seconds = time.perf_counter() - start
+        results[w["name"]] = dict(seconds=seconds, output_counts=[len(o) for o in outs],
+                                  first_tokens=[list(map(int, o[:FIRST_TOKENS])) for o in outs[:FIRST_REQUESTS]])
+    return results
+
+
+def warmup_workload(vocab_size: int) -> tuple[list[list[int]], list[int]]:
+    return [[7 % vocab_size, 8 % vocab_size, 9 % vocab_size]] * 2, [4, 4]
+
+
+def vm_hwm_mib() -> float | None:
+    """This process's own peak RSS (VmHWM belongs to the address space exec made, so unlike ru_maxrss
+    it does not start at the parent's peak)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
+def write_result(out_path: str, **fields) -> None:
+    with open(out_path, "w") as f:
+        json.dump(dict(fields, vm_hwm_mib=vm_hwm_mib()), f)
+
+
+def converted_path(req: dict, kind: str) -> str:
+    """Where a converted copy of the model lives: cache_dir/<model dir name>-<size+mtime key>/<kind>."""
+    import hashlib
+
+    model_dir = os.path.abspath(req["model_dir"])
+    stamp = [(f, os.stat(os.path.join(model_dir, f)).st_mtime_ns) for f in sorted(os.listdir(model_dir))
+             if f.endswith((".safetensors", ".json"))]
+    key = hashlib.sha256(json.dumps([model_dir, stamp]).encode()).hexdigest()[:12]
+    path = os.path.join(req["cache_dir"], f"{os.path.basename(model_dir)}-{key}", kind)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
+def length_sorted_batches(output_lens: list[int], batch_size: int) -> list[list[int]]:
+    """Request indices grouped by output length (longest first), batch_size at a time: a peer without
+    per-request lengths generates each group to its longest and keeps only the requested tokens."""
+    order = sorted(range(len(output_lens)), key=lambda i: -output_lens[i])
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]

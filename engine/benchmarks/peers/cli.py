@@ -1,0 +1,142 @@
+"""`infersight bench peers`: interleaved runs of every available side over the same workloads.
+
+For each model: measure the roofline, build the workloads, then for each of `--repeats` rounds run
+every side once (a fresh subprocess per side and round, all workloads inside it; the side order
+rotates each round so that no side always runs first or last on a drifting machine). Reported per
+workload and side: the median output tokens/s over rounds, its ratio to infersight fp32, the peak RSS
+(max over rounds), and how many of the first requests' greedy tokens equal infersight fp32's. Every
+side must produce exactly the requested token counts, else its numbers are marked invalid.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from engine.benchmarks.peers import models, roofline, workloads
+from engine.benchmarks.peers.runner import run_side
+from engine.benchmarks.peers.sides import PEERS, availability
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--models", default="reference,135m", help="reference, 135m, or model directories")
+    parser.add_argument("--workloads", default=",".join(workloads.NAMES), help=f"of {','.join(workloads.NAMES)}")
+    parser.add_argument("--peers", default=",".join(PEERS), help=f"of {','.join(PEERS)}")
+    parser.add_argument("--variants", default="fp32,int8", help="fp32 and/or int8 (for the peers that have it)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="small workloads, reference model, 1 repeat: a smoke run")
+    parser.add_argument("--peer-python", action="append", default=[], metavar="PEER=PYTHON",
+                        help="interpreter for a peer (default: .venv-peers/bin/python; vllm: .venv-vllm/bin/python)")
+    parser.add_argument("--cache-dir", default=str(models.CACHE), help="built and converted models")
+    parser.add_argument("--side-timeout", type=float, default=1800.0, help="seconds per side and round")
+    parser.add_argument("--json", help="also write every result to this file")
+
+
+def _split(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def run(args) -> int:
+    started = time.perf_counter()
+    overrides = dict(kv.split("=", 1) for kv in args.peer_python)
+    model_names = ["reference"] if args.quick and args.models == "reference,135m" else _split(args.models)
+    repeats = 1 if args.quick and args.repeats == 3 else args.repeats
+    sides, report = [], dict(models={}, skipped=[])
+    for name in _split(args.peers):
+        peer = PEERS.get(name)
+        why = f"{name}: unknown peer (choose from {', '.join(PEERS)})" if peer is None else availability(peer, overrides)
+        if why:
+            print(f"skipped {why}", flush=True)
+            report["skipped"].append(why)
+            continue
+        sides += [(peer, v) for v in peer.variants if v in _split(args.variants)]
+    for model_name in model_names:
+        report["models"][model_name] = _run_model(args, model_name, sides, overrides, repeats)
+    report["wall_s"] = time.perf_counter() - started
+    print(f"\ntotal wall time {report['wall_s']:.0f} s", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _run_model(args, model_name: str, sides, overrides, repeats: int) -> dict:
+    path = models.resolve(model_name, Path(args.cache_dir))
+    info = models.describe(path)
+    roof = roofline.measure_in_subprocess(args.threads)
+    ceil = roofline.ceilings(roof, info["weight_bytes"], info["params"])
+    wls = workloads.build(_split(args.workloads), info["vocab_size"], info["context"], args.quick, args.seed)
+    print(f"\n== model {model_name} ({path}): {info['params'] / 1e6:.1f}M params, {info['weight_bytes'] / 2**20:.1f} MiB "
+          f"fp32, context {info['context']}\nroofline ({args.threads} threads): read {roof['read_gb_s']:.1f} GB/s, "
+          f"copy {roof['copy_gb_s']:.1f} GB/s, fp32 GEMM {roof['gemm_gflop_s']:.0f} GFLOP/s -> fp32 batch-1 decode "
+          f"<= {ceil['decode_b1_tok_s']:.0f} tok/s, prefill <= {ceil['prefill_tok_s']:.0f} tok/s", flush=True)
+    for w in wls:
+        print("  " + w.describe(), flush=True)
+    request = dict(model_dir=str(path), threads=args.threads, cache_dir=str(Path(args.cache_dir) / "converted"),
+                   workloads=[w.to_json() for w in wls])
+    runs: dict[str, list] = {}
+    for r in range(repeats):
+        order = sides[r % len(sides):] + sides[:r % len(sides)] if sides else []
+        for peer, variant in order:
+            key = f"{peer.name}/{variant}"
+            side_run = run_side(peer, str(peer.python(overrides)), dict(request, variant=variant), args.side_timeout)
+            runs.setdefault(key, []).append(side_run)
+            state = "ok" if side_run.ok else "FAILED: " + side_run.error
+            print(f"  round {r + 1}/{repeats} {key}: {side_run.wall_s:.0f} s wall, peak RSS "
+                  f"{side_run.peak_rss_mib:.0f} MiB, {state}", flush=True)
+    table = _summarize(wls, runs)
+    _print_table(table)
+    return dict(path=str(path), info={k: v for k, v in info.items() if k != "config"}, roofline=roof, ceilings=ceil,
+                workloads=[dict(name=w.name, describe=w.describe()) for w in wls], rows=table,
+                raw={k: [dict(ok=s.ok, result=s.result, peak_rss_mib=s.peak_rss_mib, wall_s=s.wall_s, error=s.error)
+                         for s in v] for k, v in runs.items()})
+
+
+def _summarize(wls, runs: dict[str, list]) -> list[dict]:
+    rows = []
+    for w in wls:
+        base_tps, base_first = None, None
+        for key, side_runs in runs.items():
+            good = [s for s in side_runs if s.ok and w.name in s.result["results"]]
+            if not good:
+                rows.append(dict(workload=w.name, side=key, ok=False, note=(side_runs[0].error.splitlines() or [""])[0]))
+                continue
+            res = [s.result["results"][w.name] for s in good]
+            exact = all(x["output_counts"] == w.output_lens for x in res)
+            tps = statistics.median(w.output_tokens / x["seconds"] for x in res)
+            row = dict(workload=w.name, side=key, ok=exact, tokens_per_s=tps, rounds=len(res),
+                       all_tokens_per_s=[w.output_tokens / x["seconds"] for x in res],
+                       peak_rss_mib=max(s.peak_rss_mib for s in good), version=good[0].result.get("version"),
+                       first_tokens=res[0]["first_tokens"],
+                       note="" if exact else "WRONG output token counts: numbers invalid")
+            if key == "infersight/fp32":
+                base_tps, base_first = tps, res[0]["first_tokens"]
+            rows.append(row)
+        for row in rows:
+            if row["workload"] == w.name and row.get("tokens_per_s") and base_tps:
+                row["ratio_to_infersight"] = row["tokens_per_s"] / base_tps
+                row["greedy_agree"] = f"{sum(a == b for a, b in zip(row['first_tokens'], base_first))}/{len(base_first)}"
+    return rows
+
+
+def _print_table(rows: list[dict]) -> None:
+    print(f"\n  {'workload':8} {'side':20} {'tok/s':>9} {'x infersight':>12} {'peak RSS':>9}  greedy=infersight  note")
+    for r in rows:
+        if r.get("tokens_per_s") is None:
+            print(f"  {r['workload']:8} {r['side']:20} {'-':>9} {'-':>12} {'-':>9}  {'-':17}  {r['note']}")
+            continue
+        ratio = f"{r['ratio_to_infersight']:.2f}x" if "ratio_to_infersight" in r else "-"
+        print(f"  {r['workload']:8} {r['side']:20} {r['tokens_per_s']:9.1f} {ratio:>12} {r['peak_rss_mib']:7.0f} MiB"
+              f"  {r.get('greedy_agree', '-'):17}  {r['note']}")
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    sys.exit(run(p.parse_args()))

@@ -1,0 +1,94 @@
+"""The cheap decode path (fused projections, joint rotary, few-op decode plan, fused logprob)
+computes exactly what the plain path does."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.attention.simple_batch import SimplePagedBatcher
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.models import allocate_kv_cache, load_model
+from engine.models.rope import RotaryEmbedding, apply_rotary
+from engine.sampler import sampled_logprobs
+
+
+def test_projections_are_fused_views_of_one_weight(tiny_llama):
+    loaded = load_model(tiny_llama)
+    attn = loaded.model.model.layers[0].self_attn
+    fused = attn._qkv
+    assert fused.weight is not None
+    assert attn.q_proj.weight.data_ptr() == fused.weight.data_ptr()  # no second copy
+    assert loaded.model.model.layers[0].mlp._gate_up.weight is not None
+
+
+def _logits(loaded, ids):
+    model = loaded.model
+    caches = allocate_kv_cache(loaded, 16, 4)
+    batcher = SimplePagedBatcher(16, 4)
+    input_ids, positions, metadata = batcher.step([("a", ids)])
+    with torch.inference_mode():
+        return model.compute_logits(model(input_ids, positions, metadata, caches, TorchAttentionBackend()))
+
+
+def test_swapped_projection_is_used_not_the_stale_fused_weight(tiny_llama):
+    loaded = load_model(tiny_llama)
+    ids = [5, 9, 17, 3, 11]
+    before = _logits(loaded, ids)
+    attn = loaded.model.model.layers[0].self_attn
+    old = attn.q_proj
+    new = nn.Linear(old.in_features, old.out_features, bias=old.bias is not None)
+    with torch.no_grad():
+        new.weight.copy_(old.weight * 0.5)
+    attn.q_proj = new  # what quantization does: a new module under the same name
+    after = _logits(loaded, ids)
+    assert attn._qkv.weight is None  # the fused copy was dropped
+    assert not torch.allclose(before, after)
+    attn.q_proj = old  # the plain modules again: same numbers as the fused path
+    torch.testing.assert_close(_logits(loaded, ids), before, rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_matches_the_rotate_half_form_bit_for_bit():
+    rope = RotaryEmbedding(32, 10000.0)
+    positions = torch.arange(77)
+    x = torch.randn(77, 5, 32)
+    cos, sin = rope(positions, torch.float32)
+    f = positions.float()[:, None] * rope.inv_freq[None, :]
+    c, s = f.cos()[:, None, :], f.sin()[:, None, :]
+    x1, x2 = x.chunk(2, dim=-1)
+    assert torch.equal(apply_rotary(x, cos, sin), torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1))
+
+
+def test_fused_logprob_equals_log_softmax():
+    logits = torch.randn(7, 1000) * 4
+    tokens = torch.randint(0, 1000, (7,))
+    want = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    torch.testing.assert_close(sampled_logprobs(logits, tokens), want, rtol=0, atol=1e-5)
+    row_max, greedy = logits.max(dim=-1)
+    want = torch.log_softmax(logits, -1).gather(-1, greedy[:, None]).squeeze(-1)
+    torch.testing.assert_close(sampled_logprobs(logits, greedy, row_max), want, rtol=0, atol=1e-5)
+
+
+def test_decode_group_with_unequal_lengths_matches_per_sequence_attention():
+    torch.manual_seed(0)
+    kvh, h, d, bs = 2, 4, 8, 4
+    k_cache = torch.zeros(32, bs, kvh, d)
+    v_cache = torch.zeros(32, bs, kvh, d)
+    batcher = SimplePagedBatcher(32, bs)
+    backend = TorchAttentionBackend()
+    keys = {}
+    # prefill three sequences of different lengths, then one decode step for all
+    for name, n in (("a", 3), ("b", 9), ("c", 6)):
+        ids, pos, md = batcher.step([(name, [1] * n)])
+        k, v = torch.randn(n, kvh, d), torch.randn(n, kvh, d)
+        backend.forward(torch.randn(n, h, d), k, v, k_cache, v_cache, md, 0.3)
+        keys[name] = (k, v)
+    ids, pos, md = batcher.step([(s, [1]) for s in ("a", "b", "c")])
+    q, k, v = torch.randn(3, h, d), torch.randn(3, kvh, d), torch.randn(3, kvh, d)
+    out = backend.forward(q, k, v, k_cache, v_cache, md, 0.3)
+    for i, name in enumerate(("a", "b", "c")):
+        ks = torch.cat((keys[name][0], k[i:i + 1])).transpose(0, 1)  # [KVH, L, D]
+        vs = torch.cat((keys[name][1], v[i:i + 1])).transpose(0, 1)
+        qs = q[i].view(kvh, h // kvh, d)
+        want = torch.softmax(qs @ ks.transpose(1, 2) * 0.3, -1) @ vs
+        torch.testing.assert_close(out[i], want.reshape(h, d), rtol=1e-5, atol=1e-5)
