@@ -116,7 +116,8 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     sorted_logits.masked_fill_(ranks[None, :] >= top_k[:, None], float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # probability of the better tokens
-    sorted_logits.masked_fill_(mass_before >= top_p[:, None], float("-inf"))
+    # rank 0 always stays: a top_p that rounds to 0 in float32 (5e-324) would otherwise cut every token
+    sorted_logits[:, 1:].masked_fill_(mass_before[:, 1:] >= top_p[:, None], float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 

@@ -173,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         order = round_order(args.rounds)
         rounds = []
         cpu_start = {mode: session_cpu_seconds(server.pid) for mode, server in servers.items()}
+        # infersight's own processes (the sidecar; the proxy): on a machine with cores to spare they run beside
+        # vLLM, on this one they take CPU from it, which is part of what the ON latency shows
+        ours = {"sidecar": sidecar.pid, **({"proxy": proxy.pid} if proxy is not None else {})}
+        ours_start = {name: sum(session_cpu_seconds(pid).values()) for name, pid in ours.items()}
         for i, mode in enumerate(order):
             r = run_round(mode, urls[mode], servers[mode].model, texts, args.max_tokens, args.concurrency,
                           f"r{i}-{mode}", args.proxy and mode == "on")
@@ -184,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                             for name, seconds in session_cpu_seconds(server.pid).items()}
                      for mode, server in servers.items()}
         cpu = {mode: sum(parts.values()) for mode, parts in cpu_parts.items()}
+        ours_cpu = {name: sum(session_cpu_seconds(pid).values()) - ours_start[name] for name, pid in ours.items()}
         servers["on"].stop()  # the plugin's final flush
         on = [r for r in rounds if r.mode == "on"]
         off = [r for r in rounds if r.mode == "off"]
@@ -207,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         result["median_pair_ratio"] = statistics.median(result["pair_ratios"])
         result["median_pair_ratio_ci95"] = bootstrap_median_ci(result["pair_ratios"])
         result["cpu_ratio"] = result["cpu_ms_per_token"]["on"] / result["cpu_ms_per_token"]["off"]
+        result["infersight_cpu_ms_per_on_token"] = {name: 1000 * sec / tokens["on"] for name, sec in ours_cpu.items()}
         expected = {rid for r in on for rid in r.request_ids}
         # behind the proxy: the proxy's row with token IDs, joined by vLLM's own timing of it
         stored_sql = ("SELECT t.request_id AS request_id FROM requests AS t " + derived.ENGINE_TIMING_JOIN_SQL +
@@ -229,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in ("off", "on"):
             parts = result["cpu_ms_per_token_by_process"][mode]
             print(f"  {mode:3s} " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in sorted(parts.items())))
+        print("CPU of infersight's processes per ON token: " + ", ".join(
+            f"{name} {ms:.2f} ms" for name, ms in result["infersight_cpu_ms_per_on_token"].items()))
         print(f"noise: OFF rounds' medians {result['off_noise'] * 100:.1f}% apart; pairwise latency ratios "
               f"{min(result['pair_ratios']):.3f} .. {max(result['pair_ratios']):.3f}")
         print(f"store: {result['on_requests_stored']} ON requests recorded")

@@ -160,9 +160,18 @@ class CountableTextPart(TextPart):
     text: CountableText
 
 
+class CountableFunctionCall(FunctionCall):
+    arguments: CountableText = Field(description="the arguments as JSON text")
+
+
+class CountableToolCall(MessageToolCall):
+    function: CountableFunctionCall
+
+
 class CountableMessage(ChatMessage):
     """A message /tokenize counts: its text may be longer than the context (that is what is measured)."""
     content: CountableText | list[CountableTextPart] | None = None
+    tool_calls: list[CountableToolCall] | None = None
 
 
 class TextFormat(_Request):

@@ -139,3 +139,12 @@ def test_token_logprobs_for_teacher_forcing():
     ref = torch.log_softmax(logits, -1)
     assert [g.logprob for g in got] == pytest.approx(ref[torch.arange(4), targets].tolist(), abs=1e-6)
     assert [g.token_id for g in got] == targets.tolist()
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_best_token():
+    # 5e-324 is 0 in float32: without the rank-0 guard every token was cut and the row sampled token 0
+    logits = random_logits(6)
+    logits[:, 0] = -50.0  # token 0 is never the best
+    sampler = Sampler(seed=2)
+    out = sampler(logits, seqs_for(sampler, [SamplingParams(temperature=1.0, top_p=5e-324)] * 6))
+    assert out.token_ids == logits.argmax(-1).tolist()
