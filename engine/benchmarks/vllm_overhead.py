@@ -121,17 +121,20 @@ def pooled_ratio_ci(pairs: list[tuple[list[float], list[float]]], resamples: int
     pair, not the request, is the independent unit. Pooling every request makes this far steadier than
     the median of per-pair ratios, each a ratio of two medians of a few requests."""
     import numpy as np
+    from scipy import stats
 
     on = [np.asarray(a) for a, _ in pairs]
     off = [np.asarray(b) for _, b in pairs]
-    point = float(np.median(np.concatenate(on)) / np.median(np.concatenate(off)))
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(resamples):
-        idx = rng.integers(0, len(pairs), len(pairs))
-        draws.append(np.median(np.concatenate([on[i] for i in idx])) /
+
+    def pooled(idx) -> float:  # the statistic over a resample of pair indices
+        idx = np.asarray(idx, dtype=int)
+        return float(np.median(np.concatenate([on[i] for i in idx])) /
                      np.median(np.concatenate([off[i] for i in idx])))
-    low, high = np.percentile(draws, [2.5, 97.5])
+
+    point = pooled(np.arange(len(pairs)))
+    res = stats.bootstrap((np.arange(len(pairs)),), pooled, vectorized=False, n_resamples=resamples,
+                          method="percentile", rng=np.random.default_rng(seed))
+    low, high = res.confidence_interval
     return point, (float(low), float(high))
 
 
