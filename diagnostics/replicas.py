@@ -1,15 +1,18 @@
 """Replicas: which replica of a model is slower than its peers, like for like, and what about it differs.
 
 Requests are compared only within strata (diagnostics.request_strata: model, workload, prompt-length
-bucket, output-length bucket, offered load: the requests that arrived at it in the seconds before),
-so a replica that got longer prompts, longer outputs or far more load is not called slow for it. Its
-own queue is no control: a slow replica queues more at the same arrivals, and that is its slowness.
+bucket, output-length bucket, offered load: the tokens of the requests that arrived at it in the
+seconds before), so a replica that got longer prompts, longer outputs or far more load is not called
+slow for it. Its own queue is no control: a slow replica queues more at the same arrivals, and that
+is its slowness.
 Per model, each replica with MIN_REQUESTS requests is tested against its peers' pooled requests on
 each metric (queue, prefill, TTFT, decode time per output token, mean ITL, e2e) by van Elteren's
 stratified Mann-Whitney (diagnostics.stratified); the effect is the median of its requests' latency
-over the peers' median in the same stratum, with a stratified bootstrap interval. Holm over
-replicas x metrics; a replica is lagging when the adjusted p < ALPHA and the interval's lower bound
-exceeds MIN_EFFECT. Decode time per output token and ITL depend on the batch a replica's scheduler limits (max_num_seqs,
+over the peers' median in the same stratum, with a stratified bootstrap interval. The tail too
+(diagnostics.tail_latency): p90 of queue time and TTFT against the peers' in the same strata, a block
+bootstrap over time, for a replica whose few queued requests wait far longer (max_num_seqs 1) while
+its median does not move. Holm over replicas x metrics (median and tail tests); a replica is lagging
+when the adjusted p < ALPHA and the interval's lower bound exceeds MIN_EFFECT. Decode time per output token and ITL depend on the batch a replica's scheduler limits (max_num_seqs,
 max_num_batched_tokens) let it build, so they are compared only among replicas with the same
 limits: one held to a single sequence is slower to first token and faster per token, and its
 batching peers are not lagging for that. Peers are pooled requests, not per-replica summaries, so
@@ -28,7 +31,15 @@ from collections import Counter
 
 import numpy as np
 
-from diagnostics import config_keys, hypothesis_tests, prefix_hits, request_strata, stratified, traffic_mix
+from diagnostics import (
+    config_keys,
+    hypothesis_tests,
+    prefix_hits,
+    request_strata,
+    stratified,
+    tail_latency,
+    traffic_mix,
+)
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import replicas_in
@@ -43,8 +54,8 @@ ALPHA = 0.01
 # ratios are taken over a peer median of at least this much (seconds): an idle queue of 50 us is not 0
 FLOORS = {"queue": 1e-3, "prefill": 1e-3, "ttft": 1e-3, "tpot": 1e-4, "itl": 1e-4, "e2e": 1e-3}
 CONTROLLED = ("model", "workload", "prompt-length bucket (4x)", "output-length bucket (sqrt 2)",
-              f"offered load: requests that arrived at the replica in the {request_strata.OFFERED_WINDOW:g} s "
-              f"before (2x)")
+              f"offered load: tokens (prompt + output) of the requests that arrived at the replica in the "
+              f"{request_strata.OFFERED_WINDOW:g} s before (2x)")
 # per-token decode time depends on the batch a replica may build: its scheduler's limits (config keys
 # ending in these) bound it, so those metrics are compared only among replicas with the same limits
 SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens")
@@ -97,17 +108,29 @@ def _explain(diffs: list[dict]) -> str:
     return "differs in " + "; ".join(parts)
 
 
-def _pooled(entries: list[dict], metric: str) -> dict:
-    """{stratum: the peers' values of `metric`, concatenated}."""
+def _pooled(entries: list[dict], metric: str, key: str = "strata") -> dict:
+    """{stratum: the peers' values of `metric`, concatenated} (key "arrivals": their arrival times, aligned)."""
     out: dict = {}
     for e in entries:
-        for s, values in e["strata"].items():
+        for s, values in e[key].items():
             out.setdefault(s, []).append(values[metric])
     return {s: np.concatenate(v) for s, v in out.items()}
 
 
-def _own(entry: dict, metric: str) -> dict:
-    return {s: v[metric] for s, v in entry["strata"].items()}
+def _own(entry: dict, metric: str, key: str = "strata") -> dict:
+    return {s: v[metric] for s, v in entry[key].items()}
+
+
+def _coarse(by_stratum: dict) -> dict:
+    """{stratum: values} merged over output-length buckets (request_strata.without_output_bucket), in key order."""
+    out: dict = {}
+    for s in sorted(by_stratum):
+        out.setdefault(request_strata.without_output_bucket(s), []).append(by_stratum[s])
+    return {s: np.concatenate(v) for s, v in out.items()}
+
+
+TAIL = {f"{m}_p90": m for m in tail_latency.METRICS}  # the tail tests' metric names -> the latency
+LABELS = {**request_strata.LABELS, **{t: f"p90 {request_strata.LABELS[m]}" for t, m in TAIL.items()}}
 
 
 def peers_for(group: dict[str, dict], rid: str, metric: str, limits: dict[str, str]) -> list[dict]:
@@ -134,6 +157,16 @@ def tests(group: dict[str, dict], skip: dict[str, set], limits: dict[str, str] |
             c = stratified.compare(_own(entry, m), _pooled(peers, m), FLOORS[m], MIN_REQUESTS)
             if c is not None:
                 out.append({"replica": rid, "metric": m, "comparison": c})
+        for t, m in TAIL.items():  # bootstrapped only when the point ratio could fire (else p = 1)
+            peers = peers_for(group, rid, m, limits)
+            if m in skip.get(rid, ()) or not peers:
+                continue
+            # queue and TTFT come before the request's own output: strata without its length keep more per p90
+            c = tail_latency.compare(_coarse(_own(entry, m)), _coarse(_own(entry, m, "arrivals")),
+                                     _coarse(_pooled(peers, m)), _coarse(_pooled(peers, m, "arrivals")), FLOORS[m],
+                                     MIN_REQUESTS, screen=MIN_EFFECT)
+            if c is not None:
+                out.append({"replica": rid, "metric": t, "comparison": c})
     for t, q in zip(out, hypothesis_tests.holm([t["comparison"].p_value for t in out])):
         t["holm_p"] = q
     return out
@@ -164,7 +197,7 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
                 lagging.append(insufficient(KIND, rid, DIAGNOSTIC, scope,
                                             f"fewer than {MIN_REQUESTS} of {rid}'s {entry['n']} requests fall in "
                                             f"strata (workload, prompt and output length, offered load) its peers "
-                                            f"also served: needs peers' traffic at the same arrival rate and lengths",
+                                            f"also served: needs peers' traffic at the same offered tokens and lengths",
                                             requests=entry["n"], model_name=model))
         lagging += _verdicts(model, group, done, identity, skip, scope, limits)
     return lagging + findings
@@ -177,7 +210,8 @@ def _verdicts(model, group, done, identity, skip, scope, limits) -> list[Finding
         if t["holm_p"] >= ALPHA or c.ratio < MIN_EFFECT:
             continue
         peers = peers_for(group, rid, m, limits)
-        full = stratified.compare(_own(group[rid], m), _pooled(peers, m), FLOORS[m], MIN_REQUESTS, bootstrap=True)
+        full = c if m in TAIL else stratified.compare(_own(group[rid], m), _pooled(peers, m), FLOORS[m],
+                                                      MIN_REQUESTS, bootstrap=True)
         if full.ratio_ci is None or full.ratio_ci[0] <= MIN_EFFECT:
             continue
         flagged.setdefault(rid, {})[m] = {"ratio_to_peers": full.ratio, "ratio_ci": full.ratio_ci,
@@ -190,10 +224,18 @@ def _verdicts(model, group, done, identity, skip, scope, limits) -> list[Finding
         diffs = identity_differences(me, peers)
         ratio, (lo, hi) = worst["ratio_to_peers"], worst["ratio_ci"]
         tw = worst["test_vs_peers"]
-        summary = (f"{rid} is {ratio:.2f}x slower than its {len(peers)} peer(s) of {model} on "
-                   f"{request_strata.LABELS[worst_metric]} (95% CI {lo:.2f}-{hi:.2f}x; {tw['n_subject']} requests "
-                   f"like for like in {tw['strata']} strata of workload, prompt / output length and offered load; "
-                   f"van Elteren p={tw['p_value']:.1e}, Holm over {len(done)} tests); " + _explain(diffs))
+        like = (f"{tw['n_subject']} requests like for like in {tw['strata']} strata of workload, prompt / output "
+                f"length and offered load")
+        if worst_metric in TAIL:
+            summary = (f"{rid}'s {LABELS[worst_metric]} is {ratio:.2f}x its {len(peers)} peer(s)' of {model} "
+                       f"(95% CI {lo:.2f}-{hi:.2f}x; {like}; {tw['above_peer_quantile']:.0%} of them above the "
+                       f"peers' stratum p90, ~10% if alike; block bootstrap over {tw['blocks']} time blocks of "
+                       f"{tw['block_seconds']:g} s, Holm p={worst['holm_p']:.1e} over {len(done)} tests); "
+                       + _explain(diffs))
+        else:
+            summary = (f"{rid} is {ratio:.2f}x slower than its {len(peers)} peer(s) of {model} on "
+                       f"{LABELS[worst_metric]} (95% CI {lo:.2f}-{hi:.2f}x; {like}; van Elteren "
+                       f"p={tw['p_value']:.1e}, Holm over {len(done)} tests); " + _explain(diffs))
         evidence = {"model_name": model, "replica": rid, "peers": [p["replica_id"] for p in peers],
                     "metrics": metrics, "identity_differences": diffs,
                     "identity": {k: me.get(k) for k in
@@ -203,9 +245,11 @@ def _verdicts(model, group, done, identity, skip, scope, limits) -> list[Finding
                         set(skip.get(rid, ())) | {m for m in PER_BATCH if not peers_for(group, rid, m, limits)}),
                     "compared_per_token_with": [p for p in sorted(group) if p != rid
                                                 and limits.get(p, "") == limits.get(rid, "")],
-                    "correction": f"Holm over {len(done)} tests (replicas x metrics)",
-                    "method": "latency over the peers' median in the same stratum; van Elteren stratified MWU "
-                              "against the peers' pooled requests; stratified bootstrap CI of the ratio"}
+                    "correction": f"Holm over {len(done)} tests (replicas x metrics, median and p90 tests)",
+                    "method": "medians: latency over the peers' median in the same stratum, van Elteren stratified "
+                              "MWU against the peers' pooled requests, stratified bootstrap CI of the ratio; p90 "
+                              "(queue, TTFT): weighted mean log ratio of stratum p90s, block bootstrap over time "
+                              "(diagnostics.tail_latency)"}
         severity = "critical" if ratio >= CRITICAL_RATIO else "warning"
         findings.append(Finding(KIND, severity, rid, summary, DIAGNOSTIC, scope, evidence))
     return findings

@@ -3,13 +3,15 @@
 A stratum is (model, workload, prompt-length bucket, output-length bucket, offered load at arrival):
 - prompt length: diagnostics.regression.PROMPT_BUCKET (4x wide);
 - output length: powers of sqrt(2) (floor(2 log2 n)), so e2e compares requests of near-equal length;
-- offered load at arrival: the requests that arrived at the same replica in the OFFERED_WINDOW
-  seconds before it (a window function over its arrivals), bucketed by powers of 2. That is what
-  the load balancer sent, not how the replica coped: its running / waiting sequences at arrival are
-  a consequence of its speed (a slow replica queues more), so strata of them would compare a slow
-  replica's requests with its peers' rare congested ones and hide the slowdown. Every request the
-  replica received counts as load (probes and aborted ones too), those of the OFFERED_WINDOW
-  seconds before the scope's start as well.
+- offered load at arrival: the tokens (prompt + output) of the requests that arrived at the same
+  replica in the OFFERED_WINDOW seconds before it (a window function over its arrivals), bucketed
+  by powers of 2. That is what the load balancer sent, not how the replica coped: its running /
+  waiting sequences at arrival are a consequence of its speed (a slow replica queues more), so
+  strata of them would compare a slow replica's requests with its peers' rare congested ones and
+  hide the slowdown. Tokens, not requests: a replica sent the long prompts queues its short ones
+  behind their prefills at the same request rate (its tail lengthens, diagnostics.tail_latency),
+  which is its traffic, not its speed. Every request the replica received counts as load (probes
+  and aborted ones too), those of the OFFERED_WINDOW seconds before the scope's start as well.
 Metrics per request (telemetry.contract.derived): queue, prefill, TTFT, decode time per output token
 (TPOT) and the request's mean ITL; e2e too, which is only meaningful inside the output-length bucket.
 Each group is a reservoir sample (groupArraySample, fixed seed) of at most SAMPLE_PER_STRATUM
@@ -31,14 +33,15 @@ LABELS = {"queue": "queue time", "prefill": "prefill time", "ttft": "time to fir
           "tpot": "decode time per output token", "itl": "mean inter-token latency", "e2e": "end-to-end latency"}
 SAMPLE_PER_STRATUM = 200
 SEED = 7
-OFFERED_WINDOW = 5.0  # seconds of arrivals before a request that count as its offered load
+OFFERED_WINDOW = 5.0  # seconds of arrivals before a request whose tokens count as its offered load
 
 _EXPR = {"queue": "t.queue_seconds", "prefill": "t.prefill_seconds", "ttft": "t.ttft_seconds",
          "tpot": derived.TPOT_SQL.replace("output_tokens", "t.output_tokens")
                                  .replace("e2e_seconds", "t.e2e_seconds").replace("ttft_seconds", "t.ttft_seconds"),
          "token_times": "t.token_times", "e2e": "t.e2e_seconds"}
-# sampled per request, in METRICS' order: the mean ITL is taken from the sampled token_times only
-_SAMPLED = tuple("token_times" if m == "itl" else m for m in METRICS)
+# sampled per request, in METRICS' order: the mean ITL is taken from the sampled token_times only; then
+# the arrival (epoch microseconds), for the tail rule's bootstrap over time blocks (diagnostics.tail_latency)
+_SAMPLED = tuple("token_times" if m == "itl" else m for m in METRICS) + ("at",)
 
 _LOG2 = "toUInt8(if({x} < 1, 0, 1 + floor(log2({x}))))"
 
@@ -54,9 +57,10 @@ FROM (
     SELECT model_name, replica_id, workload, pbucket, obucket, {metrics},
            -- arrivals at this replica in the window before this one (the frame holds it and its ties)
            {log2} AS offered
-    FROM (SELECT *, count() OVER (PARTITION BY replica_id ORDER BY at
-                                  RANGE BETWEEN {window} PRECEDING AND CURRENT ROW) - 1 AS arrived
-          FROM (SELECT *, toUnixTimestamp64Micro(arrival_time) AS at FROM {source}))
+    FROM (SELECT *, sum(work) OVER (PARTITION BY replica_id ORDER BY at
+                                    RANGE BETWEEN {window} PRECEDING AND CURRENT ROW) - work AS arrived
+          FROM (SELECT *, toUnixTimestamp64Micro(arrival_time) AS at,
+                       toUInt64(prompt_tokens + output_tokens) AS work FROM {source}))
     WHERE arrival_time >= toDateTime64({start:Float64}, 6, 'UTC')  -- the earlier ones only count as load
       AND finish_reason NOT IN ('abort', 'error') AND output_tokens > 0
       AND workload NOT IN {active}  -- probes and rescores: the prober's rounds, not client traffic
@@ -68,11 +72,12 @@ GROUP BY model_name, replica_id, workload, pbucket, obucket, offered
 
 def _sql(scope: Scope) -> str:
     unpack = ", ".join(f"arrayMap(x -> {derived.mean_itl_sql(f'x.{i + 1}') if m == 'itl' else f'x.{i + 1}'}, s) AS {m}"
-                       for i, m in enumerate(METRICS))
-    cols = ", ".join(f"{_EXPR[m]} AS {m}" for m in _SAMPLED)
+                       for i, m in enumerate(METRICS)) + f", arrayMap(x -> x.{len(_SAMPLED)}, s) AS at"
+    cols = ", ".join(f"{_EXPR[m]} AS {m}" for m in _SAMPLED if m != "at")
     source = requests_in(f"t.replica_id AS replica_id, t.model_name AS model_name, t.workload AS workload, "
                          f"t.arrival_time AS arrival_time, t.finish_reason AS finish_reason, "
-                         f"t.output_tokens AS output_tokens, {PROMPT_BUCKET} AS pbucket, "
+                         f"t.output_tokens AS output_tokens, t.prompt_tokens AS prompt_tokens, "
+                         f"{PROMPT_BUCKET} AS pbucket, "
                          f"toUInt32(floor(2 * log2(greatest(t.output_tokens, 1)))) AS obucket, {cols}",
                          prefix="reach_", scope=scope)  # from OFFERED_WINDOW before the start: their load
     return (_SQL.replace("{active}", ACTIVE_WORKLOADS_SQL).replace("{source}", source)
@@ -82,8 +87,16 @@ def _sql(scope: Scope) -> str:
             .replace("{log2}", _LOG2.format(x="arrived")))
 
 
+def without_output_bucket(stratum: str) -> str:
+    """The stratum with its output-length bucket left out: for queue time and TTFT, which come before
+    the request's own output (its length cannot have caused them), the finer strata only cost requests."""
+    head, sep, rest = stratum.partition("|out ")
+    return head + rest[rest.index("|"):] if sep else stratum
+
+
 def samples(store, scope: Scope) -> dict[tuple[str, str], dict]:
-    """(model, replica) -> {"n": requests, "strata": {stratum: {metric: finite values}}}."""
+    """(model, replica) -> {"n": requests, "strata": {stratum: {metric: finite values}},
+    "arrivals": {stratum: {metric: those values' arrival times, epoch seconds}}}."""
     start = scope.start - OFFERED_WINDOW if scope.start is not None else None
     table = store.query_arrow(_sql(scope), {**scope.parameters(), **scope.narrowed(start=start).parameters("reach_")})
     if table.num_rows == 0:
@@ -91,16 +104,19 @@ def samples(store, scope: Scope) -> dict[tuple[str, str], dict]:
     lengths = pc.list_value_length(table.column("ttft").combine_chunks()).to_numpy(zero_copy_only=False)
     columns = {m: table.column(m).combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(float)
                for m in METRICS}
+    arrivals = table.column("at").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(float) / 1e6
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     out: dict[tuple[str, str], dict] = {}
     for i, (model, rid, stratum, n) in enumerate(zip(*(table.column(c).to_pylist()
                                                         for c in ("model_name", "replica_id", "stratum", "n")))):
-        entry = out.setdefault((model, rid), {"n": 0, "strata": {}})
+        entry = out.setdefault((model, rid), {"n": 0, "strata": {}, "arrivals": {}})
         entry["n"] += int(n)
         lo, hi = bounds[i], bounds[i + 1]
-        values = {}
+        values, times = {}, {}
         for m in METRICS:
             v = columns[m][lo:hi]
-            values[m] = v[np.isfinite(v)]
+            finite = np.isfinite(v)
+            values[m], times[m] = v[finite], arrivals[lo:hi][finite]
         entry["strata"][stratum] = values
+        entry["arrivals"][stratum] = times
     return out

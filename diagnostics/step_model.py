@@ -236,8 +236,10 @@ def block_length(store, scope: Scope) -> float:
     return float(min(BLOCK_SECONDS, max(MIN_BLOCK_SECONDS, wanted)))
 
 
-def run(store, request: DiagnosticRequest, *, block_seconds: float | None = None) -> list[Finding]:
-    """`block_seconds`: a fixed block length (no adaptation, no merging for autocorrelation)."""
+def run(store, request: DiagnosticRequest, *, block_seconds: float | None = None,
+        report: list | None = None) -> list[Finding]:
+    """`block_seconds`: a fixed block length (no adaptation, no merging for autocorrelation); `report`:
+    a list that gets every (replica, target) test, slow or not (what the rule measured)."""
     scope = request.scope
     fixed = block_seconds is not None
     block_seconds = block_seconds if fixed else block_length(store, scope)
@@ -263,7 +265,7 @@ def run(store, request: DiagnosticRequest, *, block_seconds: float | None = None
         rows = (models == model) & (families == family)
         replicas, replica = np.unique(replica_ids[rows], return_inverse=True)
         findings += _model_findings(model, list(replicas), block[rows], replica, sums[rows], identity, scope,
-                                    block_seconds, adapt=not fixed)
+                                    block_seconds, adapt=not fixed, report=report)
     return findings
 
 
@@ -274,7 +276,8 @@ def engine_family(engine_version: str) -> str:
 
 
 def _model_findings(model: str, replicas: list[str], block: np.ndarray, replica: np.ndarray, sums: np.ndarray,
-                    identity: dict, scope: Scope, block_seconds: float, adapt: bool = True) -> list[Finding]:
+                    identity: dict, scope: Scope, block_seconds: float, adapt: bool = True,
+                    report: list | None = None) -> list[Finding]:
     span = int(block.max() - block.min()) + 1
     merge = max(1, int(np.ceil(span / MAX_BLOCKS)))  # a long window: wider blocks, never more than MAX_BLOCKS
     reports_context = np.bincount(replica, weights=sums[:, 1 + FEATURES.index("context_tokens")]) > 0
@@ -295,6 +298,9 @@ def _model_findings(model: str, replicas: list[str], block: np.ndarray, replica:
     if not tested:
         return findings
     tests = _tests(blocks, tested, inflation(rho))
+    if report is not None:
+        report += [{"model": model, "replica": replicas[i], "target": TARGETS[t], "block_seconds": width,
+                    "steps": int(blocks[:, i, 0].sum()), **r} for (i, t), r in tests.items()]
     for i in tested:
         targets = {TARGETS[t]: r for (j, t), r in tests.items() if j == i}
         if any(r["slow"] for r in targets.values()):

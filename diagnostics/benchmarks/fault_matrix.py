@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import tempfile
 import time
@@ -33,12 +34,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from diagnostics import DIAGNOSTICS, spec_sums
+from diagnostics import DIAGNOSTICS, replicas, request_strata, spec_sums, step_model
 from diagnostics import run as run_diagnostics
 from diagnostics.benchmarks import perf_faults
 from diagnostics.benchmarks.model_faults import FILE_FAULTS
 from diagnostics.request import DiagnosticRequest
-from diagnostics.scope import Scope
+from diagnostics.scope import Scope, replicas_in
 from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
 from engine.fleet.fleet import fleet_down, fleet_up
 from engine.fleet.models import REFERENCE_MODEL
@@ -221,7 +222,37 @@ def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, l
                 rate = "n/a" if r["rate"] is None else f"{r['rate']:.3f}"
                 log(f"    acceptance {r['replica_id']}: {r['accepted']}/{r['proposed']} = {rate} "
                     f"({sum(s.n for s in r['requests'].values())} requests with drafts)")
+    if fault is not None and fault.detectors & {"slow_steps", "lagging_replica"}:
+        _measured(base.store_url, since, candidate, log)
+    if os.environ.get("INFERSIGHT_FM_DUMP"):  # keep the run's telemetry (the fleet's store goes with its work dir)
+        import pyarrow.parquet as pq
+
+        with open_store(base.store_url) as store:
+            for table in ("replicas", "requests", "steps"):
+                pq.write_table(store.query_arrow(f"SELECT * FROM {table}"), Path(os.environ["INFERSIGHT_FM_DUMP"])
+                               / f"{fault.name if fault else 'clean'}-{shape}-{table}.parquet")
+    log(f"    load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return _outcome(fault, shape, candidate, stages, sent, log)
+
+
+def _measured(store_url: str, since: float, candidate: str, log) -> None:
+    """What the same-work rules measured on the candidate over the run, whether they fired or not."""
+    scope = Scope(start=since)
+    report: list = []
+    with open_store(store_url) as store:
+        step_model.run(store, DiagnosticRequest(scope), report=report)
+        group = {rid: e for (_, rid), e in request_strata.samples(store, scope).items()}
+        limits = {r["replica_id"]: replicas.scheduler_limits(r) for r in replicas_in(store, scope)}
+    for r in report:
+        if r["replica"] == candidate:
+            log(f"    steps {r['target']}: {r['ratio']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}] Holm p={r['p_holm']:.1e}"
+                f" ({r['steps']} steps, {r['block_seconds']:g} s blocks)")
+    if len(group) > 1:
+        for t in replicas.tests(group, {}, limits):
+            c = t["comparison"]
+            if t["replica"] == candidate and t["metric"] in ("ttft", "queue", "tpot", "ttft_p90", "queue_p90"):
+                log(f"    {t['metric']}: {c.ratio:.2f}x CI {c.ratio_ci} Holm p={t['holm_p']:.1e} "
+                    f"({c.n_subject} requests in {c.strata} strata)")
 
 
 def _outcome(fault, shape, candidate, stages, sent, log) -> Outcome:

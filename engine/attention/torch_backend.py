@@ -7,7 +7,8 @@ and one SDPA call per group of sequences, with no Python loop over sequences:
   context lengths differ so much that padding would dominate): their cached
   keys/values are gathered into a padded [B, Lmax] batch with a length mask
   (none when all lengths are equal, as at batch 1); the group's index tensors are
-  built from the block tables in about ten tensor ops;
+  built from the block tables in about ten tensor ops, and a step whose decode batch
+  has the same sequences and block tables as the last one reuses them (one view);
 - prefill chunks are grouped by the power of two of their length (so padding
   wastes at most half of a group), each group one masked SDPA call;
 - a lone prefill with nothing cached before it attends its own fresh keys with
@@ -107,6 +108,49 @@ def _build_decode_group(seq_ids: list[int], metadata: AttentionMetadata, starts:
     return _Group(True, token_index[:, None], slots.to(device), mask, None, token_index)
 
 
+@dataclass
+class _DecodeMemo:
+    """The last decode group's tables and its slots over every allocated block, kept across steps."""
+
+    tables: list[list[int]]  # copies of the block tables it was built from
+    token_rows: list[int]
+    slots_full: torch.Tensor  # [B, blocks * block_size]
+    token_index: torch.Tensor  # [B]
+
+
+def _memo_decode_group(memo: _DecodeMemo | None, seq_ids: list[int], metadata: AttentionMetadata,
+                       starts: list[int], device: torch.device) -> tuple[_Group, _DecodeMemo | None]:
+    """A decode group from the previous step's tensors when its sequences and block tables are
+    unchanged (15 of 16 steps at block size 16: a step only adds a key position), else rebuilt.
+
+    The slots of every allocated block are kept, and a step takes the first `context_len` of
+    them as a view: the ~10 ops of `_build_decode_group` become 1. Measured at batch 1 on the
+    reference model (1 thread, interleaved A/B, 2 runs each): backend prepare 103 -> 43 us,
+    the step's prepare 0.26 -> 0.13 ms, host p10 0.35 -> 0.24 ms, 269 -> 326 tok/s.
+    Lengths that differ still get their mask each step.
+    """
+    bs = metadata.block_size
+    tables = [metadata.block_tables[i] for i in seq_ids]
+    clens = [metadata.context_lens[i] for i in seq_ids]
+    rows = [starts[i] for i in seq_ids]
+    lmax = max(clens)
+    if memo is None or memo.token_rows != rows or memo.tables != tables or lmax > memo.slots_full.shape[1]:
+        if any(len(t) * bs < n for t, n in zip(tables, clens)):  # let the builder raise its error
+            return _build_decode_group(seq_ids, metadata, starts, device), None
+        nblocks = min(len(t) for t in tables)
+        table_t = torch.tensor([t[:nblocks] for t in tables], dtype=torch.long)
+        slots_full = (table_t[:, :, None] * bs + torch.arange(bs)).view(len(tables), -1).to(device)
+        memo = _DecodeMemo([list(t) for t in tables], rows, slots_full,
+                           torch.tensor(rows, dtype=torch.long, device=device))
+        if lmax > slots_full.shape[1]:  # a sequence shorter in blocks than the longest's length
+            return _build_decode_group(seq_ids, metadata, starts, device), None
+    mask = None
+    if min(clens) != lmax:
+        mask = (torch.arange(lmax)[None, :] < torch.tensor(clens)[:, None])[:, None, None, :].to(device)
+    ti = memo.token_index
+    return _Group(True, ti[:, None], memo.slots_full[:, :lmax], mask, None, ti), memo
+
+
 def _build_group(seq_ids: list[int], metadata: AttentionMetadata, starts: list[int],
                  device: torch.device) -> _Group:
     qlens = [metadata.query_lens[i] for i in seq_ids]
@@ -179,6 +223,7 @@ class TorchAttentionBackend(AttentionBackend):
         # gathered keys/values land in buffers reused across layers and steps: a fresh
         # multi-megabyte tensor per layer costs more in page faults than the copy itself
         self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._decode_memo: _DecodeMemo | None = None  # see _memo_decode_group
 
     def _gather_buffers(self, numel: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         key = (like.device, like.dtype)
@@ -199,7 +244,12 @@ class TorchAttentionBackend(AttentionBackend):
         if total != metadata.num_tokens:
             raise ValueError(f"query_lens sum to {total} but slot_mapping has {metadata.num_tokens} tokens")
         seq_groups = plan_groups(metadata)
-        groups = [_build_group(ids, metadata, starts, device) for ids in seq_groups]
+        if len(seq_groups) == 1 and metadata.num_tokens == metadata.num_seqs:  # one decode group
+            group, self._decode_memo = _memo_decode_group(self._decode_memo, seq_groups[0], metadata,
+                                                          starts, device)
+            groups = [group]
+        else:
+            groups = [_build_group(ids, metadata, starts, device) for ids in seq_groups]
         # one group of all sequences in order, none padded: its rows are the output as they are
         identity = (len(groups) == 1 and groups[0].valid is None
                     and seq_groups[0] == list(range(metadata.num_seqs)))

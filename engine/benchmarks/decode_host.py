@@ -2,6 +2,7 @@
 
     python -m engine.benchmarks.decode_host                  # all workloads, 3 runs each, medians
     python -m engine.benchmarks.decode_host --only batch1 --runs 1 --json out.json
+    python -m engine.benchmarks.decode_host --only 135m --quant int8 [--quant-skip ''] [--int8-exact]
 
 Workloads (greedy, ignore EOS, so every run produces exactly the requested tokens):
 - batch1:    1 prompt, 128 tokens in -> 128 out, on the shipped reference model
@@ -73,15 +74,21 @@ class StepCollector(EngineObserver):
         self.steps.append((record.num_decode_tokens, record.num_prefill_tokens, *(getattr(record, f"{p}_seconds") for p in PARTS)))
 
 
-def run_once(model: str, workload, threads: int, engine_args: dict) -> dict:
+def run_once(model: str, workload, threads: int, engine_args: dict, int8_exact: bool = False) -> dict:
     import torch
 
     from engine.llm import LLM
+    from engine.quantization import Int8Linear
     from engine.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
     obs = StepCollector()
     llm = LLM(model, obs, **engine_args)
+    if int8_exact:  # the cast path, unfused (what int8 ran before the int8 kernel): for A/B runs
+        for mod in llm.engine.loaded.model.modules():
+            if isinstance(mod, Int8Linear):
+                mod.exact = True
+        llm.engine.loaded.model.fuse_projections()
     warm = workload.head(2)
     llm.generate(warm.prompts, [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * len(warm.prompts),
                  use_tqdm=False)
@@ -137,17 +144,22 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--compile", action="store_true", help="engine option compile_decode=True")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--quant", default="none", help="engine option quantization (none | int8 | int4)")
+    p.add_argument("--quant-skip", default="lm_head", help="comma-separated layers left in float ('' for none)")
+    p.add_argument("--int8-exact", action="store_true", help="int8 through the exact cast path (A/B)")
     args = p.parse_args(argv)
     engine_args = dict(max_num_seqs=128, max_num_batched_tokens=2048, kv_cache_memory_bytes=512 * 2**20)
     if args.compile:
         engine_args["compile_decode"] = True
+    if args.quant != "none":
+        engine_args.update(quantization=args.quant, quant_skip_layers=[s for s in args.quant_skip.split(",") if s])
     chosen = args.only.split(",") if args.only else ["batch1", "decode16", "mixed", "135m"]
     results = {}
     print(f"{args.threads} torch threads, {args.runs} runs per workload (medians)", flush=True)
     for name, (model, workload) in workloads().items():
         if name not in chosen:
             continue
-        r = _median_run((model, workload, args.threads, engine_args), args.runs)
+        r = _median_run((model, workload, args.threads, engine_args, args.int8_exact), args.runs)
         results[name] = r
         split = " ".join(f"{k} {v:.3f}" for k, v in r["split_ms"].items())
         print(f"{name:9s} {r['tokens_per_s']:9.1f} tok/s  cpu {r['cpu_ms_per_token']:.3f} ms/tok  p10 step {r['step_p10_ms']:.3f} ms host {r['host_p10_ms']:.3f} ms  mean step {r['step_ms']:.3f} ms, host {r['host_ms']:.3f} ms "

@@ -72,13 +72,13 @@ def run_round(mode: str, url: str, model: str, texts: list[str], max_tokens: int
 
 
 def start_proxy(upstream: str, store_url: str, work: Path, replica_id: str = REPLICA,
-                replica_row: bool = True) -> tuple[subprocess.Popen, str]:
+                replica_row: bool = True, extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = open(work / "proxy.log", "wb")
     process = subprocess.Popen([sys.executable, "-m", "dashboards.console.cli", "proxy", "--upstream", upstream,
                                 "--store", store_url, "--port", str(port), "--replica-id", replica_id,
                                 "--model-dir", str(REFERENCE), "--spool-dir", str(work / "proxy-spool"),
-                                "--log-level", "warning", *([] if replica_row else ["--no-replica-row"])],
+                                "--log-level", "warning", *([] if replica_row else ["--no-replica-row"]), *extra_args],
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -67,7 +67,7 @@ class RecordingProxy:
 
     def __init__(self, upstream: str, observer, replica_id: str, *, tokenizer=None, unasked: str = "auto",
                  replica_row: bool = True, upstream_api_key: str | None = None, registry=None,
-                 client: httpx.AsyncClient | None = None):
+                 client: httpx.AsyncClient | None = None, logprobs: bool = True):
         if unasked not in (*UNASKED_STYLES, "auto"):
             raise ValueError(f"unasked fields: 'null', 'omit' or 'auto', got {unasked!r}")
         self.upstream = upstream.rstrip("/")
@@ -75,7 +75,7 @@ class RecordingProxy:
         self.unasked, self.replica_row, self.registry = unasked, replica_row, registry
         self._own_headers = {"Authorization": f"Bearer {upstream_api_key}"} if upstream_api_key else {}
         self._client = client
-        self.extras = UpstreamExtras()
+        self.extras = UpstreamExtras(logprobs=logprobs)
         self.info: UpstreamInfo | None = None
         self._info_lock = asyncio.Lock()
         self._info_tried_at = float("-inf")

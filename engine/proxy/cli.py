@@ -41,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unasked-fields", choices=("auto", "null", "omit"), default="auto",
                         help="how the upstream writes a response field nobody asked for: null (vLLM) or omitted; "
                              "auto: null when its /v1/models says owned_by vllm")
+    parser.add_argument("--logprobs", action=argparse.BooleanOptionalAction, default=True,
+                        help="ask the upstream for each sampled token's logprob where the client did not "
+                             "(stored as output_logprobs: the sampled-traffic quality rule reads it); "
+                             "--no-logprobs spares the upstream computing and returning them")
     parser.add_argument("--upstream-api-key", default=os.environ.get("INFERSIGHT_UPSTREAM_API_KEY"),
                         help="the key for the proxy's own calls to the upstream (/v1/models, /version); clients' "
                              "Authorization headers pass through (default: $INFERSIGHT_UPSTREAM_API_KEY)")
@@ -77,7 +81,7 @@ def build_proxy(args):
                                      metrics=args.metrics, recorder_kwargs=spool if args.store else None)
     proxy = RecordingProxy(args.upstream, observer, args.replica_id, tokenizer=tokenizer, unasked=args.unasked_fields,
                            replica_row=args.replica_row, upstream_api_key=args.upstream_api_key,
-                           registry=parts.registry)
+                           registry=parts.registry, logprobs=args.logprobs)
     config = uvicorn.Config(proxy.app(), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout, access_log=False)
     return uvicorn.Server(config), parts, proxy

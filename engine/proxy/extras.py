@@ -9,7 +9,7 @@ Asked (only where the client did not set it itself):
   `logprobs: 0` (the chosen token's logprob, no alternatives), chat `logprobs: true, top_logprobs: 0`;
   only where the client asked for none itself. Both vLLM and infersight report the model's raw
   logprobs (before temperature / top-k / top-p).
-An upstream that refuses a field (a 400 / 422 naming it: infersight forbids unknown fields) is
+`--no-logprobs` (a proxy setting) never asks for logprobs. An upstream that refuses a field (a 400 / 422 naming it: infersight forbids unknown fields) is
 asked again without it, and never again for it.
 
 Taken out of every response and stream chunk, as the upstream writes a field nobody asked for:
@@ -33,8 +33,10 @@ UNASKED_STYLES = ("null", "omit")
 class UpstreamExtras:
     """The extras one upstream takes; learns which it refuses."""
 
-    def __init__(self) -> None:
-        self.refused: set[str] = set()
+    def __init__(self, logprobs: bool = True) -> None:
+        # not asking for logprobs is a proxy setting (`--no-logprobs`): the upstream then spends nothing
+        # on them, and the sampled-traffic quality rule has nothing to read for this replica
+        self.refused: set[str] = set() if logprobs else {"logprobs"}
 
     def ask(self, body: dict, kind: str) -> tuple[dict, frozenset[str]]:
         """(the body for the upstream, the extras the proxy added to it)."""

@@ -128,6 +128,9 @@ def quantize_model(model: nn.Module, scheme: str = "int8", group_size: int = 128
         report.layers.append(_layer_stats(name, linear, qmod))
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, qmod)
+    fuse = getattr(model, "fuse_projections", None)
+    if fuse is not None:  # int8 q/k/v and gate/up become one int8 matmul each again (llama.FusedLinear)
+        fuse()
     report.model_bytes_after = _tensor_bytes(model)
     report.weights_hash = _hash_quantized(model)
     return report

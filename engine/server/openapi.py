@@ -18,6 +18,7 @@ from fastapi.openapi.utils import get_openapi
 
 from engine.server.model_info import ServedModel
 from engine.server.text_check import TOKENIZE_HEADROOM
+from engine.server.tool_calls import openapi_keywords
 
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 MARK = "x-infersight"
@@ -31,6 +32,7 @@ def _served_keywords(served: ServedModel) -> dict[str, dict]:
         "countable_text": {"maxLength": TOKENIZE_HEADROOM * served.max_model_len * served.chars_per_token},
         "new_tokens": {"maximum": served.max_model_len - 1},
         "token_id_keys": {"propertyNames": {"pattern": decimal_below(served.vocab_size)}},  # logit_bias
+        **openapi_keywords(served),  # tools and tool_choice: as the chat template takes them
     }
 
 

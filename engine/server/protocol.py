@@ -30,6 +30,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
+# OpenAI's rule for a function's name (tools, tool_choice) and a json_schema format's name
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 MAX_CHOICES = 64  # n and best_of, and prompts in one completions request (at most 64 x 64 samples: the scheduler queues them)
 
 
@@ -183,7 +185,7 @@ class JSONObjectFormat(_Request):
 
 
 class JSONSchemaSpec(_Request):
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     # `schema` would shadow BaseModel.schema: kept under another attribute, read and written by its alias
     schema_: dict = Field(alias="schema", description="a JSON Schema the output must validate against "
@@ -214,15 +216,14 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: NewTokens | None = None
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = Field(None, description="only with logprobs: true")
-    # accepted where the chat template renders tools (engine/server/tool_calls.py); the schema states the
-    # case of a template that does not (as the reference model's), which every test server has
-    tools: Annotated[list[dict], admitted(maxItems=0)] | None = Field(
+    # accepted where the chat template renders tools (engine/server/tool_calls.py): openapi.py fills in the
+    # served model's schema (tool_calls.openapi_keywords: the tools' shape, or maxItems 0 where it does not)
+    tools: Annotated[list[dict], _served("tools")] | None = Field(
         None, description="[{type: function, function: {name, description, parameters}}]: only where the "
                           "model's chat template renders tools")
     tool_choice: str | dict | None = Field(
         None, description="'none', 'auto' (default with tools), 'required' or {type: function, function: "
-                          "{name}}; without tools: null or 'none'",
-        json_schema_extra={"anyOf": [{"const": "none"}, {"type": "null"}]})
+                          "{name}}; without tools: null or 'none'", json_schema_extra={"x-infersight": "tool_choice"})
     response_format: ResponseFormat | None = Field(
         None, description="text (default), json_object, or json_schema: constrained decoding")
     add_generation_prompt: bool = True

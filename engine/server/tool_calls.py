@@ -4,8 +4,10 @@ Request side (admission calls `plan_tools`, then `constrain`):
 - The chat template renders the tools itself (`apply_chat_template(..., tools=...)`). Whether it does
   is found by rendering a probe tool and looking for its name in the text (cached per template): a
   template that ignores `tools` is a 400 that says so, never a silently tool-less prompt.
-- Each tool is checked (type "function", a name OpenAI allows, unique, `parameters` a valid JSON
-  Schema) and `tool_choice` too (a named function must be one of the tools): 400s naming the field.
+- Each tool is checked (type "function", a name OpenAI allows - protocol.FUNCTION_NAME, unique,
+  `parameters` a valid JSON Schema) and `tool_choice` too (a named function must be one of the tools):
+  400s naming the field. `openapi_keywords` publishes what these checks accept, as far as JSON Schema
+  can state it, per served model (no tools at all where the template does not render them).
 - tool_choice: default "auto" when tools are given. "none": the tools are still rendered (vLLM's
   default, so the prompt is the same whatever the choice) and the output is plain content. "auto":
   the output is parsed by the format's parser (tool_parsers.py: `--tool-call-parser`, else detected
@@ -32,9 +34,10 @@ import threading
 from dataclasses import dataclass
 
 from engine.server.errors import APIError
+from engine.server.protocol import FUNCTION_NAME
 from engine.server.tool_parsers import RequiredArrayParser, ToolParser, detect_parser, get_parser
 
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
+_NAME = re.compile(FUNCTION_NAME)
 _PROBE = "infersight_probe_tool_3f9a"
 PARSER_KEY = "tool_call_parser"  # ServedModel.extra: the --tool-call-parser name given at serve time
 
@@ -108,6 +111,33 @@ def describe(served) -> str:
         return ("tool calls: the chat template renders tools, but no parser was detected: tool_choice 'auto' "
                 "gets a 400 (give --tool-call-parser); 'required' and named functions are constrained")
     return f"tool calls: parser {name} ({source})"
+
+
+# ---------------------------------------------------------------- the published schema
+
+
+# what the checks below accept, as far as JSON Schema can say it (not: names unique, `parameters` a valid
+# JSON Schema, a named function among the tools, tool_choice only with tools, "auto" only with a parser)
+TOOL_SCHEMA = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": FUNCTION_NAME},
+        "description": {"type": ["string", "null"]},
+        "parameters": {"type": ["object", "null"]}}}}}
+NAMED_CHOICE = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": FUNCTION_NAME}}}}}
+
+
+def openapi_keywords(served) -> dict[str, dict]:
+    """The schema of `tools` and `tool_choice` for this served model (engine/server/openapi.py fills them in):
+    a template that does not render tools takes none (and tool_choice null or 'none' only)."""
+    if not template_renders_tools(served.tokenizer):
+        return {"tools": {"maxItems": 0}, "tool_choice": {"anyOf": [{"const": "none"}, {"type": "null"}]}}
+    modes = ["none", "auto", "required"] if parser_name(served)[0] is not None else ["none", "required"]
+    return {"tools": {"items": TOOL_SCHEMA},
+            "tool_choice": {"anyOf": [{"enum": modes}, NAMED_CHOICE, {"type": "null"}]}}
 
 
 # ---------------------------------------------------------------- request checks

@@ -1,7 +1,9 @@
 """Parsers of a model's tool-call output, one small class per format, by vLLM's `--tool-call-parser` names.
 
     hermes       Qwen2.5 / Hermes: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, repeated
-    mistral      `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
+    mistral      `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (tokenizers up to v7), or per call
+                 `[TOOL_CALLS]name[ARGS]{...}` (v13), `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}` (v11), as
+                 mistral-common's instruct tokenizers write assistant tool calls
     llama3_json  `{"name": ..., "parameters": {...}}` (calls joined by `;`), maybe after `<|python_tag|>`
 
 Algorithm (the same code serves whole outputs and streams, so both give the same calls):
@@ -151,17 +153,45 @@ class HermesParser(ToolParser):
 
 class MistralParser(ToolParser):
     name = "mistral"
-    MARKER = "[TOOL_CALLS]"
+    MARKER, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
     markers = (MARKER,)
-    needs_special_tokens = True  # [TOOL_CALLS] is a special token of Mistral's tokenizers
+    needs_special_tokens = True  # [TOOL_CALLS], [ARGS] and [CALL_ID] are special tokens of Mistral's tokenizers
 
     def scan(self, section: str, final: bool) -> Scan:
         pos = _skip_space(section, len(self.MARKER))
         if pos >= len(section):
             return Scan(malformed=final)
-        if section[pos] != "[":  # one bare object is accepted too
+        if section[pos] == "[":  # v7 and before: a JSON array of calls
+            return json_items(section, pos + 1, final, ",", "]", ("arguments", "parameters"))
+        if section[pos] == "{":  # one bare object is accepted too
             return json_items(section, pos, final, ",", None, ("arguments", "parameters"))
-        return json_items(section, pos + 1, final, ",", "]", ("arguments", "parameters"))
+        return self._named_calls(section, final)
+
+    def _named_calls(self, section: str, final: bool) -> Scan:
+        """v11+: each call is [TOOL_CALLS], the function's name (then [CALL_ID] and an id, v11), [ARGS] and
+        the arguments' JSON object; the id is not kept (the server gives each call its own)."""
+        scan, pos = Scan(), 0
+        while section.startswith(self.MARKER, pos):
+            head = pos + len(self.MARKER)
+            args = section.find(self.ARGS, head)
+            if args < 0:  # the name is still being written; at the end: a call without arguments
+                scan.malformed = final
+                return scan
+            name = section[head:args].split(self.CALL_ID, 1)[0].strip()
+            body = _skip_space(section, args + len(self.ARGS))
+            try:
+                obj, after = _DECODER.raw_decode(section, body)
+            except json.JSONDecodeError:
+                scan.malformed = final  # while streaming: the arguments are not complete yet
+                return scan
+            call = call_from({"name": name, "arguments": obj}) if name and not any(map(str.isspace, name)) else None
+            if call is None:
+                scan.malformed = True
+                return scan
+            scan.calls.append(call)
+            scan.end = after
+            pos = _skip_space(section, after)
+        return scan  # what follows the calls (not a [TOOL_CALLS]) is dropped, as vLLM drops it
 
 
 class Llama3JsonParser(ToolParser):

@@ -124,10 +124,11 @@ def start_vllm_server(model_dir: str | os.PathLike, port: int = 0, *, host: str 
     `replica_id` (spooling to `spool_dir`); it also turns on vLLM's iteration details (the steps'
     batch shapes) and turns off vLLM's own stats log lines. plugin=False: plain vLLM, no plugin loaded
     at all (VLLM_PLUGINS names none). served_model_name: the model directory's name by default, as
-    infersight's engine names it. threads / cpus: torch threads, and the CPUs vLLM binds them to
-    ("0-1"; default: no binding). dtype float32 is infersight's default (the same tokens on both
-    engines). chat_template: vLLM's `--chat-template` (a file or a literal template). Raises
-    RuntimeError with the log's tail if vLLM exits or does not answer within `timeout` seconds.
+    infersight's engine names it. threads / cpus: torch threads, and the CPUs ("0-1") vLLM's processes
+    run on (taskset, as the fleet's vLLM replica) and binds its threads to; default: no pinning.
+    dtype float32 is infersight's default (the same tokens on both engines). chat_template: vLLM's
+    `--chat-template` (a file or a literal template). Raises RuntimeError with the
+    log's tail if vLLM exits or does not answer within `timeout` seconds.
     """
     python = vllm_python()
     if python is None:
@@ -141,6 +142,8 @@ def start_vllm_server(model_dir: str | os.PathLike, port: int = 0, *, host: str 
     cmd = vllm_command(python, model_dir, port, host=host, served_model_name=served, dtype=dtype,
                        enforce_eager=enforce_eager, chat_template=chat_template, record=store is not None,
                        extra_args=tuple(extra_args))
+    if cpus:  # every process vLLM starts inherits the affinity
+        cmd = ["taskset", "-c", cpus, *cmd]
     run_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "OMP_NUM_THREADS": str(threads),
                "VLLM_CPU_OMP_THREADS_BIND": cpus or "nobind", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}

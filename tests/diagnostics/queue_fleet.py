@@ -30,8 +30,10 @@ def poisson(rng: random.Random, rate: float, start: float, end: float) -> list[f
 
 
 def serve(rid: str, arrivals: list[float], slow: float = 1.0, max_seqs: int = 4, seed: int = 0,
-          jitter: float = 0.1):
-    """(requests, steps) of replica `rid` serving `arrivals` (sorted epoch seconds) to the end."""
+          jitter: float = 0.1, prompts: list[int] | None = None):
+    """(requests, steps) of replica `rid` serving `arrivals` (sorted epoch seconds) to the end;
+    `prompts`: each arrival's prompt length (default len(PROMPT))."""
+    lengths = prompts if prompts is not None else [len(PROMPT)] * len(arrivals)
     rng = random.Random(seed)
     reqs, steps = [], []
     waiting: list[int] = []  # indices into arrivals
@@ -48,7 +50,7 @@ def serve(rid: str, arrivals: list[float], slow: float = 1.0, max_seqs: int = 4,
         waiting = waiting[len(admitted):]
         for j in admitted:
             running[j] = {"scheduled": t, "times": []}
-        prefill = len(admitted) * len(PROMPT)
+        prefill = sum(lengths[j] for j in admitted)
         tokens = prefill + len(running)
         duration = slow * (STEP_BASE + STEP_PER_TOKEN * tokens) * rng.lognormvariate(0.0, jitter)
         phase = "mixed" if admitted and len(running) > len(admitted) else "prefill" if admitted else "decode"
@@ -62,12 +64,13 @@ def serve(rid: str, arrivals: list[float], slow: float = 1.0, max_seqs: int = 4,
             r["times"].append(t - arrivals[j])
             if len(r["times"]) == len(OUTPUT):
                 del running[j]
-                reqs.append(_record(rid, j, arrivals[j], r))
+                reqs.append(_record(rid, j, arrivals[j], r, lengths[j]))
     return reqs, steps
 
 
-def _record(rid: str, j: int, arrival: float, r: dict):
+def _record(rid: str, j: int, arrival: float, r: dict, prompt: int):
     times = r["times"]
     queue = r["scheduled"] - arrival
-    rec = request(rid, j, arrival, queue=queue, ttft=times[0], prompt_ids=PROMPT, output_ids=OUTPUT)
+    ids = PROMPT if prompt == len(PROMPT) else [20 + k % 200 for k in range(prompt)]
+    rec = request(rid, j, arrival, queue=queue, ttft=times[0], prompt_ids=ids, output_ids=OUTPUT)
     return dataclasses.replace(rec, token_times=list(times), e2e_seconds=times[-1], finish_time=arrival + times[-1])

@@ -146,3 +146,27 @@ def test_decodes_of_very_different_lengths():
     _, _, md = batcher.step([("c", [0]), ("a", [0]), ("b", [0])])
     assert plan_groups(md) == [[1, 2], [0]]
     run_steps([[("a", 3), ("b", 5), ("c", long)], [("c", 1), ("a", 1), ("b", 1)]], block_size=64, num_blocks=80)
+
+
+def test_decode_steps_reuse_the_last_plan_and_rebuild_when_tables_change():
+    # equal lengths (the memo path), block boundaries crossed (block size 4), order swapped,
+    # a sequence dropped, another joining with a different length
+    run_steps([[("a", 3), ("b", 3)]] + [[("a", 1), ("b", 1)]] * 6 + [[("b", 1), ("a", 1)]] * 2
+              + [[("a", 1)]] * 3 + [[("c", 2)], [("a", 1), ("c", 1)], [("a", 1), ("c", 1)]])
+
+
+def test_decode_memo_is_reused_while_the_block_tables_stay():
+    from engine.attention.base import AttentionMetadata
+
+    backend = TorchAttentionBackend()
+
+    def step(length, table):
+        backend.prepare(AttentionMetadata([1], [length], [table], torch.tensor([length - 1]), 4))
+        return backend._decode_memo
+
+    table = [7, 3]
+    first = step(5, table)
+    assert step(6, table) is first and step(8, table) is first  # same blocks: one view per step
+    table.append(9)  # the block table grows in place (as the scheduler's does)
+    assert step(9, table) is not first
+    assert step(9, [7, 3, 2]) is not step(9, table)  # same length, another block: rebuilt

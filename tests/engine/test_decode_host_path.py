@@ -92,3 +92,26 @@ def test_decode_group_with_unequal_lengths_matches_per_sequence_attention():
         qs = q[i].view(kvh, h // kvh, d)
         want = torch.softmax(qs @ ks.transpose(1, 2) * 0.3, -1) @ vs
         torch.testing.assert_close(out[i], want.reshape(h, d), rtol=1e-5, atol=1e-5)
+
+
+def test_int8_projections_fuse_and_match_the_unfused_int8_path(tiny_llama, monkeypatch):
+    import engine.quantization.int8 as int8
+    from engine.quantization import quantize_model
+
+    monkeypatch.setattr(int8, "FAST_MIN_NUMEL", 0)  # the tiny model's matrices take the int8 kernel
+
+    loaded = load_model(tiny_llama)
+    quantize_model(loaded.model, "int8")
+    attn, mlp = loaded.model.model.layers[0].self_attn, loaded.model.model.layers[0].mlp
+    assert attn._qkv._int8 is not None and mlp._gate_up._int8 is not None  # one int8 matmul each
+    ids = [5, 9, 17, 3, 11]  # 5 rows: the int8 kernel's path
+    fused = _logits(loaded, ids)
+    with torch.no_grad():  # an in-place write to a projection's (viewed) int8 rows reaches the fused kernel
+        attn.q_proj.qweight.neg_()
+    changed = _logits(loaded, ids)
+    assert attn._qkv._int8 is not None and not torch.allclose(fused, changed)
+    with torch.no_grad():
+        attn.q_proj.qweight.neg_()
+    for layer in loaded.model.model.layers:  # drop the fused kernels: one call per projection
+        layer.self_attn._qkv._int8 = layer.mlp._gate_up._int8 = None
+    torch.testing.assert_close(_logits(loaded, ids), fused, rtol=1e-5, atol=1e-5)

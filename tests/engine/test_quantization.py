@@ -10,8 +10,17 @@ from hypothesis import strategies as st
 from torch import nn
 
 from engine.attention import AttentionMetadata, get_backend
-from engine.quantization import (Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, pack_int4,
-                                 quantization_label, quantize_int4, quantize_model, unpack_int4)
+from engine.quantization import (
+    Int4Linear,
+    Int8Linear,
+    dequantize_int4,
+    dequantize_int8,
+    pack_int4,
+    quantization_label,
+    quantize_int4,
+    quantize_model,
+    unpack_int4,
+)
 
 # rounding to the nearest grid point is exact up to float32 rounding of w / scale
 EPS = 1e-5
@@ -76,7 +85,13 @@ def test_int4_pack_layout_low_nibble_first():
     assert pack_int4(torch.tensor([[0x3, 0xA, 0xF]], dtype=torch.uint8)).tolist() == [[0xA3, 0x0F]]
 
 
-@pytest.mark.parametrize("make", [Int8Linear.from_linear,
+def _int8_exact(lin: nn.Linear) -> Int8Linear:
+    mod = Int8Linear.from_linear(lin)
+    mod.exact = True  # the cast path: exact in the weight
+    return mod
+
+
+@pytest.mark.parametrize("make", [_int8_exact,
                                   lambda lin: Int4Linear.from_linear(lin, 16, True),
                                   lambda lin: Int4Linear.from_linear(lin, 16, False)])
 def test_quantized_linear_forward_matches_dequantized_weight(make):
@@ -87,6 +102,46 @@ def test_quantized_linear_forward_matches_dequantized_weight(make):
     expected = x @ qlin.weight.T + lin.bias
     torch.testing.assert_close(qlin(x), expected, rtol=1e-5, atol=1e-5)
     assert not torch.equal(qlin.weight, lin.weight)  # it did quantize
+
+
+def test_int8_small_matrices_take_the_exact_cast_path():
+    lin = nn.Linear(40, 24)  # 960 weights < FAST_MIN_NUMEL: cached, only the kernel's fixed cost would count
+    qlin = Int8Linear.from_linear(lin)
+    x = torch.randn(1, 40)
+    torch.testing.assert_close(qlin(x), x @ qlin.weight.T + lin.bias, rtol=1e-5, atol=1e-5)
+    assert qlin.matmul()._packed is None
+
+
+@pytest.fixture
+def int8_kernel_everywhere(monkeypatch):
+    """The tiny test matrices are below FAST_MIN_NUMEL: make them take the int8 kernel anyway."""
+    import engine.quantization.int8 as int8
+
+    monkeypatch.setattr(int8, "FAST_MIN_NUMEL", 0)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_int8_fast_path_error_within_activation_rounding_bound(rows, int8_kernel_everywhere):
+    """The fbgemm path also rounds x to 7-bit integers, per token: each element of row t moves by
+    at most half a step, <= max|x_t| / 127, so each output moves by at most
+    max|x_t| / 127 * sum_i |dq(w)[o, i]| from x @ dq(w)^T (+ float rounding)."""
+    torch.manual_seed(rows)
+    lin = nn.Linear(96, 40)
+    qlin = Int8Linear.from_linear(lin)
+    x = torch.randn(rows, 96) * 3
+    x[-1] *= 100  # one large token must not coarsen the others' rounding
+    with torch.inference_mode():
+        y = qlin(x)
+    expected = x @ qlin.weight.T + lin.bias
+    bound = x.abs().amax(dim=1, keepdim=True) / 127 * qlin.weight.abs().sum(dim=1) * (1 + 1e-3) + 1e-5
+    assert bool(((y - expected).abs() <= bound).all())
+    assert qlin.matmul()._packed is not None  # it ran the int8 kernel
+    # an in-place write to the buffers (load_state_dict) re-packs: the kernel never serves stale weights
+    with torch.no_grad():
+        qlin.qweight.neg_()
+    with torch.inference_mode():
+        y2 = qlin(x)
+    assert bool(((y2 - (x @ qlin.weight.T + lin.bias)).abs() <= bound).all())
 
 
 # ---- on a real model loaded by the engine --------------------------------------------------------
@@ -103,6 +158,25 @@ def _prefill_logits(loaded, token_ids: list[int]) -> torch.Tensor:
     with torch.inference_mode():
         hidden = loaded.model(torch.tensor(token_ids), torch.arange(t), meta, kv, get_backend("torch"))
         return loaded.model.compute_logits(hidden)
+
+
+def _chunked_logits(loaded, token_ids: list[int], chunk: int) -> torch.Tensor:
+    """The same logits, computed `chunk` tokens per forward over the paged cache (as decode and
+    chunked prefill run): with chunk <= FAST_MAX_ROWS int8 layers take the int8 kernel."""
+    from engine.models import allocate_kv_cache
+
+    t, block_size = len(token_ids), 16
+    num_blocks = -(-t // block_size)
+    kv = allocate_kv_cache(loaded, num_blocks, block_size)
+    out = []
+    with torch.inference_mode():
+        for s in range(0, t, chunk):
+            e = min(t, s + chunk)
+            meta = AttentionMetadata(query_lens=[e - s], context_lens=[e], block_tables=[list(range(num_blocks))],
+                                     slot_mapping=torch.arange(s, e), block_size=block_size)
+            hidden = loaded.model(torch.tensor(token_ids[s:e]), torch.arange(s, e), meta, kv, get_backend("torch"))
+            out.append(loaded.model.compute_logits(hidden))
+    return torch.cat(out)
 
 
 def _prompts(vocab: int, n: int = 4, seed: int = 0) -> list[list[int]]:
@@ -132,14 +206,19 @@ BOUNDS = {  # scheme, group, symmetric -> (max mean KL, min top-1 agreement, max
 }
 
 
+@pytest.mark.parametrize("chunk", [None, 1, 8])  # one prefill; decode-sized steps (int8: the int8 kernel)
 @pytest.mark.parametrize("scheme,group_size,symmetric", list(BOUNDS))
-def test_quantized_logits_stay_close(tiny_llama, reference_logits, scheme, group_size, symmetric):
+def test_quantized_logits_stay_close(tiny_llama, reference_logits, scheme, group_size, symmetric, chunk,
+                                    int8_kernel_everywhere):
     from engine.models import load_model
 
+    if chunk is not None and scheme != "int8":
+        pytest.skip("int4 has one kernel for every row count")
     prompts, ref = reference_logits
     loaded = load_model(tiny_llama)
     report = quantize_model(loaded.model, scheme, group_size, symmetric=symmetric)
-    logits = torch.cat([_prefill_logits(loaded, p) for p in prompts])
+    logits = torch.cat([_prefill_logits(loaded, p) if chunk is None else _chunked_logits(loaded, p, chunk)
+                        for p in prompts])
     kl = torch.nn.functional.kl_div(logits.log_softmax(-1), ref.log_softmax(-1), log_target=True,
                                     reduction="none").sum(-1)
     top1 = (logits.argmax(-1) == ref.argmax(-1)).float().mean().item()

@@ -16,7 +16,7 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.structured_output import backend_identity, grammar_spec
+from engine.structured_output import CACHE_LIMIT_BYTES, StructuredOutput, backend_identity, grammar_spec
 
 REFERENCE = Path(__file__).resolve().parents[2] / "evals" / "reference" / "models" / "target"
 JSON_OBJECT = {"type": "json_object"}
@@ -109,11 +109,58 @@ def test_text_is_unconstrained_and_the_key_keeps_the_property_order():
     assert grammar_spec({"type": "json_schema", "json_schema": {"name": "p", "schema": json.loads(key)}}) == key
 
 
+def _schema_format(n_fields: int, prefix: str = "cache_test") -> dict:
+    """A schema of n integer fields, unlike any other test's (so no cache holds it yet)."""
+    props = {f"{prefix}_{i}": {"type": "integer"} for i in range(n_fields)}
+    return {"type": "json_schema", "json_schema": {"name": "c", "schema": {
+        "type": "object", "properties": props, "required": list(props)}}}
+
+
 def test_grammars_are_compiled_once_per_schema(reference):
+    """xgrammar's compiler cache keeps the compiled grammar: a second request with the same schema (or the
+    same schema written again) adds nothing to it, a new schema does."""
     so = reference.structured_output
-    a, b = so.grammar_for(JSON_SCHEMA), so.grammar_for(JSON_SCHEMA)
+    fmt = _schema_format(3)
+    a = so.grammar_for(fmt)
+    after_first = so.cache_bytes()
+    b = so.grammar_for(json.loads(json.dumps(fmt)))  # an equal dict, not the same object
     assert a is not b and a.matcher is not b.matcher  # one matcher per sequence ...
-    assert so.compiled(grammar_spec(JSON_SCHEMA)) is so.compiled(grammar_spec(JSON_SCHEMA))  # ... one grammar
+    assert so.cache_bytes() == after_first > 0  # ... and a cache hit: nothing compiled again
+    so.grammar_for(_schema_format(4))
+    assert so.cache_bytes() > after_first
+
+
+def test_a_schema_is_parsed_once_to_check_and_compile(reference, monkeypatch):
+    """Admission's check (SamplingParams.validate) parses the schema; the engine compiles that parse."""
+    import xgrammar as xgr
+
+    parses = []
+    for cls, name in ((xgr.Grammar, "from_json_schema"), (xgr.GrammarCompiler, "compile_json_schema")):
+        real = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda *a, _real=real, _name=name, **k: parses.append(_name) or _real(*a, **k))
+    fmt = _schema_format(5, prefix="parse_once")
+    params = SamplingParams(response_format=fmt)  # validated
+    assert reference.structured_output.grammar_for(params.response_format) is not None
+    assert parses == ["from_json_schema"]
+
+
+def test_the_compiled_grammars_memory_is_bounded(reference):
+    """Past cache_limit_bytes xgrammar evicts the least recently used grammars: the cache holds at most the
+    limit plus the grammar just compiled (an unbounded one holds them all)."""
+    def cache_sizes(limit):
+        so = StructuredOutput(reference.tokenizer.hf, reference.vocab_size, reference.eos_token_ids,
+                              cache_limit_bytes=limit)
+        sizes = []
+        for n in range(2, 8):
+            assert so.grammar_for(_schema_format(n)) is not None
+            sizes.append(so.cache_bytes())
+        return sizes
+
+    unbounded, limit = cache_sizes(-1), 20_000
+    grammar = [b - a for a, b in zip([0] + unbounded, unbounded)]  # each grammar's own size
+    assert unbounded[-1] > limit + grammar[-1]  # so the bound below has something to bound
+    assert all(size <= limit + g for size, g in zip(cache_sizes(limit), grammar))
+    assert reference.structured_output._get_compiler().cache_limit_bytes == CACHE_LIMIT_BYTES
 
 
 def test_the_replica_identity_names_the_backend(reference):

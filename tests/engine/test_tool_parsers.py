@@ -29,6 +29,11 @@ HERMES_TWO = ('Let me check both.\n<tool_call>\n{"name": "get_weather", "argumen
               '{"tz": "Europe/Paris"}}\n</tool_call>')
 MISTRAL_TWO = ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
                '{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}]')
+# mistral-common 1.8.5's InstructTokenizerV13 / V11 render two assistant calls so (decoded with special tokens)
+MISTRAL_V13_TWO = ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}'
+                   '[TOOL_CALLS]get_time[ARGS]{"tz": "Europe/Paris"}')
+MISTRAL_V11_TWO = ('[TOOL_CALLS]get_weather[CALL_ID]abc123def[ARGS]{"city": "Paris", "unit": "celsius"}'
+                   '[TOOL_CALLS]get_time[CALL_ID]xyz789uvw[ARGS]{"tz": "Europe/Paris"}')
 LLAMA_TWO = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; '
              '{"name": "get_time", "parameters": {"tz": "Europe/Paris"}}')
 REQUIRED_TWO = ('[{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}, '
@@ -38,6 +43,9 @@ REQUIRED_TWO = ('[{"name": "get_weather", "parameters": {"city": "Paris", "unit"
 @pytest.mark.parametrize("parser, text, content", [
     (HermesParser(), HERMES_TWO, "Let me check both.\n"),
     (MistralParser(), "Sure. " + MISTRAL_TWO, "Sure. "),
+    (MistralParser(), "Sure. " + MISTRAL_V13_TWO, "Sure. "),
+    (MistralParser(), MISTRAL_V11_TWO, None),
+    (MistralParser(), MISTRAL_V13_TWO + "</s>", None),  # what follows the calls is dropped
     (Llama3JsonParser(), LLAMA_TWO, None),
     (Llama3JsonParser(), LLAMA_TWO.removeprefix("<|python_tag|>"), None),  # bare JSON, as Llama 3.1 often writes
     (RequiredArrayParser(), REQUIRED_TWO, None),
@@ -70,6 +78,13 @@ def test_non_ascii_arguments_stay_characters():
     (MistralParser(), '[TOOL_CALLS][{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": 3}]'),
     (MistralParser(), '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}'),
     (MistralParser(), '[TOOL_CALLS][{"name": 5}]'),
+    (MistralParser(), '[TOOL_CALLS]get_weather[ARGS]{"city": "Par'),  # cut by max_tokens
+    (MistralParser(), '[TOOL_CALLS]get_weather{"city": "Paris"}'),  # no [ARGS]
+    (MistralParser(), '[TOOL_CALLS]get_weather'),
+    (MistralParser(), '[TOOL_CALLS]get weather[ARGS]{}'),  # not a name
+    (MistralParser(), '[TOOL_CALLS][ARGS]{}'),  # no name: "[" then not JSON
+    (MistralParser(), '[TOOL_CALLS] [CALL_ID]x[ARGS]{}'),  # an empty name
+    (MistralParser(), '[TOOL_CALLS]get_time[ARGS]{}[TOOL_CALLS]get_weather[ARGS][1, 2]'),  # all or nothing
     (Llama3JsonParser(), '{"name": "get_weather", "parameters": {"city": "Paris"'),
     (Llama3JsonParser(), '{"not": "a call"}'),
     (RequiredArrayParser(), '[{"name": "get_weather", "parameters": [1, 2]}]'),  # arguments not an object
@@ -113,6 +128,8 @@ STREAM_CASES = [
     (HermesParser(), "A plain answer that mentions <tool but never calls one."),
     (HermesParser(), 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par\n</tool_call>'),
     (MistralParser(), '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}'),
+    (MistralParser(), "Sure. " + MISTRAL_V13_TWO), (MistralParser(), MISTRAL_V11_TWO + "</s>"),
+    (MistralParser(), '[TOOL_CALLS]get_weather[ARGS]{"city": "Par'), (MistralParser(), "[TOOL_CALLS]get weather[ARGS]{}"),
     (Llama3JsonParser(), "  plain text after spaces"),
 ]
 
@@ -152,3 +169,35 @@ def test_parser_registry_and_detection_from_templates():
     assert detect_parser("{{- '<|python_tag|>' }}") == "llama3_json"
     assert detect_parser("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}") is None
     assert detect_parser(None) is None
+
+
+@pytest.mark.parametrize("version", ["v11", "v13"])
+def test_mistral_commons_own_rendering_of_calls_parses_whole_and_streamed(version):
+    """Calls as mistral-common's v11 / v13 instruct tokenizers encode an assistant message (a byte-level
+    vocabulary with their control tokens), decoded keeping special tokens as the server does for mistral."""
+    pytest.importorskip("mistral_common")
+    import base64
+
+    from mistral_common.protocol.instruct.messages import AssistantMessage
+    from mistral_common.protocol.instruct.tool_calls import FunctionCall
+    from mistral_common.protocol.instruct.tool_calls import ToolCall as MistralCall
+    from mistral_common.tokens.tokenizers import instruct
+    from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy, TokenizerVersion
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+    specials = [dict(t) for t in Tekkenizer.DEPRECATED_SPECIAL_TOKENS]
+    specials += [{"rank": len(specials) + i, "token_str": s, "is_control": True}
+                 for i, s in enumerate((MistralParser.ARGS, MistralParser.CALL_ID))]
+    vocab = [{"rank": b, "token_bytes": base64.b64encode(bytes([b])).decode(), "token_str": None} for b in range(256)]
+    tekken = Tekkenizer(vocab, specials, pattern=r"[\s\S]", vocab_size=256 + len(specials),
+                        num_special_tokens=len(specials), version=TokenizerVersion(version))
+    encoder = {"v11": instruct.InstructTokenizerV11, "v13": instruct.InstructTokenizerV13}[version](tekken)
+    message = AssistantMessage(tool_calls=[
+        MistralCall(id="abc123def", function=FunctionCall(name=c.name, arguments=c.arguments)) for c in (WEATHER, TIME)])
+    ids = encoder.encode_assistant_message(message, is_before_last_user_message=False, continue_message=False)
+    text = tekken.decode(ids, special_token_policy=SpecialTokenPolicy.KEEP)
+    assert text.startswith("[TOOL_CALLS]get_weather[") and "[ARGS]" in text
+    parser = MistralParser()
+    assert parser.extract(text) == (None, [WEATHER, TIME])
+    for seed in range(5):
+        assert _stream(parser, text, random.Random(seed)) == ("", [WEATHER, TIME])

@@ -41,6 +41,25 @@ def test_what_is_asked_and_when():
         assert "logprobs" not in added and sent["logprobs"] == body["logprobs"]  # the client's own, untouched
 
 
+def test_no_logprobs_setting_asks_for_token_ids_only():
+    import argparse
+
+    from engine.proxy.cli import add_arguments, build_proxy
+
+    sent, added = UpstreamExtras(logprobs=False).ask({"prompt": "x"}, "completion")
+    assert "logprobs" not in sent and added == {"return_token_ids"}
+    sent, added = UpstreamExtras(logprobs=False).ask({"prompt": "x", "logprobs": 1}, "completion")
+    assert sent["logprobs"] == 1 and "logprobs" not in added  # the client's own ask passes as it was
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for flag, asked in (("--logprobs", True), ("--no-logprobs", False)):
+        _, parts, proxy = build_proxy(parser.parse_args(["--upstream", "http://127.0.0.1:9", flag]))
+        try:
+            assert ("logprobs" in proxy.extras.ask({"prompt": "x"}, "completion")[1]) is asked
+        finally:
+            parts.close()
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("path, make", [("/v1/completions", completion), ("/v1/chat/completions", chat)],
                          ids=["completions", "chat"])

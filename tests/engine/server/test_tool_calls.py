@@ -324,6 +324,63 @@ def test_a_template_without_tools_is_a_400_that_says_so(tiny_llama):
     assert "not available" in describe(served)
 
 
+@pytest.mark.parametrize("name, ok", [("get_weather-2", True), ("x" * 64, True), ("x" * 65, False), ("", False),
+                                      ("bad name", False), ("naïve", False), ("f\n", False)])
+def test_function_and_format_names_follow_one_rule(name, ok):
+    """OpenAI's name rule (protocol.FUNCTION_NAME) for a tool's function and a json_schema format alike."""
+    from pydantic import ValidationError
+
+    from engine.server.protocol import JSONSchemaSpec
+    from engine.server.tool_calls import _check_tools
+
+    tool = [{"type": "function", "function": {"name": name}}]
+    outcomes = []
+    for check in (lambda: _check_tools(tool), lambda: JSONSchemaSpec(name=name, schema={})):
+        try:
+            check()
+            outcomes.append(True)
+        except (APIError, ValidationError):
+            outcomes.append(False)
+    assert outcomes == [ok, ok]
+
+
+def _published_validator(openapi: dict):
+    """A validator of request bodies against the published ChatCompletionRequest schema."""
+    schema = {"$ref": "#/components/schemas/ChatCompletionRequest", "components": openapi["components"]}
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_the_published_schema_takes_tools_where_the_template_renders_them(tool_server):
+    url, served = tool_server
+    validator = _published_validator(httpx.get(url + "/openapi.json", timeout=30).json())
+    body = {"model": served.name, "messages": USER, "tools": TOOLS}
+    for choice in (None, "auto", "required", {"type": "function", "function": {"name": "get_time"}}):
+        request = body if choice is None else {**body, "tool_choice": choice}
+        assert validator.is_valid(request), next(validator.iter_errors(request)).message
+        assert _post(tool_server, **request, max_tokens=2).status_code == 200  # and the server takes them
+    bad_name = [{"type": "function", "function": {"name": "bad name!"}}]
+    assert not validator.is_valid({**body, "tools": bad_name})
+    assert not validator.is_valid({**body, "tools": [{"type": "retrieval"}]})
+    assert not validator.is_valid({**body, "tool_choice": "sometimes"})
+
+
+def test_the_published_schema_takes_no_tools_where_the_template_ignores_them(tiny_llama):
+    from engine.server.openapi import _served_keywords, fill_served_limits
+
+    tok = Tokenizer(tiny_llama)
+    served = ServedModel(engine=None, name="tiny", replica_id="r0", max_model_len=256, vocab_size=tok.vocab_size,
+                         tokenizer=tok)
+    request = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = {"ChatCompletionRequest": request}
+    components.update(request.pop("$defs"))
+    fill_served_limits(components, _served_keywords(served))
+    validator = _published_validator({"components": {"schemas": components}})
+    plain = {"model": "tiny", "messages": USER}
+    assert validator.is_valid(plain) and validator.is_valid({**plain, "tool_choice": "none"})
+    assert not validator.is_valid({**plain, "tools": TOOLS})  # admission's 400 (the test above)
+    assert not validator.is_valid({**plain, "tool_choice": "required"})
+
+
 def test_auto_needs_a_parser(tool_model):
     tok = Tokenizer(tool_model)
     tok.chat_template = tok.hf.chat_template = HERMES_TEMPLATE.replace("<tool_call>", "<call>")
