@@ -47,7 +47,8 @@ _FLEET_KEYS = {"name", "host", "base_port", "run_dir", "restart", "startup_timeo
                "max_restarts", "log_level"}
 _SIDECAR_KEYS = {"enabled", "port", "data_dir", "url", "args"}
 _REPLICA_KEYS = {"id", "model", "port", "cpus", "numa_node", "threads", "engine", "restart", "api_key",
-                 "tracing", "otlp_endpoint", "args", "env", "drain_timeout", "vllm", "vllm_python", "plugin"}
+                 "tracing", "otlp_endpoint", "args", "env", "drain_timeout", "vllm", "vllm_python", "plugin",
+                 "logprobs"}
 _PROBE_KEYS = {"interval", "token_budget", "batched", "enabled", "rescore"}
 ENGINE_KINDS = ("infersight", "vllm")
 
@@ -72,6 +73,9 @@ class ReplicaSpec:
     vllm: dict = field(default_factory=dict)  # `vllm serve` options of a vLLM replica
     vllm_python: str | None = None  # the interpreter that has vLLM (default: .venv-vllm's)
     plugin: bool = True  # a vLLM replica records steps and identity through infersight's plugin
+    # a vLLM replica's proxy asks for the sampled tokens' logprobs (the sampled-traffic quality rule reads them);
+    # false spares vLLM producing them, most of the attachment's cost on a small CPU (engine/benchmarks/proxy_asks.py)
+    logprobs: bool = True
 
 
 @dataclass
@@ -189,7 +193,7 @@ def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
         spec.id, spec.model, spec.port = str(spec.id), str(spec.model), int(spec.port)
         if spec.cpus is not None:
             spec.cpus = str(spec.cpus)
-        stray = sorted({"vllm", "vllm_python"} & set(raw)) if spec.kind == "infersight" else []
+        stray = sorted({"vllm", "vllm_python", "logprobs"} & set(raw)) if spec.kind == "infersight" else []
         if stray:
             raise ValueError(f"{where} ({spec.id}): {', '.join(stray)} only apply to engine = \"vllm\" replicas")
         try:

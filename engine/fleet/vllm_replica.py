@@ -9,6 +9,7 @@
     env = { VLLM_CPU_KVCACHE_SPACE = "1" }      # GiB of KV cache on the CPU backend
     # vllm_python = "/opt/vllm/bin/python"      # default: $INFERSIGHT_VLLM_PYTHON, <repo>/.venv-vllm/bin/python
     # plugin = true                             # infersight's stat-logger plugin in vLLM: steps + identity
+    # logprobs = true                           # the proxy asks vLLM for the sampled tokens' logprobs
 
 vLLM is started as engine/vllm_adapter/launch.py starts it (`python -m vllm.entrypoints.openai.api_server`:
 vllm-cpu ships no distribution metadata, which `vllm serve` asks for), float32 and eager unless the
@@ -161,6 +162,8 @@ def proxy_command(spec, model_dir: Path, host: str, port: int, upstream_url: str
         cmd += ["--store", store_url]
     if spec.plugin:
         cmd.append("--no-replica-row")  # vLLM's plugin writes the replica's identity
+    if not spec.logprobs:
+        cmd.append("--no-logprobs")
     return cmd
 
 

@@ -206,14 +206,16 @@ BOUNDS = {  # scheme, group, symmetric -> (max mean KL, min top-1 agreement, max
 }
 
 
-@pytest.mark.parametrize("chunk", [None, 1, 8])  # one prefill; decode-sized steps (int8: the int8 kernel)
-@pytest.mark.parametrize("scheme,group_size,symmetric", list(BOUNDS))
+# every scheme in one prefill; int8 also in decode-sized steps, which take its int8 kernel (int4 has one
+# kernel for every row count)
+CASES = [(*key, None) for key in BOUNDS] + [("int8", 128, True, chunk) for chunk in (1, 8)]
+
+
+@pytest.mark.parametrize("scheme,group_size,symmetric,chunk", CASES)
 def test_quantized_logits_stay_close(tiny_llama, reference_logits, scheme, group_size, symmetric, chunk,
                                     int8_kernel_everywhere):
     from engine.models import load_model
 
-    if chunk is not None and scheme != "int8":
-        pytest.skip("int4 has one kernel for every row count")
     prompts, ref = reference_logits
     loaded = load_model(tiny_llama)
     report = quantize_model(loaded.model, scheme, group_size, symmetric=symmetric)

@@ -57,6 +57,9 @@ def test_a_vllm_replica_is_pinned_switched_on_and_fronted_by_its_proxy(tmp_path)
     off = _fleet(plugin=False).replicas[1]
     assert "INFERSIGHT_STORE" not in vllm_env(off, "http://127.0.0.1:8123", tmp_path)
     assert "--no-replica-row" not in proxy_command(off, model, "127.0.0.1", 1, "http://u", "http://s", tmp_path, "info")
+    assert "--no-logprobs" not in proxy  # asked by default: the sampled-traffic quality rule reads them
+    spared = _fleet(logprobs=False).replicas[1]
+    assert "--no-logprobs" in proxy_command(spared, model, "127.0.0.1", 1, "http://u", "http://s", tmp_path, "info")
 
 
 @pytest.mark.parametrize("replica, words", [
@@ -82,3 +85,5 @@ def test_mistakes_are_named(replica, words):
 def test_vllm_options_on_an_infersight_replica_are_an_error():
     with pytest.raises(ValueError, match="only apply to engine"):
         parse_fleet({"defaults": {"model": "m"}, "replica": [{"id": "r0", "vllm": {"dtype": "float32"}}]})
+    with pytest.raises(ValueError, match="logprobs only apply"):  # infersight's engine records them itself
+        parse_fleet({"defaults": {"model": "m"}, "replica": [{"id": "r0", "logprobs": False}]})
