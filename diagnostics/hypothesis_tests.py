@@ -324,3 +324,14 @@ def ratio_homogeneity(groups: list[ClusterSums]) -> tuple[float, float] | None:
     r_bar = float((w * r).sum() / w.sum())
     stat = float((w * (r - r_bar) ** 2).sum())
     return stat, float(stats.chi2.sf(stat, len(usable) - 1))
+
+
+AUTOCORR_MAX_RHO = 0.9  # the widening's cap: a correlation near 1 would make any interval infinite
+
+
+def autocorrelation_inflation(rho: float) -> float:
+    """How much wider a block bootstrap's spread must be for what correlation adjacent blocks still have:
+    sqrt((1 + rho) / (1 - rho)), an AR(1)'s variance of a mean over independent-looking blocks
+    (1 when they are uncorrelated or anti-correlated; rho capped at AUTOCORR_MAX_RHO)."""
+    r = min(max(rho, 0.0), AUTOCORR_MAX_RHO)
+    return float(np.sqrt((1 + r) / (1 - r)))

@@ -40,7 +40,7 @@ import numpy as np
 from scipy import stats
 
 from diagnostics.findings import Finding, insufficient
-from diagnostics.hypothesis_tests import holm
+from diagnostics.hypothesis_tests import autocorrelation_inflation, holm
 from diagnostics.replicas import (
     IDENTITY,
     _explain,  # the same wording as the latency outlier's
@@ -57,7 +57,6 @@ MIN_BLOCK_SECONDS = 1.0
 TARGET_BLOCKS = 20  # over the window's span: twice MIN_BLOCKS, so half the window busy is enough
 MIN_STEPS_PER_BLOCK = 20  # a replica's steps per block, on average
 AUTOCORR_Z = 2.0  # adjacent blocks' residuals correlated beyond this z: blocks too short, merged in pairs
-MAX_RHO = 0.9  # the widening's cap
 MIN_CELL_STEPS = 5  # a (block, replica) cell with fewer steps gives no residual to the autocorrelation
 MAX_BLOCKS = 2000
 MIN_BLOCKS = 10  # time blocks with steps, per replica
@@ -297,7 +296,7 @@ def _model_findings(model: str, replicas: list[str], block: np.ndarray, replica:
     findings, tested = _eligible(model, replicas, blocks, width, scope)
     if not tested:
         return findings
-    tests = _tests(blocks, tested, inflation(rho))
+    tests = _tests(blocks, tested, autocorrelation_inflation(rho))
     if report is not None:
         report += [{"model": model, "replica": replicas[i], "target": TARGETS[t], "block_seconds": width,
                     "steps": int(blocks[:, i, 0].sum()), **r} for (i, t), r in tests.items()]
@@ -354,14 +353,6 @@ def _eligible(model: str, replicas: list[str], blocks: np.ndarray, width: float,
                                      blocks=int(nblocks[i]), peer_steps=peer_steps, block_seconds=width,
                                      min_steps=MIN_STEPS, min_blocks=MIN_BLOCKS))
     return findings, tested
-
-
-def inflation(rho: float) -> float:
-    """How much wider the bootstrap's spread must be for what correlation adjacent blocks still have:
-    sqrt((1 + rho) / (1 - rho)), an AR(1)'s variance of a mean over independent-looking blocks
-    (1 when they are uncorrelated or anti-correlated)."""
-    r = min(max(rho, 0.0), MAX_RHO)
-    return float(np.sqrt((1 + r) / (1 - r)))
 
 
 def _tests(blocks: np.ndarray, tested: list[int], widen: float = 1.0) -> dict[tuple[int, int], dict]:
@@ -435,7 +426,7 @@ def _finding(model, replicas, i, targets, blocks, identity, scope, width, family
         "block_seconds": width,
         "block_autocorrelation": {"lag1": autocorrelation[0], "z": autocorrelation[1],
                                   "merged_while_z_above": AUTOCORR_Z,
-                                  "spread_widened_by": inflation(autocorrelation[0])},
+                                  "spread_widened_by": autocorrelation_inflation(autocorrelation[0])},
         "steps": int(blocks[:, i, 0].sum()), "blocks": int((blocks[:, i, 0] > 0).sum()),
         "peer_steps": int(blocks[:, peer_cols, 0].sum()),
         "mean_shape": {"replica": _mean_shape(blocks, [i]), "peers": _mean_shape(blocks, peer_cols)},

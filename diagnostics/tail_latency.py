@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats
 
+from diagnostics.hypothesis_tests import autocorrelation_inflation
+
 QUANTILE = 0.9
 METRICS = ("queue", "ttft")  # where waiting shows: what a scheduler's limits do to the tail
 MIN_PER_SIDE = 10  # a p90 needs this many requests per side in a stratum (q (n + 1) <= n)
@@ -47,7 +49,6 @@ BLOCK_MIN_SECONDS = 5.0
 BLOCK_MAX_SECONDS = 300.0
 AUTOCORR_Z = 2.0  # adjacent blocks' exceedances correlated beyond this z: blocks too short, doubled
 MIN_CELL = 5  # a (block, side) cell with fewer requests gives no residual to the autocorrelation
-MAX_RHO = 0.9
 RESAMPLES = 400
 CONFIDENCE = 0.95
 PEERS_PER_STRATUM = 400  # larger peer sides are subsampled for the bootstrap (a wider interval, never narrower)
@@ -128,7 +129,7 @@ def compare(subject: dict, subject_at: dict, peers: dict, peers_at: dict, floor:
         return TailComparison(ratio_ci=None, z=0.0, p_value=1.0, **base)
     boot = _bootstrap(subject, subject_at, peers, peers_at, keys, weights, floor, t0, width, seed)
     boot = boot[np.isfinite(boot)]
-    widen = inflation(rho)  # what correlation adjacent blocks still have
+    widen = autocorrelation_inflation(rho)  # what correlation adjacent blocks still have
     se = widen * float(np.std(boot, ddof=1)) if len(boot) > 1 else 0.0
     z = effect / se if se > 0 else (np.copysign(np.inf, effect) if effect else 0.0)
     p = float(2 * stats.t.sf(abs(z), df=len(own_blocks) - 1))
@@ -172,12 +173,6 @@ def _lag1(at, side, above, t0, width) -> tuple[float, float]:
         return 0.0, 0.0
     rho = float((e[1:] * e[:-1])[adjacent].sum()) / den
     return rho, rho * float(np.sqrt(pairs))
-
-
-def inflation(rho: float) -> float:
-    """sqrt((1 + rho) / (1 - rho)): an AR(1)'s variance of a mean, for the correlation left between blocks."""
-    r = min(max(rho, 0.0), MAX_RHO)
-    return float(np.sqrt((1 + r) / (1 - r)))
 
 
 def _bootstrap(subject, subject_at, peers, peers_at, keys, weights, floor, t0, width, seed) -> np.ndarray:

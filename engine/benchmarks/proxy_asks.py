@@ -34,29 +34,12 @@ import httpx
 
 from engine.benchmarks.proxy_overhead import start_proxy
 from engine.benchmarks.telemetry_overhead import DetachedSidecar
-from engine.benchmarks.vllm_overhead import REFERENCE, default_cpus, prompts, wait_quiet
+from engine.benchmarks.vllm_overhead import REFERENCE, default_cpus, pooled_ratio_ci, prompts, wait_quiet
 from engine.placement import parse_cpulist
 from engine.vllm_adapter.launch import start_vllm_server
 
 VARIANTS = {"plain": {}, "token_ids": {"return_token_ids": True}, "logprobs": {"logprobs": 0},
             "both": {"return_token_ids": True, "logprobs": 0}, "proxy": {}}
-
-
-def ratio_ci(rounds: list[dict[str, list[float]]], variant: str, resamples: int = 2000,
-             seed: int = 0) -> tuple[float, float, float]:
-    """Median latency of `variant` over the median of `plain`, pooled over rounds, with a 95% bootstrap
-    interval that resamples rounds (every variant of a round ran under the same load)."""
-    import numpy as np
-    from scipy import stats
-
-    def pooled(idx) -> float:
-        idx = np.asarray(idx, dtype=int)
-        return float(np.median(np.concatenate([rounds[i][variant] for i in idx])) /
-                     np.median(np.concatenate([rounds[i]["plain"] for i in idx])))
-
-    res = stats.bootstrap((np.arange(len(rounds)),), pooled, vectorized=False, n_resamples=resamples,
-                          method="percentile", rng=np.random.default_rng(seed))
-    return pooled(np.arange(len(rounds))), float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         placement = f"vLLM on CPUs {args.vllm_cpus}, client and proxy on {args.infersight_cpus}" if pinned \
             else "unpinned"
         print(f"\n{args.rounds} rounds of {args.requests} requests x {args.max_tokens} tokens ({placement}):")
-        for name in names:
-            point, low, high = ratio_ci(rounds, name)
+        for name in names:  # a round of every variant is the unit: one "instance" of (variant, plain) pairs
+            point, (low, high) = pooled_ratio_ci([[(r[name], r["plain"]) for r in rounds]])
             median = statistics.median([x for r in rounds for x in r[name]])
             print(f"  {name:9s} median {median * 1000:7.1f} ms   / plain {point:.3f} [{low:.3f}, {high:.3f}]")
         both = statistics.median([x for r in rounds for x in r["both"]])
