@@ -49,6 +49,7 @@ METRICS_PATH = "/infersight/metrics"
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
 IDENTITY_RETRY_SECONDS = 2.0
+UPSTREAM_KEEPALIVE_EXPIRY_S = 2.0  # below the 5 s keep-alive of vLLM and uvicorn upstreams
 
 
 def _forward_headers(headers, drop=()) -> list[tuple[str, str]]:
@@ -89,8 +90,11 @@ class RecordingProxy:
     async def lifespan(self, app):
         own_client = self._client is None
         if own_client:  # no read timeout: a generation takes as long as it takes
+            # idle upstream connections let go before the upstream closes them (vLLM's and uvicorn's
+            # default keep-alive is 5 s): the other order resets a request sent as the server closes
             self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None),
-                                             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256))
+                                             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256,
+                                                                 keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY_S))
         identity = asyncio.create_task(self._identity())
         try:
             yield

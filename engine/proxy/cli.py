@@ -19,6 +19,7 @@ import signal
 import sys
 
 from engine.server.engine_args import parse_size
+from engine.server.keep_alive import add_keep_alive_argument
 
 log = logging.getLogger("infersight.proxy")
 
@@ -58,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also export infersight_* request metrics at /infersight/metrics (the recorder's "
                              "counters are always there)")
     parser.add_argument("--drain-timeout", type=float, default=30.0)
+    add_keep_alive_argument(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -83,7 +85,8 @@ def build_proxy(args):
                            replica_row=args.replica_row, upstream_api_key=args.upstream_api_key,
                            registry=parts.registry, logprobs=args.logprobs)
     config = uvicorn.Config(proxy.app(), host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+                            timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
+                            access_log=False)
     return uvicorn.Server(config), parts, proxy
 
 

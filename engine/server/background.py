@@ -6,16 +6,18 @@ import threading
 import time
 
 from engine.fleet.processes import free_port
+from engine.server.keep_alive import KEEP_ALIVE_SECONDS
 
 
 class BackgroundServer:
-    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, drain_timeout: float = 5.0):
+    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, drain_timeout: float = 5.0,
+                 keep_alive: float = KEEP_ALIVE_SECONDS):
         import uvicorn
 
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning",
-                                                    timeout_graceful_shutdown=drain_timeout))
+                                                    timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=keep_alive))
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
 
     def start(self, timeout: float = 60.0) -> BackgroundServer:

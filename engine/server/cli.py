@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from engine.server.engine_args import add_engine_arguments, engine_config_from_args, parse_size
+from engine.server.keep_alive import add_keep_alive_argument
 from engine.server.tool_parsers import PARSERS
 
 log = logging.getLogger("infersight.serve")
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch intra-op threads (default: the number of CPUs the replica may use)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to let in-flight requests finish on shutdown")
+    add_keep_alive_argument(parser)
     parser.add_argument("--max-queue", type=int, default=None, metavar="N",
                         help="requests that may wait beyond the --max-num-seqs running; more get 429 with "
                              "Retry-After (default: 4 x max_num_seqs)")
@@ -117,7 +119,8 @@ def build_server(args, placement=None):
     app = build_app(served, api_key=args.api_key, metrics_registry=parts.registry, max_queue=args.max_queue,
                     metrics_observer=parts.metrics, stats=stats)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                               timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+                               timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
+                               access_log=False)
     # everything loaded so far (torch, transformers, the model) lives until exit: move it out of the
     # collector's sight, so no collection walks it while serving, nor for seconds at exit
     gc.collect()
