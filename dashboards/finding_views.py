@@ -136,18 +136,20 @@ def _distribution(evidence: dict, row: pd.Series, rid: str, peers: list[str], ke
     """The worst metric's distribution per replica in the finding's window, from the store."""
     metrics = evidence["metrics"]
     worst = max(metrics, key=lambda m: metrics[m].get("ratio_to_peers") or 0)
-    if worst not in LATENCY_METRICS:
+    metric = worst.removesuffix("_p90")  # a tail finding (ttft_p90, queue_p90): the whole distribution shows its tail
+    if metric not in LATENCY_METRICS:
         return
     start, end = widgets.epoch(row["window_start"]), widgets.epoch(row["window_end"])
     dist = data.query(queries.FINDING_LATENCY_DISTRIBUTION, start=start, end=end, replicas=[rid, *peers],
-                      metric=worst)
+                      metric=metric)
     if dist.empty:
         st.caption("No requests of these replicas in the finding's window are left in the store.")
         return
     levels = list(queries.DISTRIBUTION_LEVELS)
     curves = {f"{r.replica_id} ({r.requests})": (list(r.q), levels) for r in dist.itertuples()}
     highlight = next((name for name in curves if name.startswith(f"{rid} ")), "")
-    st.plotly_chart(charts.distributions(curves, highlight, title=f"{worst}: {rid} (thick) against its peers, "
+    named = metric if metric == worst else f"{metric} (the finding: {worst})"
+    st.plotly_chart(charts.distributions(curves, highlight, title=f"{named}: {rid} (thick) against its peers, "
                                          f"all requests of the window (not stratified)"), key=f"{key}_dist")
 
 

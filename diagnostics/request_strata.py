@@ -14,6 +14,17 @@ A stratum is (model, workload, prompt-length bucket, output-length bucket, offer
   and aborted ones too), those of the OFFERED_WINDOW seconds before the scope's start as well.
 Metrics per request (telemetry.contract.derived): queue, prefill, TTFT, decode time per output token
 (TPOT) and the request's mean ITL; e2e too, which is only meaningful inside the output-length bucket.
+Prefill and TTFT have strata of their own (`by_computed`, BY_COMPUTED): model, workload, computed
+prompt tokens (prompt less prefix-cache hits: the work a prefill does; sqrt 2 buckets) and offered
+load. A prompt's length says little about its prefill when most of it is cached (on the real fleet
+64 of ~85 prompt tokens were: a replica whose peers got more cache hits at the same prompt length
+read 1.57x slower on prefill in the simulator), and output length cannot affect a prefill, which
+comes before it. (Seconds per computed token in the same strata carried no more: 1.53x [1.18,
+1.81] against 1.58x for seconds on the real 32-token budget canary, and within a bucket it still
+varies with the count: 0.95x and 1.04x, significant, on a simulated fleet where seconds read 1.00x.)
+These strata are the SQL groups' samples re-keyed in Python: exact while no (replica, group) holds
+more than SAMPLE_PER_STRATUM requests, beyond that a mixture weighted by the samples (as the tail
+rule's merged output buckets).
 Each group is a reservoir sample (groupArraySample, fixed seed) of at most SAMPLE_PER_STRATUM
 requests plus its exact count: Python sees thousands of rows for millions of requests.
 """
@@ -29,25 +40,30 @@ from telemetry.contract import derived
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
 
 METRICS = ("queue", "prefill", "ttft", "tpot", "itl", "e2e")
+BY_COMPUTED = ("prefill", "ttft")  # compared in strata of computed prompt tokens (`by_computed`)
 LABELS = {"queue": "queue time", "prefill": "prefill time", "ttft": "time to first token",
           "tpot": "decode time per output token", "itl": "mean inter-token latency", "e2e": "end-to-end latency"}
 SAMPLE_PER_STRATUM = 200
 SEED = 7
 OFFERED_WINDOW = 5.0  # seconds of arrivals before a request whose tokens count as its offered load
 
+# the prompt tokens a prefill computes: those the prefix cache did not serve
+_COMPUTED = "greatest(toInt64(t.prompt_tokens) - toInt64(t.cached_tokens), 1)"
 _EXPR = {"queue": "t.queue_seconds", "prefill": "t.prefill_seconds", "ttft": "t.ttft_seconds",
          "tpot": derived.TPOT_SQL.replace("output_tokens", "t.output_tokens")
                                  .replace("e2e_seconds", "t.e2e_seconds").replace("ttft_seconds", "t.ttft_seconds"),
-         "token_times": "t.token_times", "e2e": "t.e2e_seconds"}
+         "token_times": "t.token_times", "e2e": "t.e2e_seconds", "cbucket": f"toUInt32(floor(2 * log2({_COMPUTED})))"}
 # sampled per request, in METRICS' order: the mean ITL is taken from the sampled token_times only; then
-# the arrival (epoch microseconds), for the tail rule's bootstrap over time blocks (diagnostics.tail_latency)
-_SAMPLED = tuple("token_times" if m == "itl" else m for m in METRICS) + ("at",)
+# the arrival (epoch microseconds), for the tail rule's bootstrap over time blocks (diagnostics.tail_latency);
+# then its computed-token bucket (the `by_computed` strata)
+_EXTRA = ("at", "cbucket")
+_SAMPLED = tuple("token_times" if m == "itl" else m for m in METRICS) + _EXTRA
 
 _LOG2 = "toUInt8(if({x} < 1, 0, 1 + floor(log2({x}))))"
 
 # grouped by the strata's columns (a string per group, not per request, is built outside)
 _SQL = """
-SELECT model_name, replica_id,
+SELECT model_name, replica_id, workload, offered,
        concat(model_name, '|', workload, '|', pbucket, '|out ', toString(obucket), '|offered ', toString(offered))
            AS stratum, n, {unpack}
 FROM (
@@ -72,7 +88,8 @@ GROUP BY model_name, replica_id, workload, pbucket, obucket, offered
 
 def _sql(scope: Scope) -> str:
     unpack = ", ".join(f"arrayMap(x -> {derived.mean_itl_sql(f'x.{i + 1}') if m == 'itl' else f'x.{i + 1}'}, s) AS {m}"
-                       for i, m in enumerate(METRICS)) + f", arrayMap(x -> x.{len(_SAMPLED)}, s) AS at"
+                       for i, m in enumerate(METRICS))
+    unpack += "".join(f", arrayMap(x -> x.{len(METRICS) + i + 1}, s) AS {m}" for i, m in enumerate(_EXTRA))
     cols = ", ".join(f"{_EXPR[m]} AS {m}" for m in _SAMPLED if m != "at")
     source = requests_in(f"t.replica_id AS replica_id, t.model_name AS model_name, t.workload AS workload, "
                          f"t.arrival_time AS arrival_time, t.finish_reason AS finish_reason, "
@@ -96,7 +113,8 @@ def without_output_bucket(stratum: str) -> str:
 
 def samples(store, scope: Scope) -> dict[tuple[str, str], dict]:
     """(model, replica) -> {"n": requests, "strata": {stratum: {metric: finite values}},
-    "arrivals": {stratum: {metric: those values' arrival times, epoch seconds}}}."""
+    "arrivals": {stratum: {metric: those values' arrival times, epoch seconds}},
+    "by_computed": {computed-token stratum: {BY_COMPUTED metric: finite values}}}."""
     start = scope.start - OFFERED_WINDOW if scope.start is not None else None
     table = store.query_arrow(_sql(scope), {**scope.parameters(), **scope.narrowed(start=start).parameters("reach_")})
     if table.num_rows == 0:
@@ -105,11 +123,12 @@ def samples(store, scope: Scope) -> dict[tuple[str, str], dict]:
     columns = {m: table.column(m).combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(float)
                for m in METRICS}
     arrivals = table.column("at").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(float) / 1e6
+    cbucket = table.column("cbucket").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     out: dict[tuple[str, str], dict] = {}
-    for i, (model, rid, stratum, n) in enumerate(zip(*(table.column(c).to_pylist()
-                                                        for c in ("model_name", "replica_id", "stratum", "n")))):
-        entry = out.setdefault((model, rid), {"n": 0, "strata": {}, "arrivals": {}})
+    for i, (model, rid, stratum, n, workload, offered) in enumerate(zip(*(
+            table.column(c).to_pylist() for c in ("model_name", "replica_id", "stratum", "n", "workload", "offered")))):
+        entry = out.setdefault((model, rid), {"n": 0, "strata": {}, "arrivals": {}, "by_computed": {}})
         entry["n"] += int(n)
         lo, hi = bounds[i], bounds[i + 1]
         values, times = {}, {}
@@ -119,4 +138,11 @@ def samples(store, scope: Scope) -> dict[tuple[str, str], dict]:
             values[m], times[m] = v[finite], arrivals[lo:hi][finite]
         entry["strata"][stratum] = values
         entry["arrivals"][stratum] = times
+        b = cbucket[lo:hi]
+        for bucket in np.unique(b):
+            by = entry["by_computed"].setdefault(f"{model}|{workload}|computed {int(bucket)}|offered {offered}", {})
+            for m in BY_COMPUTED:
+                v = columns[m][lo:hi]
+                pick = v[(b == bucket) & np.isfinite(v)]
+                by[m] = np.concatenate([by[m], pick]) if m in by else pick
     return out

@@ -9,7 +9,10 @@ Algorithm:
 1. In ClickHouse, per request (the unit): the mean of its first K = 16 sampled-token logprobs
    (its negative is the per-token surprisal, the entropy estimate under sampling) and the share of
    those tokens with p < 5% (the low-probability tail). Only the first K tokens: the length of an
-   output must not move the per-request statistic. Requests are put in strata of
+   output must not move the per-request statistic. A request without sampled-token logprobs (the
+   recording proxy asks for them on a share of requests only: `--logprobs-fraction`) is not measured:
+   it is left out, never counted as a value; the share is chosen by a hash of the request id, so the
+   measured requests are a uniform sample of the traffic. Requests are put in strata of
    model x workload (prompt mix) x sampling (temperature, top-p, top-k bucket) x output-length
    bucket (how many of the K tokens exist); per (model, replica, stratum): counts, means and a
    uniform sample of at most CAP requests.
@@ -89,7 +92,13 @@ GROUP BY model_name, replica_id, stratum
 ORDER BY model_name, replica_id, stratum
 """
 
-_MODELS = "SELECT model_name, count() AS n FROM {source} GROUP BY model_name"
+# per (model, replica): the client requests the rule could read, and those it measures (with logprobs)
+_COUNTS = f"""
+SELECT model_name, replica_id, count() AS n, countIf(n_logprobs >= {MIN_TOKENS}) AS measured
+FROM {{source}} AS t
+WHERE t.finish_reason NOT IN ('abort', 'error') AND t.workload NOT IN {ACTIVE_WORKLOADS_SQL}
+GROUP BY model_name, replica_id
+"""
 
 _EXACT = """
 SELECT DISTINCT diagnostic, kind FROM findings FINAL
@@ -191,7 +200,8 @@ def _shared_pairs(mine: dict, peers: list[dict], col: int) -> list[tuple[np.ndar
 def run(store, request: DiagnosticRequest) -> list[Finding]:
     scope = request.scope
     data = per_replica_strata(store, scope)
-    findings = _without_logprobs(store, scope, data)
+    counts = request_counts(store, scope)
+    findings = _without_logprobs(scope, data, counts)
     identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
     baselines = baselines_by_model(store, [identity[r] for m in data.values() for r in m if r in identity],
                                    request, models=data)
@@ -199,9 +209,10 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
     decided = []
     for model, reps in data.items():
         if len(reps) == 2:
-            decided += _test_all(model, reps, _two(sorted(reps), baselines.get(model), identity), findings, scope)
+            decided += _test_all(model, reps, _two(sorted(reps), baselines.get(model), identity), findings, scope,
+                                 counts=counts.get(model, {}))
         elif len(reps) > 2:
-            decided += _peeled(model, reps, findings, scope)
+            decided += _peeled(model, reps, findings, scope, counts.get(model, {}))
     for d, p_adj in zip(decided, holm([d["p"] for d in decided])):
         d["p_holm"] = p_adj
         # the bootstrap where it decides (a finding needs its CI to exclude 0); elsewhere the
@@ -226,7 +237,7 @@ def _two(replicas: list[str], baseline, identity: dict) -> list[tuple[str, list[
     return [(later, [first])]
 
 
-def _peeled(model, reps, findings, scope) -> list[dict]:
+def _peeled(model, reps, findings, scope, counts) -> list[dict]:
     """3+ replicas, each against the pooled others; a shifted replica in the pool would make its peers
     look shifted the other way, so the most shifted significant one leaves the pool and everyone is
     compared again, until no new one is significant (Holm within each round to pick, over all at the end)."""
@@ -239,12 +250,13 @@ def _peeled(model, reps, findings, scope) -> list[dict]:
             d["p_holm"] = p_adj
         new = [d for d in results if d["subject"] not in outliers and d["p_holm"] < ALPHA and _large_enough(d)]
         if not new or len(clean) - 1 < 2:
-            return _test_all(model, reps, comparisons, findings, scope)
+            return _test_all(model, reps, comparisons, findings, scope, counts=counts)
         outliers.append(max(new, key=lambda d: abs(d["effect"]))["subject"])
 
 
-def _test_all(model, reps, comparisons, findings, scope, metrics=tuple(METRICS)) -> list[dict]:
-    """Every (subject, peers) x metric: the stratified test and the effect; too few requests: `insufficient`."""
+def _test_all(model, reps, comparisons, findings, scope, metrics=tuple(METRICS), counts=None) -> list[dict]:
+    """Every (subject, peers) x metric: the stratified test and the effect; too few measured requests:
+    `insufficient`, saying how many are measured of how many served and how many are needed."""
     out = []
     for subject, peers in comparisons:
         for col, metric in enumerate(METRICS):
@@ -254,14 +266,7 @@ def _test_all(model, reps, comparisons, findings, scope, metrics=tuple(METRICS))
             n_a, n_b = sum(len(a) for a, _ in pairs), sum(len(b) for _, b in pairs)
             if n_a < MIN_REQUESTS or n_b < MIN_REQUESTS:
                 if metric == "mean_logprob":  # one "cannot decide" per comparison, not per metric
-                    need = max(MIN_REQUESTS, requests_needed(pairs, 0.1))
-                    findings.append(insufficient(
-                        KIND, subject, DIAGNOSTIC, scope,
-                        f"{n_a} requests on {subject} and {n_b} on {', '.join(peers)} with >= {MIN_TOKENS} "
-                        f"sampled-token logprobs in shared strata (workload x sampling x length, >= "
-                        f"{MIN_PER_STRATUM} each); need >= {MIN_REQUESTS} per side, about {need} per side to see "
-                        f"a 0.1 nats/token shift",
-                        requests=n_a, peer_requests=n_b, needed_per_side=need, model_name=model, peers=peers))
+                    findings.append(_too_few(model, subject, peers, pairs, n_a, n_b, counts or {}, scope))
                 continue
             z, p = van_elteren(pairs)
             effect, _, level = standardized_difference(pairs, None, n_boot=0)
@@ -269,6 +274,31 @@ def _test_all(model, reps, comparisons, findings, scope, metrics=tuple(METRICS))
                             effect=effect, peer_level=level, relative=effect / max(abs(level), 1e-9),
                             n=n_a, n_peers=n_b))
     return out
+
+
+def _too_few(model, subject, peers, pairs, n_a, n_b, counts, scope) -> Finding:
+    """"Cannot decide", in measured requests (those with sampled-token logprobs): how many there are, of
+    how many served, and how many are needed; where a side measures only a share, the traffic that takes."""
+    need = max(MIN_REQUESTS, requests_needed(pairs, 0.1))
+    served_a, measured_a = counts.get(subject, (0, 0))
+    served_b = sum(counts.get(p, (0, 0))[0] for p in peers)
+    measured_b = sum(counts.get(p, (0, 0))[1] for p in peers)
+    share = min(_share(measured_a, served_a), _share(measured_b, served_b))
+    traffic = (f"; with logprobs on {share:.0%} of requests (the proxy's --logprobs-fraction), about "
+               f"{int(np.ceil(need / share))} requests per side" if 0 < share < 0.95 else "")
+    return insufficient(
+        KIND, subject, DIAGNOSTIC, scope,
+        f"{n_a} measured requests on {subject} and {n_b} on {', '.join(peers)} in shared strata (workload x "
+        f"sampling x length, >= {MIN_PER_STRATUM} each; of {served_a} and {served_b} served, {measured_a} and "
+        f"{measured_b} carry >= {MIN_TOKENS} sampled-token logprobs: a request without them is not measured); "
+        f"need >= {MIN_REQUESTS} measured per side, about {need} measured per side to see a 0.1 nats/token "
+        f"shift{traffic}",
+        requests=n_a, peer_requests=n_b, needed_per_side=need, model_name=model, peers=peers,
+        served=served_a, peer_served=served_b, measured_share=share)
+
+
+def _share(measured: int, served: int) -> float:
+    return measured / served if served else 0.0
 
 
 def _large_enough(d: dict) -> bool:
@@ -325,17 +355,27 @@ def _finding(store, scope, model, subject, results, identity, baseline) -> Findi
     return Finding(KIND, "critical" if critical else "warning", subject, summary, DIAGNOSTIC, scope, evidence)
 
 
-def _without_logprobs(store, scope: Scope, data: dict) -> list[Finding]:
-    """A model whose requests carry no logprobs at all: say why nothing can be compared (a cheap
-    count: the model column only)."""
-    source = requests_in("t.model_name AS model_name", scope=scope)
-    rows = store.query_arrow(_MODELS.replace("{source}", source), scope.parameters())
+def request_counts(store, scope: Scope) -> dict[str, dict[str, tuple[int, int]]]:
+    """model -> replica -> (client requests served, those measured: with >= MIN_TOKENS logprobs)."""
+    source = requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.workload AS workload, "
+                         # the arrays' sizes only (a subcolumn), not their values
+                         "length(t.output_logprobs) AS n_logprobs, t.finish_reason AS finish_reason", scope=scope)
+    out: dict = {}
+    for r in store.query_arrow(_COUNTS.replace("{source}", source), scope.parameters()).to_pylist():
+        out.setdefault(r["model_name"], {})[r["replica_id"]] = (int(r["n"]), int(r["measured"]))
+    return out
+
+
+def _without_logprobs(scope: Scope, data: dict, counts: dict) -> list[Finding]:
+    """A model whose requests carry no logprobs at all: say why nothing can be compared."""
     out = []
-    for r in rows.to_pylist():
-        if r["model_name"] not in data and r["n"] > 0:
-            out.append(insufficient(KIND, r["model_name"], DIAGNOSTIC, scope,
-                                    f"none of {r['n']} requests of {r['model_name']} carry >= {MIN_TOKENS} "
-                                    f"output_logprobs (an engine before migration 0005, or vLLM without the "
-                                    f"recording proxy); need >= {MIN_REQUESTS} per replica",
-                                    requests=r["n"], model_name=r["model_name"]))
+    for model, replicas in counts.items():
+        n = sum(served for served, _ in replicas.values())
+        if model not in data and n > 0:
+            out.append(insufficient(KIND, model, DIAGNOSTIC, scope,
+                                    f"none of {n} requests of {model} carry >= {MIN_TOKENS} output_logprobs, so "
+                                    f"none is measured (an engine before migration 0005, vLLM without the recording "
+                                    f"proxy, or a proxy with --no-logprobs); need >= {MIN_REQUESTS} measured "
+                                    f"requests per replica",
+                                    requests=n, model_name=model))
     return out

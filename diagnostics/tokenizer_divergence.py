@@ -14,8 +14,10 @@ that differ are the identity diagnostic's, diagnostics/identity_drift.py):
 - special-token strings in user text encoded as special tokens: in text prompts anywhere after the
   first token; in chat prompts where the chat template writes none (template_transitions);
 - token IDs outside the model's vocabulary (critical), or inside it but without text in the tokenizer (info).
-The SQL checks scan the scope once each; the checks that need a tokenizer load the replica's own
-(see diagnostics.replica_tokenizers) and say so when it is not available.
+The SQL checks scan the scope once each, on per-request summaries of the token-ID arrays that
+ClickHouse materializes at insert (hash, first IDs, largest and smallest IDs: migration 0009), and
+read the arrays themselves only for the requests a check must look into; the checks that need a
+tokenizer load the replica's own (see diagnostics.replica_tokenizers) and say so when it is not available.
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def file_differences(dir_a: str, dir_b: str) -> list[dict]:
 # produced; where no variant has the most (always, when two replicas disagree) those of the baseline
 # side, if its replicas saw the text and agree. The sampling of the request plays no part: a prompt
 # is tokenized before any sampling. Chat prompts too: a chat's prompt_text_hash is its messages'.
+# The IDs are compared by prompt_ids_hash, cityHash64(prompt_token_ids) materialized at insert
+# (migration 0009): hashing the arrays here took 0.2 s of the query's 0.7 s over 1M requests and
+# reading them another 0.3 s.
 _DIVERGENCE = """
 SELECT model_name, replica_id, count() AS compared,
        countIf(resolved AND h != ref) AS divergent,
@@ -119,7 +124,7 @@ FROM (
     FROM (
         SELECT model_name, prompt_text_hash, groupArray((replica_id, v.1, v.2)) AS pairs
         FROM (SELECT model_name, prompt_text_hash, replica_id,
-                     argMax((cityHash64(prompt_token_ids), rendered_prompt_hash), arrival_time) AS v
+                     argMax((prompt_ids_hash, rendered_prompt_hash), arrival_time) AS v
               FROM {source}
               WHERE prompt_text_hash != '' AND cityHash64(prompt_text_hash) % 1000 < {permille:UInt32}
               GROUP BY model_name, prompt_text_hash, replica_id)
@@ -135,11 +140,12 @@ _TEXT_PROMPTS = """
 SELECT count() AS n FROM requests AS t WHERE t.prompt_text_hash != '' AND {filters}
 """
 
+# IN rather than has(): IN uses the prompt_text_hash and primary-key indexes (29 of 129 granules read)
 _PROMPTS = """
 SELECT replica_id, prompt_text_hash, argMax(prompt_token_ids, arrival_time) AS ids,
        argMax(prompt_text, arrival_time) AS text, argMax(rendered_prompt_hash, arrival_time) AS rendered
 FROM requests
-WHERE has({hashes:Array(String)}, prompt_text_hash) AND has({replicas:Array(String)}, replica_id)
+WHERE prompt_text_hash IN {hashes:Array(String)} AND replica_id IN {replicas:Array(String)}
 GROUP BY replica_id, prompt_text_hash
 """
 
@@ -203,7 +209,7 @@ def same_text_different_ids(store, scope: Scope, replicas: list[dict], toks: dic
     side = sorted({r for b in baselines.values() if b for r in b.replicas})
     rows = store.query_arrow(_DIVERGENCE.replace("{source}", requests_in(
         "t.model_name AS model_name, t.prompt_text_hash AS prompt_text_hash, t.replica_id AS replica_id, "
-        "t.prompt_token_ids AS prompt_token_ids, t.rendered_prompt_hash AS rendered_prompt_hash, "
+        "t.prompt_ids_hash AS prompt_ids_hash, t.rendered_prompt_hash AS rendered_prompt_hash, "
         "t.arrival_time AS arrival_time", scope=scope)),
         {**scope.parameters(), "permille": permille, "baseline": side}).to_pylist()
     identity = {r["replica_id"]: r for r in replicas}
@@ -269,16 +275,18 @@ GROUP BY replica_id
 """
 
 
+# IN rather than has(): it is evaluated on the LowCardinality dictionary and prunes by the primary
+# key (a count over 1M requests: 0.12 CPU-s with has(), 0.03 with IN)
 def _window_filters() -> str:
     return ("t.arrival_time >= toDateTime64({start:Float64}, 6, 'UTC') "
             "AND t.arrival_time < toDateTime64({end:Float64}, 6, 'UTC') "
-            "AND (empty({replicas:Array(String)}) OR has({replicas:Array(String)}, t.replica_id)) "
-            "AND (empty({models:Array(String)}) OR has({models:Array(String)}, t.model_name))")
+            "AND (empty({replicas:Array(String)}) OR t.replica_id IN {replicas:Array(String)}) "
+            "AND (empty({models:Array(String)}) OR t.model_name IN {models:Array(String)})")
 
 
 def _plain_filters() -> str:
     """The window, restricted to the given replicas (those of the scope, resolved by identity)."""
-    return _window_filters() + " AND has({ids:Array(String)}, t.replica_id)"
+    return _window_filters() + " AND t.replica_id IN {ids:Array(String)}"
 
 
 def roundtrip_stored(store, scope: Scope, toks: dict) -> list[Finding]:
@@ -380,33 +388,55 @@ def streamed_vs_full(store, scope: Scope, toks: dict) -> list[Finding]:
 
 # -- token-ID checks in SQL (double BOS, specials from text, out of vocabulary) -------------------
 
-# one tokenizer's replicas at a time, its numbers as constants; the array scans are cheap vector
-# functions (arrayMax, hasAny) rather than per-element lambdas
-_TOKEN_CHECKS = """
+# One tokenizer's replicas at a time, its numbers as constants, in up to three queries that read
+# the token-ID arrays only where a check needs them (one query reading and scanning prompt_token_ids
+# of every request took 0.5-1.0 s over 1M; the summaries of migration 0009 are read instead):
+# - _TOKEN_COUNTS, on the summaries: double BOS (prompt_ids_head), IDs past the vocabularies
+#   (prompt_ids_max, output_ids_max), with the keys of up to 3 sampled examples of each;
+# - _SPECIAL_SCAN: special tokens in sampled prompts, reading the arrays only of the text prompts
+#   whose IDs after the first span a special ID (prompt_tail_min/max: a prompt whose range holds
+#   none cannot hold one) and of the sampled chat prompts; as a WHERE (PREWHERE) the test costs
+#   0.01 CPU-s over 1M requests, as a countIf over all of them 0.25;
+# - _EXAMPLE_ROWS: the arrays of the sampled examples, by request_id (its bloom index).
+_TEXT_SAMPLED = ("t.workload NOT IN {active:Array(String)} AND t.prompt_text_hash != '' "
+                 "AND t.rendered_prompt_hash = '' AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}")
+_CHAT_SAMPLED = ("{chat:UInt8} AND t.workload NOT IN {active:Array(String)} AND t.rendered_prompt_hash != '' "
+                 "AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}")
+_MAY_HOLD_SPECIAL = ("arrayExists((a, b) -> t.prompt_tail_min <= b AND t.prompt_tail_max >= a, "
+                     "{special_starts:Array(UInt32)}, {special_ends:Array(UInt32)}) AND " + _TEXT_SAMPLED)
+
+_TOKEN_COUNTS = """
 SELECT replica_id, count() AS requests,
        countIf(is_double_bos) AS double_bos,
-       groupArraySampleIf(3, 1)(prompt_token_ids, is_double_bos) AS double_bos_examples,
-       countIf(is_special) AS special_from_text, countIf(is_chat_special) AS special_from_chat,
-       groupArraySampleIf(3, 1)((prompt_token_ids, prompt_text, is_chat_special), is_special OR is_chat_special)
-           AS special_examples,
+       groupArraySampleIf(3, 1)(key, is_double_bos) AS double_bos_keys,
        countIf(pmax >= {model_vocab:UInt64}) AS prompt_out_of_vocab,
        countIf(omax >= {model_vocab:UInt64}) AS output_out_of_vocab,
-       groupArraySampleIf(3, 1)((prompt_token_ids, output_token_ids), greatest(pmax, omax) >= {model_vocab:UInt64})
-           AS oov_examples,
+       groupArraySampleIf(3, 1)(key, greatest(pmax, omax) >= {model_vocab:UInt64}) AS oov_keys,
        countIf(greatest(pmax, omax) >= {vocab:UInt64} AND greatest(pmax, omax) < {model_vocab:UInt64}) AS textless,
-       groupArraySampleIf(3, 1)((prompt_token_ids, output_token_ids),
-               greatest(pmax, omax) >= {vocab:UInt64} AND greatest(pmax, omax) < {model_vocab:UInt64})
-           AS textless_examples
+       groupArraySampleIf(3, 1)(key,
+               greatest(pmax, omax) >= {vocab:UInt64} AND greatest(pmax, omax) < {model_vocab:UInt64}) AS textless_keys
 FROM (
-    SELECT t.replica_id AS replica_id, t.prompt_token_ids AS prompt_token_ids, t.output_token_ids AS output_token_ids,
-           t.prompt_text AS prompt_text, arrayMax(t.prompt_token_ids) AS pmax, arrayMax(t.output_token_ids) AS omax,
-           length(t.prompt_token_ids) >= 2 AND t.prompt_token_ids[1] = {bos:Int64}
-               AND t.prompt_token_ids[2] = {bos:Int64} AS is_double_bos,
-           NOT has({active:Array(String)}, t.workload) AND t.prompt_text_hash != '' AND t.rendered_prompt_hash = ''
-               AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}
-               AND hasAny(arraySlice(t.prompt_token_ids, 2), {specials:Array(UInt32)}) AS is_special,
+    SELECT t.replica_id AS replica_id, (t.request_id, toUnixTimestamp64Micro(t.arrival_time)) AS key,
+           t.prompt_ids_max AS pmax, t.output_ids_max AS omax,
+           length(t.prompt_ids_head) = 2 AND t.prompt_ids_head[1] = {bos:Int64}
+               AND t.prompt_ids_head[2] = {bos:Int64} AS is_double_bos
+    FROM requests AS t
+    WHERE {filters}
+)
+GROUP BY replica_id
+ORDER BY replica_id
+"""
+
+# the array scans are cheap vector functions (hasAny) rather than per-element lambdas where they can be
+_SPECIAL_SCAN = """
+SELECT replica_id, countIf(is_special) AS special_from_text, countIf(is_chat_special) AS special_from_chat,
+       groupArraySampleIf(3, 1)((prompt_token_ids, prompt_text, is_chat_special), is_special OR is_chat_special)
+           AS special_examples
+FROM (
+    SELECT t.replica_id AS replica_id, t.prompt_token_ids AS prompt_token_ids, t.prompt_text AS prompt_text,
+           (TEXT_SAMPLED) AND hasAny(arraySlice(t.prompt_token_ids, 2), {specials:Array(UInt32)}) AS is_special,
            -- chat: a transition between special tokens (or the prompt's ends) its template never writes
-           {chat:UInt8} AND NOT has({active:Array(String)}, t.workload) AND t.rendered_prompt_hash != '' AND cityHash64(t.prompt_text_hash) % 1000 < {permille:UInt32}
+           (CHAT_SAMPLED)
                AND NOT hasAll({transitions:Array(UInt64)}, arrayMap((a, b) -> bitShiftLeft(toUInt64(a), 32) + b,
                    arrayPushFront(arrayFilter(x -> has({chat_specials:Array(UInt32)}, x), t.prompt_token_ids),
                                   4294967295),
@@ -414,11 +444,28 @@ FROM (
                                  4294967295)))
                AS is_chat_special
     FROM requests AS t
-    WHERE {filters}
+    WHERE {filters} AND ((MAY_HOLD_SPECIAL) OR (CHAT_SAMPLED))
 )
 GROUP BY replica_id
-ORDER BY replica_id
+""".replace("MAY_HOLD_SPECIAL", _MAY_HOLD_SPECIAL).replace("TEXT_SAMPLED", _TEXT_SAMPLED) \
+    .replace("CHAT_SAMPLED", _CHAT_SAMPLED)
+
+_EXAMPLE_ROWS = """
+SELECT replica_id, request_id, toUnixTimestamp64Micro(arrival_time) AS at, prompt_token_ids, output_token_ids
+FROM requests WHERE request_id IN {request_ids:Array(String)} AND replica_id IN {replicas:Array(String)}
 """
+
+
+def id_runs(ids) -> tuple[list[int], list[int]]:
+    """Sorted IDs as runs of consecutive ones: (starts, ends), both inclusive ([1, 2, 3, 7] -> [1, 7], [3, 7])."""
+    starts, ends = [], []
+    for x in sorted(set(ids)):
+        if ends and x == ends[-1] + 1:
+            ends[-1] = x
+        else:
+            starts.append(x)
+            ends.append(x)
+    return starts, ends
 
 
 BOUNDARY = 0xFFFFFFFF  # a chat prompt's start and end, in its special-token transitions
@@ -486,15 +533,39 @@ def _tokenizer_groups(toks: dict) -> dict[tuple, list[str]]:
 
 def token_id_checks(store, scope: Scope, toks: dict, identity: dict, permille: int = 1000) -> list[Finding]:
     findings = []
-    sql = _TOKEN_CHECKS.replace("{filters}", _plain_filters())
+    filters = _plain_filters()
     for (bos, vocab, model_vocab, specials, chat_specials, transitions), ids in _tokenizer_groups(toks).items():
+        starts, ends = id_runs(specials)
         params = {**scope.parameters(), "ids": sorted(ids), "bos": bos, "vocab": vocab, "model_vocab": model_vocab,
-                  "specials": list(specials), "permille": permille, "chat": int(bool(transitions)),
+                  "specials": list(specials), "special_starts": starts, "special_ends": ends,
+                  "permille": permille, "chat": int(bool(transitions)),
                   "active": list(ACTIVE_WORKLOADS),  # the probe suite types special-token strings on purpose
                   "chat_specials": list(chat_specials), "transitions": list(transitions)}
-        for r in store.query_arrow(sql, params).to_pylist():
-            findings += _token_findings(r, toks[r["replica_id"]], identity, scope, permille)
+        rows = store.query_arrow(_TOKEN_COUNTS.replace("{filters}", filters), params).to_pylist()
+        scanned = {s["replica_id"]: s for s in
+                   store.query_arrow(_SPECIAL_SCAN.replace("{filters}", filters), params).to_pylist()}
+        arrays = _example_arrays(store, rows)
+        for r in rows:
+            rid = r["replica_id"]
+            r.update({"special_from_text": 0, "special_from_chat": 0, "special_examples": [], **scanned.get(rid, {})})
+            for kind in ("double_bos", "oov", "textless"):
+                keys = ((rid, *_pairs(key)) for key in r[f"{kind}_keys"])
+                r[f"{kind}_examples"] = [arrays[k] for k in keys if k in arrays]
+            r["double_bos_examples"] = [prompt for prompt, _ in r["double_bos_examples"]]
+            findings += _token_findings(r, toks[rid], identity, scope, permille)
     return findings
+
+
+def _example_arrays(store, rows: list[dict]) -> dict[tuple, tuple]:
+    """(replica, request_id, arrival microseconds) -> (prompt IDs, output IDs) of the sampled examples' requests."""
+    keys = {(r["replica_id"], *_pairs(k)) for r in rows for kind in ("double_bos", "oov", "textless")
+            for k in r[f"{kind}_keys"]}
+    if not keys:
+        return {}
+    fetched = store.query_arrow(_EXAMPLE_ROWS, {"request_ids": sorted({k[1] for k in keys}),
+                                                "replicas": sorted({k[0] for k in keys})}).to_pylist()
+    return {key: (f["prompt_token_ids"], f["output_token_ids"]) for f in fetched
+            if (key := (f["replica_id"], f["request_id"], f["at"])) in keys}
 
 
 def _token_findings(r: dict, tok: Tokenizer, identity: dict, scope: Scope, permille: int) -> list[Finding]:

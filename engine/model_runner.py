@@ -12,9 +12,18 @@ states for all tokens; logits are computed only for the rows that need them:
 the last token of each sequence that samples, and every row of a prompt whose
 logprobs were asked for.
 
-`compile_decode` (EngineConfig) runs pure decode steps through torch.compile, the
-attention left eager between compiled parts. Measured on the reference model, batch 1,
-1 thread, loaded machine: 147 s to compile, forward p10 4.28 -> 4.11 ms: off by default.
+`compile_decode` (EngineConfig) runs pure decode steps (every row samples) through
+torch.compile: the forward and the logits of the step are one graph, attention included
+when the backend is traceable (the torch backend: its plan is built by `prepare`, outside
+the graph). At batch 1 a step is ~180 small eager ops, each a few us of dispatch; compiled
+they are a few fused C++ kernels. Measured on the reference model, batch 1, 1 thread,
+alternating with eager (load 1.1): 332-437 -> 647-676 tok/s, forward 2.0-2.6 -> 1.05-1.12 ms
+a step, for 21 s of compile in the first decode step (10 s again with inductor's cache on
+disk). Each new decode shape (batch 1, batch > 1, a length mask or none, rows in order or
+scattered, the number of length groups) compiles once more (the peers benchmark's warm-up
+compiles four: 98 s cold); past dynamo's recompile limit (8) a shape runs eager. The attention left eager between compiled parts (what this
+did before, still the path for a backend that is not traceable) paid 4% for 147 s of
+compile. Off by default: tests and short runs would pay the compile.
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.scheduler import ScheduledBatch
+
+# compile_decode's torch.compile backend (tests trace with "eager": dynamo's graph, no inductor build)
+COMPILE_BACKEND = "inductor"
 
 
 @dataclass
@@ -45,8 +57,9 @@ class ModelOutputs:
 
 
 class _EagerAttention:
-    """The backend seen by a compiled forward: its calls stay eager (torch.compiler.disable);
-    their Python planning would only break the graph or recompile per batch shape."""
+    """A backend that is not traceable (flashinfer), as a compiled forward sees it: its calls
+    stay eager (torch.compiler.disable); their Python planning would only break the graph or
+    recompile per batch shape."""
 
     def __init__(self, backend: AttentionBackend):
         self.name = backend.name
@@ -110,21 +123,36 @@ class ModelRunner:
         self.backend.prepare(metadata)
         return inputs
 
-    def _decode_forward(self, inputs: ModelInputs) -> torch.Tensor:
+    def _decode_step(self, input_ids, positions, metadata, kv_caches, backend):
+        """A pure decode step's hidden states and logits (every row samples): what is compiled."""
+        hidden = self.model(input_ids, positions, metadata, kv_caches, backend)
+        return hidden, self.model.compute_logits(hidden)
+
+    def _decode_forward(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
         if self._compiled is None:
-            self._compiled = torch.compile(self.model, dynamic=True)
-            self._eager_backend = _EagerAttention(self.backend)
+            # cpp_wrapper: the graph's kernels are called from C++, not from a Python wrapper
+            # (forward 0.71 -> 0.62 ms at batch 1; cold compile ~25 s either way)
+            options = {"cpp_wrapper": True} if COMPILE_BACKEND == "inductor" else None
+            self._compiled = torch.compile(self._decode_step, dynamic=True, backend=COMPILE_BACKEND,
+                                           options=options)
+            # the pool never changes shape: static, or dynamo's duck sizing would take a batch of
+            # 2 (or 16, 32) for the cache's kv heads (block size, head dim) and compile per batch size
+            for k_cache, v_cache in self.kv_caches:
+                torch._dynamo.mark_static(k_cache)
+                torch._dynamo.mark_static(v_cache)
+            # a traceable backend's attention compiles with the rest: one graph per step
+            self._step_backend = self.backend if self.backend.traceable else _EagerAttention(self.backend)
         return self._compiled(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches,
-                              self._eager_backend)
+                              self._step_backend)
 
     @torch.inference_mode()
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
-        if self.compile_decode and max(inputs.metadata.query_lens) == 1:
-            hidden = self._decode_forward(inputs)
-        else:
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches,
-                                self.backend)
         rows = inputs.sample_rows
+        if (self.compile_decode and max(inputs.metadata.query_lens) == 1 and len(rows) == len(inputs.input_ids)
+                and not inputs.prompt_logprob_spans):
+            hidden, logits = self._decode_forward(inputs)
+            return ModelOutputs(logits, {}, hidden)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches, self.backend)
         if len(rows) == hidden.shape[0]:
             sample_hidden = hidden
         else:

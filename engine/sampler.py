@@ -130,13 +130,12 @@ def sampled_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
     temporary exponentiated in place (torch.logsumexp makes more): with the max merged into
     the argmax, 23.7 -> ~17 ms for greedy N=64, V=32k (1 thread, loaded machine: ~25% less).
     """
-    x = logits.float()
-    if row_max is None:
-        row_max = x.amax(dim=-1)
-        chosen = x.gather(-1, token_ids.view(-1, 1).long()).squeeze(-1)
-    else:
-        chosen = row_max
+    x = logits if logits.dtype == torch.float32 else logits.float()
     # an all -inf row (cannot happen for model logits) would give nan either way
+    if row_max is not None:  # the chosen logit is the max: (chosen - max) - lse = -lse, 2 ops fewer
+        return (x - row_max[:, None]).exp_().sum(dim=-1).log_().neg_()
+    row_max = x.amax(dim=-1)
+    chosen = x.gather(-1, token_ids.view(-1, 1).long()).squeeze(-1)
     lse = (x - row_max[:, None]).exp_().sum(dim=-1).log_()
     return (chosen - row_max) - lse
 

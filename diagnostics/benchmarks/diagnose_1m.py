@@ -1,16 +1,23 @@
 """How long each diagnostic takes over a million stored requests (and a million steps).
 
     .venv/bin/python diagnostics/benchmarks/diagnose_1m.py [--requests 1000000] [--store DIR] [--keep]
+        [--only NAME ...]  (NAME: a prefix of a diagnostic's name below, e.g. --only tokenizer)
+        [--blas-threads N]
 
 Generates the synthetic fleet history (diagnostics/benchmarks/synthetic_fleet.py) into an embedded
 store, then runs each diagnostic over the whole window, best of --rounds, and prints seconds and
 findings per diagnostic. The heavy lifting is ClickHouse's: Python sees aggregates and samples.
+--blas-threads 1 runs numpy's BLAS on one thread: the diagnostics multiply small matrices (~100 x 128),
+where on a busy 2-core host threaded OpenBLAS spends more time waking and waiting than computing
+(the tokenizer's frequency test: 2.5-3.8 s with the default threads, 0.05-0.13 s with one, load ~4).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -73,6 +80,9 @@ def add_rescores(store) -> None:
         print(f"rescore rows added in {time.perf_counter() - t:.1f} s")
 
 
+_BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1_000_000)
@@ -80,7 +90,16 @@ def main() -> int:
     parser.add_argument("--store", help="data directory (default: a temporary one, removed afterwards)")
     parser.add_argument("--keep", action="store_true", help="keep the generated store")
     parser.add_argument("--rounds", type=int, default=2, help="runs per diagnostic (best is reported)")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="run only the diagnostics whose name starts with one of these (e.g. tokenizer)")
+    parser.add_argument("--blas-threads", type=int,
+                        help="OpenBLAS/OpenMP/MKL threads for numpy (default: as the environment says)")
     args = parser.parse_args()
+    if args.blas_threads is not None and os.environ.get(_BLAS_VARS[0]) != str(args.blas_threads):
+        # numpy reads these once, when loaded (by the diagnostics package, before main): run afresh
+        env = {**os.environ, **dict.fromkeys(_BLAS_VARS, str(args.blas_threads))}
+        os.execve(sys.executable, [sys.executable, "-m", "diagnostics.benchmarks.diagnose_1m", *sys.argv[1:]], env)
+    print("BLAS threads:", ", ".join(f"{v}={os.environ.get(v, '(unset)')}" for v in _BLAS_VARS))
 
     import torch
 
@@ -123,6 +142,8 @@ def main() -> int:
             "rescore (cross-scoring)": lambda: cross_scores.run(store, DiagnosticRequest(scope)),
             "steps (step-time model)": lambda: step_model.run(store, DiagnosticRequest(scope)),
         }
+        if args.only:
+            runs = {name: fn for name, fn in runs.items() if any(name.startswith(o) for o in args.only)}
         results = []
         for name, fn in runs.items():
             best, found = float("inf"), []

@@ -250,7 +250,8 @@ def _measured(store_url: str, since: float, candidate: str, log) -> None:
     if len(group) > 1:
         for t in replicas.tests(group, {}, limits):
             c = t["comparison"]
-            if t["replica"] == candidate and t["metric"] in ("ttft", "queue", "tpot", "ttft_p90", "queue_p90"):
+            if t["replica"] == candidate and t["metric"] in ("ttft", "prefill", "queue", "tpot", "ttft_p90",
+                                                              "queue_p90"):
                 log(f"    {t['metric']}: {c.ratio:.2f}x CI {c.ratio_ci} Holm p={t['holm_p']:.1e} "
                     f"({c.n_subject} requests in {c.strata} strata)")
 

@@ -40,6 +40,9 @@ class AttentionMetadata:
 
 class AttentionBackend(ABC):
     name: str = "abstract"
+    # can torch.compile trace forward() (its plan built by prepare() before the forward)?
+    # If not, compile_decode keeps its calls eager, between compiled parts
+    traceable: bool = False
 
     @abstractmethod
     def prepare(self, metadata: AttentionMetadata) -> None:

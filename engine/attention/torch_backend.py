@@ -99,13 +99,20 @@ def _build_decode_group(seq_ids: list[int], metadata: AttentionMetadata, starts:
         row = blocks[:nblocks]
         table.append(row + [0] * (nblocks - len(row)) if len(row) < nblocks else row)
     table_t = torch.tensor(table, dtype=torch.long)
-    slots = (table_t[:, :, None] * bs + torch.arange(bs)).view(b, -1)[:, :lmax]
+    slots = _leading((table_t[:, :, None] * bs + torch.arange(bs)).view(b, -1), lmax)
     token_index = torch.tensor([starts[i] for i in seq_ids], dtype=torch.long)
     mask = None
     if min(clens) != lmax:
         mask = (torch.arange(lmax)[None, :] < torch.tensor(clens)[:, None])[:, None, None, :].to(device)
     token_index = token_index.to(device)
     return _Group(True, token_index[:, None], slots.to(device), mask, None, token_index)
+
+
+def _leading(slots: torch.Tensor, n: int) -> torch.Tensor:
+    """slots[:, :n] as a tensor of its own (one ~2 us copy): a compiled decode step guards on its
+    inputs' strides and on a view's base, so one layout means one graph (a strided view of the
+    memo's table recompiled it: 20 s in the middle of a run)."""
+    return slots[:, :n].clone()
 
 
 @dataclass
@@ -124,7 +131,7 @@ def _memo_decode_group(memo: _DecodeMemo | None, seq_ids: list[int], metadata: A
     unchanged (15 of 16 steps at block size 16: a step only adds a key position), else rebuilt.
 
     The slots of every allocated block are kept, and a step takes the first `context_len` of
-    them as a view: the ~10 ops of `_build_decode_group` become 1. Measured at batch 1 on the
+    them (one copy): the ~10 ops of `_build_decode_group` become 1. Measured at batch 1 on the
     reference model (1 thread, interleaved A/B, 2 runs each): backend prepare 103 -> 43 us,
     the step's prepare 0.26 -> 0.13 ms, host p10 0.35 -> 0.24 ms, 269 -> 326 tok/s.
     Lengths that differ still get their mask each step.
@@ -148,7 +155,7 @@ def _memo_decode_group(memo: _DecodeMemo | None, seq_ids: list[int], metadata: A
     if min(clens) != lmax:
         mask = (torch.arange(lmax)[None, :] < torch.tensor(clens)[:, None])[:, None, None, :].to(device)
     ti = memo.token_index
-    return _Group(True, ti[:, None], memo.slots_full[:, :lmax], mask, None, ti), memo
+    return _Group(True, ti[:, None], _leading(memo.slots_full, lmax), mask, None, ti), memo
 
 
 def _build_group(seq_ids: list[int], metadata: AttentionMetadata, starts: list[int],
@@ -218,6 +225,7 @@ def plan_groups(metadata: AttentionMetadata) -> list[list[int]]:
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    traceable = True  # compile_decode: the whole decode forward is one graph (see model_runner.py)
 
     def __init__(self):
         # gathered keys/values land in buffers reused across layers and steps: a fresh
@@ -268,7 +276,8 @@ class TorchAttentionBackend(AttentionBackend):
 
         out = None if plan.identity else q.new_empty(num_tokens, num_heads, head_dim)
         for g in plan.groups:
-            rows = self._attend_group(g, q, k, v, k_flat, v_flat, scale, num_kv_heads, group_size)
+            rows = self._attend_group(g, q, k, v, k_flat, v_flat, scale, num_kv_heads, group_size,
+                                      plan.identity)
             if plan.identity:
                 return rows
             if g.valid is not None:
@@ -276,8 +285,28 @@ class TorchAttentionBackend(AttentionBackend):
             out.index_copy_(0, g.out_index, rows)
         return out
 
-    def _attend_group(self, g: _Group, q, k, v, k_flat, v_flat, scale, num_kv_heads, group_size):
-        """Returns [B * Qmax, num_heads, head_dim] rows in (sequence, query) order."""
+    def _gather(self, g: _Group, k_flat, v_flat, num_kv_heads, head_dim, shape):
+        """The group's keys and values as [B, KVH, Lmax, D], gathered straight into SDPA's
+        contiguous layout (a permuted view would make SDPA copy it again) and into reused
+        buffers (fresh ones cost page faults); the buffer views are made by the first layer
+        and reused by the others (6 ops a layer)."""
+        key = (num_kv_heads, head_dim, k_flat.dtype, k_flat.device)
+        views = g.head_rows.get(key)
+        if views is None:
+            rows = g.kv_rows(num_kv_heads)
+            numel = rows.numel() * head_dim
+            kbuf, vbuf = self._gather_buffers(numel, k_flat)
+            kout, vout = kbuf[:numel].view(-1, head_dim), vbuf[:numel].view(-1, head_dim)
+            views = g.head_rows[key] = (rows, kout, vout, kout.view(shape), vout.view(shape))
+        rows, kout, vout, ks, vs = views
+        torch.index_select(k_flat.view(-1, head_dim), 0, rows, out=kout)
+        torch.index_select(v_flat.view(-1, head_dim), 0, rows, out=vout)
+        return ks, vs
+
+    def _attend_group(self, g: _Group, q, k, v, k_flat, v_flat, scale, num_kv_heads, group_size,
+                      in_order: bool = False):
+        """Returns [B * Qmax, num_heads, head_dim] rows in (sequence, query) order.
+        `in_order`: the group's rows are the flat batch as it is (no gather of q needed)."""
         num_heads, head_dim = q.shape[1], q.shape[2]
         b, qmax = g.token_index.shape
         if g.fresh_causal:
@@ -289,24 +318,16 @@ class TorchAttentionBackend(AttentionBackend):
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
                                                enable_gqa=group_size > 1)
             return o[0].transpose(0, 1)
-        # gather straight into SDPA's contiguous [B, KVH, L, D] layout (a permuted view would
-        # make SDPA copy it again) and into reused buffers (fresh ones cost page faults); the
-        # buffer views are made by the first layer and reused by the others (6 ops a layer)
-        key = (num_kv_heads, head_dim, k_flat.dtype, k_flat.device)
-        views = g.head_rows.get(key)
-        if views is None:
+        shape = (b, num_kv_heads, g.slots.shape[1], head_dim)
+        if torch.compiler.is_compiling():  # compile_decode: a plain gather, inductor plans the memory
             rows = g.kv_rows(num_kv_heads)
-            numel = rows.numel() * head_dim
-            kbuf, vbuf = self._gather_buffers(numel, k_flat)
-            shape = (b, num_kv_heads, g.slots.shape[1], head_dim)
-            kout, vout = kbuf[:numel].view(-1, head_dim), vbuf[:numel].view(-1, head_dim)
-            views = g.head_rows[key] = (rows, kout, vout, kout.view(shape), vout.view(shape))
-        rows, kout, vout, ks, vs = views
-        torch.index_select(k_flat.view(-1, head_dim), 0, rows, out=kout)
-        torch.index_select(v_flat.view(-1, head_dim), 0, rows, out=vout)
+            ks = k_flat.view(-1, head_dim).index_select(0, rows).view(shape)
+            vs = v_flat.view(-1, head_dim).index_select(0, rows).view(shape)
+        else:
+            ks, vs = self._gather(g, k_flat, v_flat, num_kv_heads, head_dim, shape)
         if g.is_decode:
             # the query heads sharing a kv head act as that head's query rows: no kv repeat
-            qs = q[g.out_index].view(b, num_kv_heads, group_size, head_dim)
+            qs = (q if in_order else q[g.out_index]).view(b, num_kv_heads, group_size, head_dim)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=g.mask, scale=scale)
             return o.reshape(b, num_heads, head_dim)
         qs = q[g.token_index].permute(0, 2, 1, 3)  # [B, H, Qmax, D]

@@ -90,8 +90,10 @@ def run_once(model: str, workload, threads: int, engine_args: dict, int8_exact: 
                 mod.exact = True
         llm.engine.loaded.model.fuse_projections()
     warm = workload.head(2)
+    warm_start = time.perf_counter()  # with --compile: the decode step's compile happens here
     llm.generate(warm.prompts, [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * len(warm.prompts),
                  use_tqdm=False)
+    warmup_s = time.perf_counter() - warm_start
     llm.engine.kv_cache.reset_prefix_cache()
     obs.steps.clear()
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
@@ -110,7 +112,7 @@ def run_once(model: str, workload, threads: int, engine_args: dict, int8_exact: 
     steps_ms = sorted(1e3 * sum(s[2:]) for s in decode)
     host_ms = sorted(1e3 * (sum(s[2:]) - s[2 + PARTS.index("forward")]) for s in decode)
     p10 = len(decode) // 10
-    return dict(tokens_per_s=produced / elapsed, step_p10_ms=steps_ms[p10], host_p10_ms=host_ms[p10], cpu_ms_per_token=1e3 * cpu / produced, steps=len(obs.steps), decode_steps=len(decode),
+    return dict(tokens_per_s=produced / elapsed, warmup_s=warmup_s, step_p10_ms=steps_ms[p10], host_p10_ms=host_ms[p10], cpu_ms_per_token=1e3 * cpu / produced, steps=len(obs.steps), decode_steps=len(decode),
                 step_ms=1e3 * total / len(decode), host_ms=1e3 * host / len(decode),
                 host_share=host / total if total else 0.0,
                 split_ms={p: 1e3 * v / len(decode) for p, v in sums.items()},
@@ -129,7 +131,7 @@ def _median_run(fn_args, runs: int) -> dict:
             pool.close()
             pool.join()
     med = {k: statistics.median(r[k] for r in results)
-           for k in ("tokens_per_s", "cpu_ms_per_token", "step_p10_ms", "host_p10_ms", "step_ms", "host_ms", "host_share")}
+           for k in ("tokens_per_s", "warmup_s", "cpu_ms_per_token", "step_p10_ms", "host_p10_ms", "step_ms", "host_ms", "host_share")}
     med["split_ms"] = {p: statistics.median(r["split_ms"][p] for r in results) for p in PARTS}
     med["runs_tokens_per_s"] = [r["tokens_per_s"] for r in results]
     med["decode_steps"] = results[0]["decode_steps"]
@@ -163,7 +165,8 @@ def main(argv=None) -> int:
         results[name] = r
         split = " ".join(f"{k} {v:.3f}" for k, v in r["split_ms"].items())
         print(f"{name:9s} {r['tokens_per_s']:9.1f} tok/s  cpu {r['cpu_ms_per_token']:.3f} ms/tok  p10 step {r['step_p10_ms']:.3f} ms host {r['host_p10_ms']:.3f} ms  mean step {r['step_ms']:.3f} ms, host {r['host_ms']:.3f} ms "
-              f"({100 * r['host_share']:.0f}%)  [ms/step: {split}]  runs {[round(x) for x in r['runs_tokens_per_s']]}",
+              f"({100 * r['host_share']:.0f}%)  [ms/step: {split}]  warm-up {r['warmup_s']:.1f} s  "
+              f"runs {[round(x) for x in r['runs_tokens_per_s']]}",
               flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

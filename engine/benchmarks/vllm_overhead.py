@@ -299,7 +299,8 @@ def report(result: dict, proxy: bool) -> None:
         f"{name} {ms:.2f} ms" for name, ms in result["infersight_cpu_ms_per_on_token"].items()))
     print(f"noise: OFF rounds' medians {result['off_noise'] * 100:.1f}% apart; pairwise latency ratios "
           f"{min(result['pair_ratios']):.3f} .. {max(result['pair_ratios']):.3f}")
-    print(f"store: {result['on_requests_stored']} ON requests recorded")
+    print(f"store: {result['on_requests_stored']} ON requests recorded, "
+          f"{result.get('on_requests_with_logprobs', '?')} with output_logprobs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--proxy", action="store_true",
                    help="ON = the plugin behind infersight's recording proxy (the whole attachment)")
-    p.add_argument("--proxy-args", default="", help="the proxy's own options, e.g. \"--no-logprobs\"")
+    p.add_argument("--proxy-args", default="", help="the proxy's own options, e.g. \"--no-logprobs\" or \"--logprobs-fraction=0.25\"")
     p.add_argument("--json", help="write every round and the ratios here")
     args = p.parse_args(argv)
     if not args.vllm_cpus or not args.infersight_cpus:
@@ -346,7 +347,11 @@ def main(argv: list[str] | None = None) -> int:
                       if args.proxy else "SELECT request_id FROM requests WHERE replica_id = {r:String}")
         with open_store(sidecar.store_url) as store:
             stored = set(store.query_df(stored_sql, {"r": REPLICA})["request_id"])
+            # the share the proxy asked logprobs for (--logprobs-fraction), as stored
+            with_logprobs = set(store.query_df("SELECT request_id FROM requests WHERE replica_id = {r:String} "
+                                               "AND length(output_logprobs) > 0", {"r": REPLICA})["request_id"])
         result["on_requests_stored"] = f"{len(expected & stored)} of {len(expected)}"
+        result["on_requests_with_logprobs"] = f"{len(expected & with_logprobs)} of {len(expected)}"
         report(result, args.proxy)
         if args.json:
             Path(args.json).write_text(json.dumps({"args": vars(args), **result, "instances": [

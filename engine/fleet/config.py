@@ -23,6 +23,7 @@ engine = { quantization = "int8" }   # merged over defaults.engine
 id = "v0"
 engine = "vllm"
 vllm = { max_model_len = 256 } # vLLM server options, merged over defaults.vllm
+logprobs = 0.25                # the share of requests its proxy asks for sampled-token logprobs (true, false, F)
 
 [probe]                        # optional: the scheduled prober (`infersight probe --every`, engine/probe/)
 interval = "60s"               # a duration ("60s", "5m") or seconds
@@ -39,6 +40,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.fleet.vllm_replica import DEFAULT_LOGPROBS_FRACTION
 from engine.fleet.vllm_replica import check_spec as check_vllm_spec
 from engine.probe.interval import parse_interval
 from engine.server.engine_args import engine_cli_args
@@ -73,9 +75,9 @@ class ReplicaSpec:
     vllm: dict = field(default_factory=dict)  # `vllm serve` options of a vLLM replica
     vllm_python: str | None = None  # the interpreter that has vLLM (default: .venv-vllm's)
     plugin: bool = True  # a vLLM replica records steps and identity through infersight's plugin
-    # a vLLM replica's proxy asks for the sampled tokens' logprobs (the sampled-traffic quality rule reads them);
-    # false spares vLLM producing them, most of the attachment's cost on a small CPU (engine/benchmarks/proxy_asks.py)
-    logprobs: bool = True
+    # the share of a vLLM replica's requests its proxy asks for the sampled tokens' logprobs (the sampled-traffic
+    # quality rule reads them; producing them is most of the attachment's cost on a small CPU): true 1, false 0
+    logprobs: float = DEFAULT_LOGPROBS_FRACTION
 
 
 @dataclass

@@ -9,7 +9,8 @@
     env = { VLLM_CPU_KVCACHE_SPACE = "1" }      # GiB of KV cache on the CPU backend
     # vllm_python = "/opt/vllm/bin/python"      # default: $INFERSIGHT_VLLM_PYTHON, <repo>/.venv-vllm/bin/python
     # plugin = true                             # infersight's stat-logger plugin in vLLM: steps + identity
-    # logprobs = true                           # the proxy asks vLLM for the sampled tokens' logprobs
+    # logprobs = 0.25                           # the share of requests the proxy asks vLLM for the sampled
+                                                # tokens' logprobs (true: 1, false: 0; the default below)
 
 vLLM is started as engine/vllm_adapter/launch.py starts it (`python -m vllm.entrypoints.openai.api_server`:
 vllm-cpu ships no distribution metadata, which `vllm serve` asks for), float32 and eager unless the
@@ -40,6 +41,20 @@ PLUGIN_GROUP = "vllm.stat_logger_plugins"
 _NOT_FOR_VLLM = {"otlp_endpoint": "pass vLLM's own otlp_traces_endpoint in `vllm` options"}
 # `vllm` options the launch takes itself, with infersight's defaults (the same tokens on both engines)
 _LAUNCH_OPTIONS = {"dtype": "float32", "enforce_eager": True, "chat_template": None, "served_model_name": None}
+# The share of a vLLM replica's requests its proxy asks for the sampled tokens' logprobs (`logprobs = F`).
+# Producing them is most of what the attachment costs vLLM: on the reference model here (4 concurrent x 32
+# tokens, vLLM on one CPU) logprobs on every request made vLLM 1.159x [1.05, 1.22] slower; the whole
+# attachment was 1.19-1.22x, and 1.063x [0.99, 1.14] without them (engine/benchmarks/proxy_asks.py,
+# vllm_overhead.py). The quality rule (diagnostics/sampled_logprobs.py) compares a per-request mean, so a
+# uniform share of requests serves it, at 1/F the traffic for the same evidence: the reference model with
+# 50% weight noise, 300 requests per replica, was still named at F = 0.25 (68 measured, Holm p 6e-13) and
+# 0.1 (23 measured, p 3e-9), not at 0.05 (13 measured: insufficient data); a clean pair stayed quiet at each.
+# 0.25 keeps a margin over the rule's 20-per-side minimum at a few hundred requests. Measured at 0.25: the
+# whole attachment 1.067x [1.020, 1.139] (vllm_overhead --proxy, 2 instances, 19% of its ids asked); through
+# the proxy 1.156x [1.08, 1.22] against 1.262x at 1 and 1.080x at 0 (proxy_asks, one run): about 40% of the
+# logprob cost is left, not 25%, as a batch pays part of it when any of its requests asks. Not within 3% here:
+# the rest is the proxy's hop and the plugin on a CPU vLLM shares with its API server.
+DEFAULT_LOGPROBS_FRACTION = 0.25
 
 
 def vllm_cli_args(options: dict) -> list[str]:
@@ -66,10 +81,20 @@ def check_spec(spec) -> None:
     for key, why in _NOT_FOR_VLLM.items():
         if getattr(spec, key, None) is not None:
             raise ValueError(f"{key} is not a vllm replica option ({why})")
+    spec.logprobs = logprobs_fraction(spec.logprobs)
     reserved = {"port", "host", "model"} & {str(k).replace("-", "_") for k in spec.vllm}
     if reserved:
         raise ValueError(f"vllm options {sorted(reserved)}: the fleet sets these (model, host, port)")
     vllm_cli_args(spec.vllm)
+
+
+def logprobs_fraction(value) -> float:
+    """`logprobs = true | false | F`: the share of requests asked for logprobs (true 1, false 0)."""
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, (int, float)) and 0 <= value <= 1:
+        return float(value)
+    raise ValueError(f"logprobs must be true, false or a share of requests between 0 and 1, got {value!r}")
 
 
 def vllm_python(spec, base_dir: Path | None = None) -> Path:
@@ -162,8 +187,7 @@ def proxy_command(spec, model_dir: Path, host: str, port: int, upstream_url: str
         cmd += ["--store", store_url]
     if spec.plugin:
         cmd.append("--no-replica-row")  # vLLM's plugin writes the replica's identity
-    if not spec.logprobs:
-        cmd.append("--no-logprobs")
+    cmd += ["--logprobs-fraction", f"{spec.logprobs:g}"]
     return cmd
 
 

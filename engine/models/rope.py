@@ -65,6 +65,9 @@ class RotaryEmbedding(torch.nn.Module):
         inv_freq = self._per_device.get(key)
         if inv_freq is None:
             inv_freq = self._per_device[key] = self.inv_freq.to(positions.device)
+            # a constant of the model: static for torch.compile (compile_decode), or dynamo's duck
+            # sizing takes a context length of head_dim / 2 for this size and compiles per length
+            torch._dynamo.mark_static(inv_freq)
         freqs = positions.float()[:, None] * inv_freq[None, :]
         cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
         return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]

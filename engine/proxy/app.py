@@ -68,7 +68,7 @@ class RecordingProxy:
 
     def __init__(self, upstream: str, observer, replica_id: str, *, tokenizer=None, unasked: str = "auto",
                  replica_row: bool = True, upstream_api_key: str | None = None, registry=None,
-                 client: httpx.AsyncClient | None = None, logprobs: bool = True):
+                 client: httpx.AsyncClient | None = None, logprobs_fraction: float = 1.0):
         if unasked not in (*UNASKED_STYLES, "auto"):
             raise ValueError(f"unasked fields: 'null', 'omit' or 'auto', got {unasked!r}")
         self.upstream = upstream.rstrip("/")
@@ -76,7 +76,7 @@ class RecordingProxy:
         self.unasked, self.replica_row, self.registry = unasked, replica_row, registry
         self._own_headers = {"Authorization": f"Bearer {upstream_api_key}"} if upstream_api_key else {}
         self._client = client
-        self.extras = UpstreamExtras(logprobs=logprobs)
+        self.extras = UpstreamExtras(logprobs_fraction)  # the share of requests asked for logprobs
         self.info: UpstreamInfo | None = None
         self._info_lock = asyncio.Lock()
         self._info_tried_at = float("-inf")
@@ -197,7 +197,7 @@ class RecordingProxy:
                                  kind, body)
         url = httpx.URL(self.upstream + request.url.path, query=request.url.query.encode())
         while True:
-            sent, added = self.extras.ask(body, kind)
+            sent, added = self.extras.ask(body, kind, request_id)  # a retry: the same id, the same choice
             try:
                 upstream = await self._client.send(
                     self._client.build_request("POST", url, headers=headers, content=json.dumps(sent).encode()),

@@ -18,10 +18,19 @@ import os
 import signal
 import sys
 
+from engine.proxy.extras import check_fraction
 from engine.server.engine_args import parse_size
 from engine.server.keep_alive import add_keep_alive_argument
 
 log = logging.getLogger("infersight.proxy")
+
+
+def logprobs_fraction(text: str) -> float:
+    """--logprobs-fraction's value: a share in [0, 1]; anything else is argparse's usage error."""
+    try:
+        return check_fraction(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a share of requests between 0 and 1, got {text!r}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,10 +51,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unasked-fields", choices=("auto", "null", "omit"), default="auto",
                         help="how the upstream writes a response field nobody asked for: null (vLLM) or omitted; "
                              "auto: null when its /v1/models says owned_by vllm")
-    parser.add_argument("--logprobs", action=argparse.BooleanOptionalAction, default=True,
-                        help="ask the upstream for each sampled token's logprob where the client did not "
-                             "(stored as output_logprobs: the sampled-traffic quality rule reads it); "
-                             "--no-logprobs spares the upstream computing and returning them")
+    parser.add_argument("--logprobs-fraction", type=logprobs_fraction, default=1.0, metavar="F",
+                        help="ask the upstream for each sampled token's logprob (where the client did not) on this "
+                             "share of requests, 0 <= F <= 1, chosen by a hash of the request id: stored as "
+                             "output_logprobs, which the sampled-traffic quality rule reads per request; the others "
+                             "store none and spare the upstream computing them (default 1: every request)")
+    parser.add_argument("--logprobs", dest="logprobs_fraction", action="store_const", const=1.0,
+                        help="--logprobs-fraction 1")
+    parser.add_argument("--no-logprobs", dest="logprobs_fraction", action="store_const", const=0.0,
+                        help="--logprobs-fraction 0: never ask")
     parser.add_argument("--upstream-api-key", default=os.environ.get("INFERSIGHT_UPSTREAM_API_KEY"),
                         help="the key for the proxy's own calls to the upstream (/v1/models, /version); clients' "
                              "Authorization headers pass through (default: $INFERSIGHT_UPSTREAM_API_KEY)")
@@ -83,7 +97,7 @@ def build_proxy(args):
                                      metrics=args.metrics, recorder_kwargs=spool if args.store else None)
     proxy = RecordingProxy(args.upstream, observer, args.replica_id, tokenizer=tokenizer, unasked=args.unasked_fields,
                            replica_row=args.replica_row, upstream_api_key=args.upstream_api_key,
-                           registry=parts.registry, logprobs=args.logprobs)
+                           registry=parts.registry, logprobs_fraction=args.logprobs_fraction)
     config = uvicorn.Config(proxy.app(), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
                             access_log=False)

@@ -9,8 +9,12 @@ Asked (only where the client did not set it itself):
   `logprobs: 0` (the chosen token's logprob, no alternatives), chat `logprobs: true, top_logprobs: 0`;
   only where the client asked for none itself. Both vLLM and infersight report the model's raw
   logprobs (before temperature / top-k / top-p).
-`--no-logprobs` (a proxy setting) never asks for logprobs. An upstream that refuses a field (a 400 / 422 naming it: infersight forbids unknown fields) is
-asked again without it, and never again for it.
+`--logprobs-fraction F` (a proxy setting, 0 <= F <= 1; `--no-logprobs` is F = 0) asks for logprobs on
+that share of requests only, chosen by a hash of the request id (`asks_logprobs`): the same id always
+gets the same choice (a retry too), and the choice depends on nothing else (not the prompt, the
+workload or the replica), so the asked requests are a uniform sample of the traffic. Those not
+asked store no output_logprobs. An upstream that refuses a field (a 400 / 422 naming it: infersight
+forbids unknown fields) is asked again without it, and never again for it.
 
 Taken out of every response and stream chunk, as the upstream writes a field nobody asked for:
 vLLM writes it as null (its response models set these fields explicitly either way), other
@@ -20,6 +24,7 @@ as null when not asked by both servers: it is always put back to null, never rem
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 # field asked for -> the response keys it adds (top level or in a choice)
@@ -30,18 +35,40 @@ ALWAYS_NULL = frozenset({"logprobs"})  # response keys every choice carries (nul
 UNASKED_STYLES = ("null", "omit")
 
 
+def asks_logprobs(request_id: str, fraction: float) -> bool:
+    """Whether a request is one of the `fraction` the proxy asks logprobs for: the first 8 bytes of
+    blake2b(request id) as a uniform number in [0, 1) below `fraction` (0: never, 1: always)."""
+    if fraction >= 1.0:
+        return True
+    u = int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big") / 2.0 ** 64
+    return u < fraction
+
+
+def check_fraction(fraction: float) -> float:
+    fraction = float(fraction)
+    if not 0.0 <= fraction <= 1.0:  # also NaN
+        raise ValueError(f"the logprobs fraction is a share of requests in [0, 1], got {fraction!r}")
+    return fraction
+
+
 class UpstreamExtras:
     """The extras one upstream takes; learns which it refuses."""
 
-    def __init__(self, logprobs: bool = True) -> None:
-        # not asking for logprobs is a proxy setting (`--no-logprobs`): the upstream then spends nothing
-        # on them, and the sampled-traffic quality rule has nothing to read for this replica
-        self.refused: set[str] = set() if logprobs else {"logprobs"}
+    def __init__(self, logprobs_fraction: float = 1.0) -> None:
+        # asking for logprobs on a share of requests only is a proxy setting (`--logprobs-fraction`): what vLLM
+        # spends producing them falls with the share (engine/benchmarks/proxy_asks.py); the sampled-traffic
+        # quality rule reads a per-request statistic, so a uniform sample of requests serves it (0: nothing)
+        self.logprobs_fraction = check_fraction(logprobs_fraction)
+        self.refused: set[str] = set()
 
-    def ask(self, body: dict, kind: str) -> tuple[dict, frozenset[str]]:
-        """(the body for the upstream, the extras the proxy added to it)."""
+    def ask(self, body: dict, kind: str, request_id: str = "") -> tuple[dict, frozenset[str]]:
+        """(the body for the upstream, the extras the proxy added to it); logprobs only for the share of
+        request ids `asks_logprobs` picks."""
+        skip = set(self.refused)
+        if not asks_logprobs(request_id, self.logprobs_fraction):
+            skip.add("logprobs")
         added = frozenset(f for f in EXTRAS
-                          if (kind == "chat" or f not in CHAT_ONLY) and f not in self.refused and _unset(body, f, kind))
+                          if (kind == "chat" or f not in CHAT_ONLY) and f not in skip and _unset(body, f, kind))
         if not added:
             return body, added
         sent = {**body, **dict.fromkeys(added - {"logprobs"}, True)}

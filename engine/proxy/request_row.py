@@ -12,7 +12,8 @@
   passed; a non-streamed response has no per-token times (first token and token times stay 0 / []),
   and the proxy cannot see the upstream's queue (scheduled time 0: queue / prefill 0);
 - output_logprobs are the upstream's logprobs of the sampled tokens (asked by the proxy where the
-  client did not), kept only when there is exactly one per output token ([] otherwise);
+  client did not, on the `--logprobs-fraction` share of requests), kept only when there is exactly
+  one per output token ([] otherwise, and on a request not asked: not measured, never a value);
 - token IDs come from the upstream; where it gave none, the proxy's `--model-dir` tokenizer makes
   them (marked `"token_ids_source": "proxy_tokenizer"` in sampling_params_json; `"none"` without a
   tokenizer), so such rows never pass for the upstream's own IDs.

@@ -7,6 +7,7 @@ baseline choice for two replicas, and "insufficient data" with the requests need
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -17,6 +18,7 @@ from scipy import stats
 from diagnostics import DIAGNOSTICS, sampled_logprobs
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
+from engine.proxy.extras import asks_logprobs
 from tests.diagnostics.diag_records import replica, request
 
 T0 = time.time() - 3600
@@ -141,7 +143,48 @@ def test_too_few_requests_say_how_many_are_needed(clean):
     fleet(clean, {r: requests_of(r, 8, rng) for r in ("r0", "r1")})
     (f,) = run(clean)
     assert f.insufficient and f.severity == "info"
-    assert f.evidence["needed_per_side"] >= 20 and "need >= 20 per side" in f.summary
+    assert f.evidence["needed_per_side"] >= 20 and "need >= 20 measured per side" in f.summary
+
+
+def measured_on(records, fraction: float):
+    """The recording proxy's `--logprobs-fraction`: only the requests its request-id hash picks keep their
+    logprobs; the others have none (empty), as the proxy stores them."""
+    return [r if asks_logprobs(r.request_id, fraction) else dataclasses.replace(r, output_logprobs=[])
+            for r in records]
+
+
+def test_a_damaged_replica_measured_on_a_quarter_of_its_requests_is_caught(clean):
+    """r2 (damaged) keeps logprobs on a quarter of its 400 requests; its unmeasured requests must not count
+    as values (as 0 they would make it look far *more* sure)."""
+    rng = np.random.default_rng(13)
+    fleet(clean, {"r0": requests_of("r0", 120, rng), "r1": requests_of("r1", 120, rng),
+                  "r2": measured_on(requests_of("r2", 400, rng, shift=-0.4), 0.25)})
+    hits = above_info(run(clean))
+    assert [f.subject for f in hits] == ["r2"]
+    m = hits[0].evidence["metrics"]["mean_logprob"]
+    assert 60 <= m["requests"] <= 140 and m["ci95"][1] < 0 and "less sure" in hits[0].summary
+
+
+def test_a_clean_fleet_with_mixed_logprob_fractions_gives_nothing_above_info(clean):
+    rng = np.random.default_rng(14)
+    fractions = {"r0": 1.0, "r1": 0.25, "r2": 0.5}
+    fleet(clean, {r: measured_on(requests_of(r, 240, rng) + requests_of(r, 120, rng, workload="code", level=-0.7,
+                                                                         start=1000), f)
+                  for r, f in fractions.items()})
+    found = run(clean)
+    assert above_info(found) == []
+    assert {f.subject for f in found} == set(fractions) and not any(f.insufficient for f in found)
+
+
+def test_too_few_measured_requests_say_how_many_and_the_traffic_that_takes(clean):
+    rng = np.random.default_rng(15)
+    fleet(clean, {"r0": requests_of("r0", 60, rng), "r1": measured_on(requests_of("r1", 48, rng), 0.25)})
+    (f,) = run(clean)
+    assert f.insufficient and f.subject == "r1"
+    assert f.evidence["served"] == 48 and f.evidence["requests"] < 20 and 0.1 < f.evidence["measured_share"] < 0.4
+    need = f.evidence["needed_per_side"]
+    assert "of 48 and 60 served" in f.summary and f"about {need} measured per side" in f.summary
+    assert "requests per side" in f.summary.split("with logprobs on")[1]  # the traffic a share needs
 
 
 def test_requests_without_logprobs_are_insufficient(clean):

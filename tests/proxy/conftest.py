@@ -11,7 +11,6 @@ import pytest
 from proxy_support import Upstream
 
 from engine.proxy.background import BackgroundProxy
-
 from engine.server.background import BackgroundServer
 
 MAX_MODEL_LEN = 512

@@ -46,9 +46,9 @@ def test_no_logprobs_setting_asks_for_token_ids_only():
 
     from engine.proxy.cli import add_arguments, build_proxy
 
-    sent, added = UpstreamExtras(logprobs=False).ask({"prompt": "x"}, "completion")
+    sent, added = UpstreamExtras(0.0).ask({"prompt": "x"}, "completion")
     assert "logprobs" not in sent and added == {"return_token_ids"}
-    sent, added = UpstreamExtras(logprobs=False).ask({"prompt": "x", "logprobs": 1}, "completion")
+    sent, added = UpstreamExtras(0.0).ask({"prompt": "x", "logprobs": 1}, "completion")
     assert sent["logprobs"] == 1 and "logprobs" not in added  # the client's own ask passes as it was
     parser = argparse.ArgumentParser()
     add_arguments(parser)

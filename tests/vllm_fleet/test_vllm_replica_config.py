@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from engine.fleet.config import load_fleet, parse_fleet
-from engine.fleet.vllm_replica import proxy_command, served_model_name, vllm_cli_args, vllm_command, vllm_env
+from engine.fleet.vllm_replica import (
+    DEFAULT_LOGPROBS_FRACTION,
+    proxy_command,
+    served_model_name,
+    vllm_cli_args,
+    vllm_command,
+    vllm_env,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "engine" / "fleet" / "examples" / "vllm_and_infersight.toml"
 
@@ -57,9 +64,22 @@ def test_a_vllm_replica_is_pinned_switched_on_and_fronted_by_its_proxy(tmp_path)
     off = _fleet(plugin=False).replicas[1]
     assert "INFERSIGHT_STORE" not in vllm_env(off, "http://127.0.0.1:8123", tmp_path)
     assert "--no-replica-row" not in proxy_command(off, model, "127.0.0.1", 1, "http://u", "http://s", tmp_path, "info")
-    assert "--no-logprobs" not in proxy  # asked by default: the sampled-traffic quality rule reads them
-    spared = _fleet(logprobs=False).replicas[1]
-    assert "--no-logprobs" in proxy_command(spared, model, "127.0.0.1", 1, "http://u", "http://s", tmp_path, "info")
+    # asked on a share by default: the sampled-traffic quality rule reads them, vLLM pays per request asked
+    assert proxy[proxy.index("--logprobs-fraction") + 1] == f"{DEFAULT_LOGPROBS_FRACTION:g}"
+
+
+@pytest.mark.parametrize("value, passed", [(False, "0"), (True, "1"), (0.1, "0.1"), (0, "0"), (1, "1")])
+def test_logprobs_is_the_share_of_requests_the_proxy_asks_for_them(tmp_path, value, passed):
+    v0 = _fleet(logprobs=value).replicas[1]
+    cmd = proxy_command(v0, tmp_path, "127.0.0.1", 1, "http://u", "http://s", tmp_path, "info")
+    assert cmd[cmd.index("--logprobs-fraction") + 1] == passed and cmd.count("--logprobs-fraction") == 1
+
+
+def test_the_default_share_is_a_real_share():
+    assert 0 < DEFAULT_LOGPROBS_FRACTION < 1
+    assert _fleet().replicas[1].logprobs == DEFAULT_LOGPROBS_FRACTION
+    defaults = parse_fleet({"defaults": {"model": "m", "logprobs": 0.5}, "replica": [{"id": "v0", "engine": "vllm"}]})
+    assert defaults.replicas[0].logprobs == 0.5
 
 
 @pytest.mark.parametrize("replica, words", [
@@ -68,6 +88,9 @@ def test_a_vllm_replica_is_pinned_switched_on_and_fronted_by_its_proxy(tmp_path)
     ({"vllm": {"port": 1}}, ["port", "the fleet sets"]),
     ({"vllm": {"served_model_name": "x", "model": "y"}}, ["model", "the fleet sets"]),
     ({"vllm_python": "/no/such/python"}, []),
+    ({"logprobs": 1.5}, ["logprobs must be", "between 0 and 1", "1.5"]),
+    ({"logprobs": -0.1}, ["logprobs must be"]),
+    ({"logprobs": "half"}, ["logprobs must be", "'half'"]),
 ])
 def test_mistakes_are_named(replica, words):
     if not words:  # found when the fleet comes up, before anything starts

@@ -24,7 +24,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--models", default="reference,135m", help="reference, 135m, or model directories")
     parser.add_argument("--workloads", default=",".join(workloads.NAMES), help=f"of {','.join(workloads.NAMES)}")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"of {','.join(PEERS)}")
-    parser.add_argument("--variants", default="fp32,int8", help="fp32 and/or int8 (for the peers that have it)")
+    parser.add_argument("--variants", default="fp32,int8,compile",
+                        help="fp32, int8 (for the peers that have it), compile (infersight's compile_decode)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

@@ -1,4 +1,6 @@
-"""infersight's side: `engine.llm.LLM`, fp32, or its weight-only int8 path (variant "int8", lm_head included).
+"""infersight's side: `engine.llm.LLM`, fp32, or its weight-only int8 path (variant "int8", lm_head included),
+or fp32 with decode steps through torch.compile (variant "compile": EngineConfig.compile_decode; its
+compile happens in the warm-up, `warmup_s`).
 
 Runs in infersight's own interpreter. Engine settings as `bench throughput`'s defaults; the prefix
 cache is emptied before each workload, so the shared-prefix workload measures reuse within itself.
@@ -26,7 +28,8 @@ def main() -> None:
     # int8 quantizes lm_head too, as llama.cpp's q8_0 does its output matrix: the same weight bytes
     # per step (on the 135M model lm_head is 113 of its 513 MB)
     llm = LLM(req["model_dir"], dtype="float32", quantization=quant, quant_skip_layers=[], max_num_seqs=128,
-              max_num_batched_tokens=2048, kv_cache_memory_bytes=512 * 2**20)
+              max_num_batched_tokens=2048, kv_cache_memory_bytes=512 * 2**20,
+              compile_decode=req["variant"] == "compile")
     load_s = time.perf_counter() - start
 
     def generate(prompts, output_lens):
@@ -34,9 +37,15 @@ def main() -> None:
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
         return [list(o.token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
 
+    start = time.perf_counter()
     generate(*io.warmup_workload(llm.engine.vocab_size))
+    if req["variant"] == "compile":  # compile the decode shapes the workloads meet outside their timing:
+        generate([[7, 8, 9]], [4])  # batch 1 (dynamo specializes size 1), then a length mask with the
+        generate([[7, 8, 9], [7, 8, 9, 10, 11, 12]], [4, 4])  # rows in order and out of order (a scatter)
+        generate([[7, 8, 9, 10, 11, 12], [7, 8, 9]], [4, 4])
+    warmup_s = time.perf_counter() - start
     io.write_result(out_path, peer="infersight", variant=req["variant"], version=getattr(engine, "__version__", "dev"),
-                    load_s=load_s, results=io.run_workloads(req["workloads"], generate))
+                    load_s=load_s, warmup_s=warmup_s, results=io.run_workloads(req["workloads"], generate))
 
 
 if __name__ == "__main__":
