@@ -140,9 +140,12 @@ def samples(store, scope: Scope) -> dict[tuple[str, str], dict]:
         entry["arrivals"][stratum] = times
         b = cbucket[lo:hi]
         for bucket in np.unique(b):
-            by = entry["by_computed"].setdefault(f"{model}|{workload}|computed {int(bucket)}|offered {offered}", {})
+            by = entry["by_computed"].setdefault(f"{model}|{workload}|computed {int(bucket)}|offered {offered}",
+                                                 {m: [] for m in BY_COMPUTED})
             for m in BY_COMPUTED:
                 v = columns[m][lo:hi]
-                pick = v[(b == bucket) & np.isfinite(v)]
-                by[m] = np.concatenate([by[m], pick]) if m in by else pick
+                by[m].append(v[(b == bucket) & np.isfinite(v)])
+    for entry in out.values():  # each stratum's pieces joined once, not re-copied per SQL group
+        entry["by_computed"] = {s: {m: np.concatenate(parts) for m, parts in by.items()}
+                                for s, by in entry["by_computed"].items()}
     return out

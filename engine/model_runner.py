@@ -21,9 +21,10 @@ alternating with eager (load 1.1): 332-437 -> 647-676 tok/s, forward 2.0-2.6 -> 
 a step, for 21 s of compile in the first decode step (10 s again with inductor's cache on
 disk). Each new decode shape (batch 1, batch > 1, a length mask or none, rows in order or
 scattered, the number of length groups) compiles once more (the peers benchmark's warm-up
-compiles four: 98 s cold); past dynamo's recompile limit (8) a shape runs eager. The attention left eager between compiled parts (what this
-did before, still the path for a backend that is not traceable) paid 4% for 147 s of
-compile. Off by default: tests and short runs would pay the compile.
+compiles four: 98 s cold); past dynamo's recompile limit (8) a shape runs eager. The
+attention left eager between compiled parts (what this did before, still the path for a
+backend that is not traceable) paid 4% for 147 s of compile. Off by default: tests and
+short runs would pay the compile.
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def sampled_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
     temporary exponentiated in place (torch.logsumexp makes more): with the max merged into
     the argmax, 23.7 -> ~17 ms for greedy N=64, V=32k (1 thread, loaded machine: ~25% less).
     """
-    x = logits if logits.dtype == torch.float32 else logits.float()
+    x = logits.float()  # no copy when the logits are float32 already
     # an all -inf row (cannot happen for model logits) would give nan either way
     if row_max is not None:  # the chosen logit is the max: (chosen - max) - lse = -lse, 2 ops fewer
         return (x - row_max[:, None]).exp_().sum(dim=-1).log_().neg_()

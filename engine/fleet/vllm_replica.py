@@ -34,6 +34,7 @@ from pathlib import Path
 from engine.fleet.processes import free_port, infersight_command, spawn
 from engine.fleet.state import ProcessState
 from engine.placement import format_cpulist, numa_topology, parse_cpulist
+from engine.proxy.extras import check_fraction
 from engine.vllm_adapter import launch
 
 PLUGIN_GROUP = "vllm.stat_logger_plugins"
@@ -92,8 +93,11 @@ def logprobs_fraction(value) -> float:
     """`logprobs = true | false | F`: the share of requests asked for logprobs (true 1, false 0)."""
     if isinstance(value, bool):
         return 1.0 if value else 0.0
-    if isinstance(value, (int, float)) and 0 <= value <= 1:
-        return float(value)
+    if isinstance(value, (int, float)):
+        try:
+            return check_fraction(value)  # the proxy's own bound on the share
+        except ValueError:
+            pass
     raise ValueError(f"logprobs must be true, false or a share of requests between 0 and 1, got {value!r}")
 
 

@@ -24,9 +24,11 @@ def applied_migrations(store) -> dict[int, str]:
     return dict(zip(df["version"].astype(int), df["checksum"]))
 
 
-def migrate(store, cluster: str | None = None, migrations_dir: str | Path | None = None) -> list[int]:
-    """Bring the store's schema up to date; returns the versions applied now (idempotent)."""
-    migrations = load_migrations(migrations_dir)
+def migrate(store, cluster: str | None = None, migrations_dir: str | Path | None = None,
+            until: int | None = None) -> list[int]:
+    """Bring the store's schema up to date (`until`: only up to that version, as a store of an older
+    release stands); returns the versions applied now (idempotent)."""
+    migrations = [m for m in load_migrations(migrations_dir) if until is None or m.version <= until]
     store.command(migrations_table_ddl(store.database, cluster))
     applied = applied_migrations(store)
     for migration in migrations:
