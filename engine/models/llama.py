@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.models.gemv import linear, project
 from engine.models.model_config import ModelConfig
 from engine.models.rope import RotaryEmbedding, apply_rotary
 from engine.quantization.int8 import Int8Linear, Int8Matmul
@@ -120,7 +121,7 @@ class FusedLinear:
             return None
         if self._int8 is not None:
             return self._int8(x)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class Attention(nn.Module):
@@ -153,13 +154,13 @@ class Attention(nn.Module):
             if qkv is not None:
                 q, k, v = qkv.split((h * d, kvh * d, kvh * d), dim=-1)
             else:  # swapped (quantized) projections: one call each
-                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+                q, k, v = project(self.q_proj, x), project(self.k_proj, x), project(self.v_proj, x)
             q, k, v = q.reshape(t, h, d), k.reshape(t, kvh, d), v.reshape(t, kvh, d)
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], metadata, self.scale)
-        return self.o_proj(o.reshape(t, h * d))
+        return project(self.o_proj, o.reshape(t, h * d))
 
 
 class MLP(nn.Module):
@@ -173,9 +174,9 @@ class MLP(nn.Module):
     def forward(self, x):
         gate_up = self._gate_up(x)
         if gate_up is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return project(self.down_proj, F.silu(project(self.gate_proj, x)) * project(self.up_proj, x))
         gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up))
+        return project(self.down_proj, F.silu(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):
@@ -234,4 +235,4 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in float32 for the given final hidden states [N, H]."""
-        return self.lm_head(hidden).float()
+        return project(self.lm_head, hidden).float()

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import secrets
+import sys
 import time
 import uuid
 
@@ -42,6 +44,12 @@ from engine.server.headers import parse_traceparent
 from telemetry.contract.hooks import replay_request
 
 log = logging.getLogger(__name__)
+
+# httpcore tries `import sniffio` several times per request (current_async_library); where it is not
+# installed each failed import searches sys.path again: 0.6 of the proxy's 2.7 ms per request, measured
+# with a fake upstream. An absent module recorded as None fails the import at once, as before.
+if importlib.util.find_spec("sniffio") is None:
+    sys.modules.setdefault("sniffio", None)
 
 GENERATION_PATHS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
 METRICS_PATH = "/infersight/metrics"

@@ -1,0 +1,83 @@
+"""A one-row float32 projection inside a compiled graph is a reduction over the weight (inductor
+streams it on all threads), not the BLAS call that runs on one; elsewhere it stays F.linear."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.models.gemv import linear
+
+
+def _traced_ops(fn, *args) -> tuple[set, torch.Tensor]:
+    import torch._dynamo
+
+    seen: set = set()
+
+    def backend(gm, example_inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=backend, dynamic=False)(*args)
+    torch._dynamo.reset()
+    return seen, out
+
+
+def test_one_row_in_a_compiled_graph_is_a_reduction_not_a_blas_call():
+    w, b = torch.randn(48, 32), torch.randn(48)
+    x = torch.randn(1, 32)
+    ops, out = _traced_ops(linear, x, w, b)
+    assert not any("linear" in op or "mm" in op for op in ops), ops
+    assert any("sum" in op for op in ops), ops
+    torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_several_rows_and_eager_calls_stay_linear():
+    w = torch.randn(48, 32)
+    ops, out = _traced_ops(linear, torch.randn(3, 32), w)
+    assert any("linear" in op for op in ops), ops
+    x = torch.randn(1, 32)
+    assert torch.equal(linear(x, w), F.linear(x, w))  # eager: the BLAS call, bit for bit
+
+
+def test_the_compiled_batch1_decode_step_has_no_blas_projection(tiny_llama, monkeypatch):
+    """Every projection of the model (fused q/k/v and gate/up, o, down, the lm_head) goes through
+    `linear`: a batch-1 decode graph holds no linear/mm call."""
+    import torch._dynamo
+
+    import engine.model_runner as model_runner
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    seen: set = set()
+
+    def backend(gm, example_inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
+        return gm.forward
+
+    monkeypatch.setattr(model_runner, "COMPILE_BACKEND", backend)
+    torch._dynamo.reset()
+    engine = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64, compile_decode=True)
+    engine.add_request("0", [5, 9, 17, 3], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), stream=False)
+    while engine.has_unfinished():
+        engine.step()
+    torch._dynamo.reset()
+    assert seen and not any("linear" in op or "mm" in op for op in seen), seen
+
+
+def test_eager_one_row_times_a_large_weight_takes_onednn(monkeypatch):
+    import engine.models.gemv as gemv
+
+    calls = []
+    real = gemv._onednn_linear
+    monkeypatch.setattr(gemv, "_onednn_linear", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(gemv, "ONEDNN_MIN_NUMEL", 48 * 32)  # a small weight stands for the lm_head
+    w, b, x = torch.randn(48, 32), torch.randn(48), torch.randn(1, 32)
+    if not gemv._HAS_ONEDNN:
+        return
+    with torch.inference_mode():
+        out = linear(x, w, b)
+        linear(torch.randn(2, 32), w)  # two rows: F.linear
+    assert calls == [1]
+    torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
