@@ -33,15 +33,18 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 _HAS_ONEDNN = hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available()
 
 
+def _one_float32_cpu_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and x.device.type == "cpu")
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if (torch.compiler.is_compiling() and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and x.device.type == "cpu"):
-        out = (weight * x).sum(-1).unsqueeze(0)
-        return out if bias is None else out + bias
-    if (_HAS_ONEDNN and weight.numel() >= ONEDNN_MIN_NUMEL and x.dim() == 2 and x.shape[0] == 1
-            and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
-            and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
-        return _onednn_linear(x, weight, bias)
+    if _one_float32_cpu_row(x, weight):
+        if torch.compiler.is_compiling():
+            out = (weight * x).sum(-1).unsqueeze(0)
+            return out if bias is None else out + bias
+        if _HAS_ONEDNN and weight.numel() >= ONEDNN_MIN_NUMEL and not torch.is_grad_enabled():
+            return _onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
