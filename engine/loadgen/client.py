@@ -13,6 +13,7 @@ Every request asks the server for its token IDs and its own timings
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -65,7 +66,10 @@ def _tokens_in(choice: dict, api: str) -> int:
 
 
 async def send(client: httpx.AsyncClient, endpoint: str, replica: str, model: str, spec: RequestSpec,
-               request_id: str, api_key: str | None = None, timeout: float = 300.0) -> RequestResult:
+               request_id: str, api_key: str | None = None, timeout: float = 300.0,
+               first_token: asyncio.Event | None = None) -> RequestResult:
+    """`first_token`, when given, is set once the first output token streams back (the request is
+    decoding), or when the request ends without one."""
     body = dict(spec.body, model=model, stream=spec.stream, return_token_ids=True, return_metrics=True)
     headers = {"X-Request-Id": request_id, "X-Workload": spec.workload}
     if api_key:
@@ -74,7 +78,7 @@ async def send(client: httpx.AsyncClient, endpoint: str, replica: str, model: st
     t0 = time.perf_counter()
     try:
         if spec.stream:
-            await _stream(client, endpoint + _path(spec.api), body, headers, timeout, result, t0)
+            await _stream(client, endpoint + _path(spec.api), body, headers, timeout, result, t0, first_token)
         else:
             resp = await client.post(endpoint + _path(spec.api), json=body, headers=headers, timeout=timeout)
             result.status = resp.status_code
@@ -90,11 +94,15 @@ async def send(client: httpx.AsyncClient, endpoint: str, replica: str, model: st
                 result.ok = True
     except (httpx.HTTPError, json.JSONDecodeError, KeyError, ValueError) as e:
         result.error = f"{type(e).__name__}: {e}"
+    finally:
+        if first_token is not None:
+            first_token.set()
     result.e2e = time.perf_counter() - t0
     return result
 
 
-async def _stream(client, url, body, headers, timeout, result: RequestResult, t0: float) -> None:
+async def _stream(client, url, body, headers, timeout, result: RequestResult, t0: float,
+                  first_token: asyncio.Event | None = None) -> None:
     body["stream_options"] = {"include_usage": True}
     last = None
     async with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as resp:
@@ -126,6 +134,8 @@ async def _stream(client, url, body, headers, timeout, result: RequestResult, t0
                 if n:
                     if result.ttft is None:
                         result.ttft = now - t0
+                        if first_token is not None:
+                            first_token.set()
                         result.itl.extend([0.0] * (n - 1))  # tokens that came with the first one
                     else:
                         result.itl.extend([(now - last) / n] * n)

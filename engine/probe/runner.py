@@ -3,9 +3,9 @@
 For each replica (found as the loadgen finds them: id from /health, model from /v1/models), every
 planned probe is sent in suite order, one at a time:
 - "solo": alone, so on an otherwise idle replica it runs at batch size 1;
-- "batched": `batch_fillers` filler requests at once (request ids probe.<round>.filler_<n>.batched.
-  <replica>, each FILLER_EXTRA_TOKENS longer than the probe), then the probe, so it shares every
-  step with them (keep batch_fillers below the replica's max_num_seqs for all to fit in one batch).
+- "batched": `batch_fillers` filler requests at once, streamed (request ids probe.<round>.filler_<n>.
+  batched.<replica>, each FILLER_EXTRA_TOKENS longer than the probe), then, once each has streamed its
+  first token, the probe, so it shares every step with them (keep batch_fillers below the replica's max_num_seqs for all to fit in one batch).
 So at most 1 + batch_fillers probe requests are in flight on a replica at any time, and a round
 takes only a small, bounded slice of its capacity; the token budget (budget.py) bounds the rest.
 Replicas are probed in parallel. A replica that does not answer (/health, or any probe: connection
@@ -30,6 +30,8 @@ from engine.probe.results import ProbeResult, ProbeRound, ReplicaRound
 from engine.probe.suite import SUITE, check_suite, filler_body
 from telemetry.contract.probes import FILLER_PREFIX, MODES, PROBE_WORKLOAD, probe_request_id, round_id
 
+FILLERS_START_TIMEOUT = 10.0  # seconds the probe waits for its fillers to be decoding
+
 
 def _result(planned: Planned, r: RequestResult) -> ProbeResult:
     return ProbeResult(planned.probe.probe_id, planned.mode, r.request_id, r.ok, r.status, r.error, r.prompt_tokens,
@@ -38,15 +40,19 @@ def _result(planned: Planned, r: RequestResult) -> ProbeResult:
 
 async def _send_batched(client, endpoint: Endpoint, planned: Planned, request_id: str, filler_ids: list[str],
                         api_key, timeout: float, spec: RequestSpec) -> tuple[RequestResult, list[RequestResult]]:
-    # the fillers first: they run longer than the probe (filler_max_tokens), so a probe admitted a little
-    # later, as a loaded client sends it, still finds them decoding for all of its steps (sent the other
-    # way round, a probe that finished before the fillers' requests arrived ran alone)
+    # the fillers first, streamed, and the probe once each has its first token back: they are then
+    # decoding, and they run longer than the probe (filler_max_tokens), so the probe shares all of its
+    # steps with them. (A fixed pause instead let a loaded replica admit the probe first, and it ran alone.)
+    started = [asyncio.Event() for _ in filler_ids]
     fillers = [asyncio.create_task(send(client, endpoint.url, endpoint.replica, endpoint.model,
                                         RequestSpec(PROBE_WORKLOAD, "completions",
-                                                    filler_body(i, filler_max_tokens(planned.probe)), False),
-                                        fid, api_key, timeout))
-               for i, fid in enumerate(filler_ids)]
-    await asyncio.sleep(0.05)  # let their requests go out
+                                                    filler_body(i, filler_max_tokens(planned.probe)), True),
+                                        fid, api_key, timeout, first_token=event))
+               for i, (fid, event) in enumerate(zip(filler_ids, started))]
+    try:  # bounded: a replica that queues the fillers still gets its probe
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), FILLERS_START_TIMEOUT)
+    except asyncio.TimeoutError:
+        pass
     probe = await send(client, endpoint.url, endpoint.replica, endpoint.model, spec, request_id, api_key, timeout)
     return probe, list(await asyncio.gather(*fillers))
 

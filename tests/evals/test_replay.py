@@ -28,7 +28,7 @@ from evals.replay.runner import ReplayError, ReplayOptions, replay
 from evals.replay.summary import reference_tokens, summarize_replay
 from evals.replay.window import parse_window
 from evals.results import EvalRun
-from telemetry.store.waiting import wait_for_requests
+from telemetry.store.waiting import wait_for_replicas, wait_for_requests
 
 MAX_TOKENS = 8
 PER_WORKLOAD = 8
@@ -40,8 +40,8 @@ def fleet(tiny_llama, store, served_replica):
     canaries in the fleet do); production served greedy chat traffic and sampled batch traffic."""
     replica = served_replica
     with replica(tiny_llama, "replay-prod", store) as (prod, prod_parts), \
-            replica(tiny_llama, "replay-same", store) as (same, _), \
-            replica(tiny_llama, "replay-int4", store, quantization="int4", quant_group_size=32) as (int4, _):
+            replica(tiny_llama, "replay-same", store) as (same, same_parts), \
+            replica(tiny_llama, "replay-int4", store, quantization="int4", quant_group_size=32) as (int4, int4_parts):
         start = time.time()
         for name, greedy in (("chat", 1.0), ("batch", 0.0)):
             load = asyncio.run(run_load([prod], make_workload(name, seed=3, scale=0.3, max_tokens=MAX_TOKENS,
@@ -49,8 +49,11 @@ def fleet(tiny_llama, store, served_replica):
                                         parse_arrival("closed:2"), num_requests=PER_WORKLOAD, seed=3,
                                         run_id=f"prod-{name}"))
             assert all(r.ok for r in load.results), [r.error for r in load.results]
-        prod_parts.recorder.flush()
+        for parts in (prod_parts, same_parts, int4_parts):
+            parts.recorder.flush()
         assert wait_for_requests(store, "prod-", 2 * PER_WORKLOAD) == 2 * PER_WORKLOAD
+        # the candidates' identity (quantization) is read from their replicas rows: wait for them too
+        assert wait_for_replicas(store, ["replay-prod", "replay-same", "replay-int4"]) == 3
         window = f"{start:.6f}..{time.time():.6f}"
         yield {"prod": prod, "same": same, "int4": int4, "window": window}
 
