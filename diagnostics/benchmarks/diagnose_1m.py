@@ -80,6 +80,19 @@ def add_rescores(store) -> None:
         print(f"rescore rows added in {time.perf_counter() - t:.1f} s")
 
 
+# a store generated before migration 0010 computes mean_itl_seconds from token_times when read (the
+# old cost) until its parts merge: store it once, so that a reused store measures what a new one does
+def materialize_mean_itl(store) -> None:
+    have = store.query_df("SELECT (SELECT count() FROM system.parts WHERE database = currentDatabase() "
+                          "AND table = 'requests' AND active) AS parts, (SELECT count() FROM system.parts_columns "
+                          "WHERE database = currentDatabase() AND table = 'requests' AND active "
+                          "AND column = 'mean_itl_seconds') AS stored")
+    if int(have["stored"][0]) < int(have["parts"][0]):
+        t = time.perf_counter()
+        store.command("ALTER TABLE requests MATERIALIZE COLUMN mean_itl_seconds SETTINGS mutations_sync = 1")
+        print(f"mean_itl_seconds stored in {time.perf_counter() - t:.1f} s")
+
+
 _BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -124,6 +137,7 @@ def main() -> int:
             print(f"generated in {time.perf_counter() - t:.1f} s")
         add_sampled_logprobs(store)
         add_rescores(store)
+        materialize_mean_itl(store)
         counts = store.query_df("SELECT (SELECT count() FROM requests) AS requests, "
                                 "(SELECT count() FROM steps) AS steps")
         print(f"store {path}: {int(counts['requests'][0]):,} requests, {int(counts['steps'][0]):,} steps")
