@@ -3,6 +3,7 @@ production-shaped traffic; which finding catches it, on which replica, after how
 
     python -m diagnostics.benchmarks.fault_matrix [--matrix identity|perf] [--faults a,b]
                                                   [--shapes canary,three] [--clean-runs 3] [--requests 300]
+                                                  [--rate 4]
 
 Two matrices: `identity` (the prober's faults, probe rounds on) and `perf` (perf_faults.py: CPU
 starvation, scheduler budget, prefix caching, eos, quantization, noisy weights, a damaged draft,
@@ -147,7 +148,7 @@ def _diagnose(store_url: str, since: float) -> list:
 
 
 def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, seed: int = 0,
-             checkpoints: int = 3, log=print, probes: bool = True) -> Outcome:
+             checkpoints: int = 3, log=print, probes: bool = True, rate: float = RATE) -> Outcome:
     """One fleet, one fault (None: clean), the traffic and the diagnostics (see the module doc);
     without `probes`, sampled traffic only."""
     model = work / "model"
@@ -173,13 +174,13 @@ def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, s
                 neighbours.enter_context(perf_faults.busy_neighbour())
             cand = _up(work, "cand", [cand_spec], SidecarSpec(enabled=False, url=base.store_url))
             fleets.append(cand.run_dir)
-            return _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes)
+            return _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate)
         finally:
             for run_dir in reversed(fleets):
                 fleet_down(run_dir)
 
 
-def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes) -> Outcome:
+def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate=RATE) -> Outcome:
     urls = [r.url for r in base.replicas] + [r.url for r in cand.replicas]
     since = time.time() - 1
     stages = []  # (label, findings)
@@ -200,7 +201,7 @@ def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, l
     per = max(1, requests // checkpoints)
     for k in range(checkpoints):
         n = per if k < checkpoints - 1 else requests - sent
-        load = asyncio.run(run_load(urls, workload, Arrival("poisson", rate=RATE), num_requests=n,
+        load = asyncio.run(run_load(urls, workload, Arrival("poisson", rate=rate), num_requests=n,
                                     seed=seed * 100 + k, pick="random", run_id=f"{run_id}c{k}",
                                     request_timeout=60.0))
         workload = make_workload("mixed", seed * 100 + k + 1, ignore_eos=ignore_eos)  # new prompts each checkpoint
@@ -304,6 +305,9 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--clean-runs", type=int, default=3, help="clean fleets per shape")
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--rate", type=float, default=RATE,
+                        help=f"requests/s over the fleet (default {RATE:g}); a scheduler-limit fault costs "
+                             "latency only when requests overlap, so it shows at a busier rate")
     args = parser.parse_args(argv)
     faults = MATRICES[args.matrix]
     names = [] if args.faults == "none" else [f for f in (args.faults or ",".join(faults)).split(",") if f]
@@ -316,7 +320,7 @@ def main(argv=None) -> int:
         for i, fault in enumerate(cases):
             with tempfile.TemporaryDirectory(prefix="infersight-fm-") as work:
                 outcomes.append(run_case(fault, shape, Path(work), args.requests, seed=i,
-                                         probes=args.matrix == "identity"))
+                                         probes=args.matrix == "identity", rate=args.rate))
     print(table(outcomes))
     missed = [o for o in outcomes if not o.fault.startswith("clean") and o.caught_after is None]
     noisy = [o for o in outcomes if o.false_positives]
