@@ -9,6 +9,17 @@ a model of their cost, never raw:
    mixed), prefill tokens, decode tokens, sequences and context tokens (what attention reads).
    Three targets are modelled: the whole step (duration), the forward pass, and host time
    (duration - forward). Idle steps and steps with no tokens are left out.
+   A fourth, the gap: the time between the end of a step that left sequences running and the start of
+   the next (the loop posting outputs, the HTTP thread holding the GIL, the OS running someone else).
+   A replica starved of its CPU by a busy neighbour runs its steps as fast as its peers (pinned, it
+   keeps its cache) but waits longer between them (measured: median gap 2.19 vs 0.96 ms, step 3.10 vs
+   3.76 ms), so the step targets cannot see it. The gap is modelled on the shape of the step it precedes
+   (the requests that arrived in it are that step's prefill; the outputs it streamed, its decode), over
+   the steps that follow a running step only (a wait for work is not a gap), with its own fit. Its bar
+   is derived, not shared: a gap excess is worth a finding when it adds MIN_RATIO's share to the wall
+   time of the same work, so the bar on the gap ratio is 1 + (MIN_RATIO - 1) * (gap + step) / gap at the
+   peers' predicted times (gaps that are 20% of the busy time need 1.5x; an engine whose iterations
+   leave no gap never fires).
 2. ClickHouse aggregates the sufficient statistics of that least-squares fit (X'X, X'y, the sums of
    x and y) per (replica, time block, phase); Python sees those sums, never a step.
 3. Leave-one-out: each replica's expected time is predicted by the fit on its PEERS' steps only,
@@ -28,7 +39,7 @@ a model of their cost, never raw:
    Interval: bootstrap percentiles. Test: one-sided, H0 "ratio <= MIN_RATIO", a normal
    approximation on the bootstrap standard error of log(ratio); Holm over replicas x targets of
    the model.
-5. A replica is slow when a target's interval lies above MIN_RATIO and its Holm-adjusted p is
+5. A replica is slow when a target's interval lies above its bar (MIN_RATIO; the gap's, 1) and its Holm-adjusted p is
    below ALPHA. The finding names the replica, the targets, the effect with its interval, and how
    its identity and placement differ from its peers' (CPU count, CPUs shared, NUMA, version, config).
    Too few blocks or steps is an explicit "insufficient data" finding.
@@ -69,10 +80,14 @@ CONFIDENCE = 0.95
 # the batch shape: phase intercepts, then the work
 FEATURES = ("prefill", "decode", "mixed", "prefill_tokens", "decode_tokens", "seqs", "context_tokens")
 TARGETS = ("step", "forward", "host")
+GAP_TARGETS = ("gap", "gap_step")  # the gap model: the gap, and the duration of the step it precedes (for its bar)
+MAX_GAP_SECONDS = 2.0  # a longer wait with sequences running is a stall or a restart, not the per-step overhead
+LABELS = {"step": "step", "forward": "forward", "host": "host", "gap": "between-step (sequences running)"}
 RIDGE = 1e-8  # on the scaled normal equations: collinear columns (decode tokens = sequences) stay solvable
 
 PHASES = FEATURES[:3]  # idle steps (and any other phase) are no batch shape: left out
 _K, _T, _P = len(FEATURES), len(TARGETS), len(PHASES)
+_G = len(GAP_TARGETS)
 _C = _K - _P  # the continuous features
 _PAIRS = [(i, j) for i in range(_K) for j in range(i, _K)]
 _CPAIRS = [(i, j) for i in range(_C) for j in range(i, _C)]
@@ -81,7 +96,7 @@ _CPAIRS = [(i, j) for i in range(_C) for j in range(i, _C)]
 _STEP_COLUMNS = ("t.replica_id AS replica_id, t.start_time AS start_time, t.phase AS phase, "
                  "t.num_tokens AS num_tokens, t.num_prefill_tokens AS prefill_tokens, "
                  "t.num_decode_tokens AS decode_tokens, t.num_seqs AS seqs, t.num_context_tokens AS context_tokens, "
-                 "t.duration_seconds AS duration, t.forward_seconds AS forward_s")
+                 "t.duration_seconds AS duration, t.forward_seconds AS forward_s, t.num_running AS num_running")
 
 
 def _source(scope: Scope) -> str:
@@ -94,40 +109,64 @@ def _source(scope: Scope) -> str:
 
 
 def _aggregate_sql(source: str) -> str:
-    # per phase, so the phase intercepts' products need no columns of their own (see _expand)
+    # per phase, so the phase intercepts' products need no columns of their own (see _expand); the gap
+    # model's sums (prefix g) over the steps that follow a running step, in the same pass
     cs = ("prefill_tokens", "decode_tokens", "seqs", "context_tokens")
     ys = ("duration", "forward_s", "greatest(duration - forward_s, 0)")
     inner = ", ".join([f"toFloat64({c}) AS c{i}" for i, c in enumerate(cs)]
-                      + [f"{y} AS y{t}" for t, y in enumerate(ys)])
-    sums = ([f"sum(c{i}) AS sc{i}" for i in range(_C)] + [f"sum(y{t}) AS sy{t}" for t in range(_T)]
-            + [f"sum(c{i} * c{j}) AS cc{i}_{j}" for i, j in _CPAIRS]
-            + [f"sum(c{i} * y{t}) AS cy{i}_{t}" for i in range(_C) for t in range(_T)])
+                      + [f"{y} AS y{t}" for t, y in enumerate(ys)]
+                      + ["greatest(toFloat64(start_time) - previous_end, 0) AS gy0", "duration AS gy1",
+                         f"previous_running > 0 AND toFloat64(start_time) - previous_end < {MAX_GAP_SECONDS} AS g"])
     return f"""
 SELECT model_name, replica_id, intDiv(toUnixTimestamp64Micro(start_time), {{block_us:UInt64}}) AS block,
-       indexOf({{phases:Array(String)}}, phase) - 1 AS phase_index, count() AS n, {', '.join(sums)}
+       indexOf({{phases:Array(String)}}, phase) - 1 AS phase_index, count() AS n, {', '.join(_sums_sql(_T))},
+       countIf(g) AS gn, {', '.join(_sums_sql(_G, "g"))}
 FROM (SELECT model_name, replica_id, start_time, phase, {inner}
-      FROM {source} WHERE has({{phases:Array(String)}}, phase) AND num_tokens > 0)
+      FROM (SELECT *, lagInFrame(toFloat64(start_time) + duration, 1, 0.) OVER w AS previous_end,
+                   lagInFrame(num_running, 1, 0) OVER w AS previous_running
+            FROM {source}
+            WINDOW w AS (PARTITION BY replica_id ORDER BY start_time ROWS BETWEEN 1 PRECEDING AND CURRENT ROW))
+      WHERE has({{phases:Array(String)}}, phase) AND num_tokens > 0)
 GROUP BY model_name, replica_id, block, phase
 """
+
+
+def _sums_sql(targets: int, prefix: str = "") -> list[str]:
+    """The sufficient statistics' sums over `targets` targets (columns {prefix}y0..), named as _part_columns;
+    with a prefix, over the rows where that prefix's condition holds."""
+    def agg(expr):
+        return f"sumIf({expr}, {prefix})" if prefix else f"sum({expr})"
+    p = prefix
+    return ([f"{agg(f'c{i}')} AS {p}sc{i}" for i in range(_C)]
+            + [f"{agg(f'{p}y{t}')} AS {p}sy{t}" for t in range(targets)]
+            + [f"{agg(f'c{i} * c{j}')} AS {p}cc{i}_{j}" for i, j in _CPAIRS]
+            + [f"{agg(f'c{i} * {p}y{t}')} AS {p}cy{i}_{t}" for i in range(_C) for t in range(targets)])
 
 
 # -- the statistics: per (replica, block) sums -> leave-one-out fits -> ratios ---------------------
 
 # what ClickHouse returns per (replica, block, phase): n, sums of the continuous features and the targets,
 # their products
-_PART_COLUMNS = (["n"] + [f"sc{i}" for i in range(_C)] + [f"sy{t}" for t in range(_T)]
-                 + [f"cc{i}_{j}" for i, j in _CPAIRS] + [f"cy{i}_{t}" for i in range(_C) for t in range(_T)])
+def _part_columns(targets: int, prefix: str = "") -> list[str]:
+    p = prefix
+    return ([f"{p}n" if p else "n"] + [f"{p}sc{i}" for i in range(_C)] + [f"{p}sy{t}" for t in range(targets)]
+            + [f"{p}cc{i}_{j}" for i, j in _CPAIRS] + [f"{p}cy{i}_{t}" for i in range(_C) for t in range(targets)])
+
+
+_PART_COLUMNS = _part_columns(_T)
+_GAP_PART_COLUMNS = _part_columns(_G, "g")
 
 
 def _expand(phase: np.ndarray, part: np.ndarray) -> np.ndarray:
-    """Per-phase partial sums (N, len(_PART_COLUMNS)) -> full stats vectors (N, D): n, sum x (K), sum y (T),
+    """Per-phase partial sums (N, len(_part_columns(T))) -> full stats vectors (N, D): n, sum x (K), sum y (T),
     X'X upper triangle, X'y (K x T), with x = (one-hot phase, continuous features)."""
-    n, sc, sy = part[:, 0], part[:, 1:1 + _C], part[:, 1 + _C:1 + _C + _T]
-    o = 1 + _C + _T
+    t_ = (part.shape[1] - 1 - _C - len(_CPAIRS)) // (1 + _C)
+    n, sc, sy = part[:, 0], part[:, 1:1 + _C], part[:, 1 + _C:1 + _C + t_]
+    o = 1 + _C + t_
     cc = np.zeros((len(part), _C, _C))
     for c, (i, j) in enumerate(_CPAIRS):
         cc[:, i, j] = cc[:, j, i] = part[:, o + c]
-    cy = part[:, o + len(_CPAIRS):].reshape(-1, _C, _T)
+    cy = part[:, o + len(_CPAIRS):].reshape(-1, _C, t_)
     e = np.eye(_P)[phase]  # (N, P)
     xtx = np.zeros((len(part), _K, _K))
     xtx[:, :_P, :_P] = e[:, :, None] * e[:, None, :] * n[:, None, None]
@@ -140,17 +179,23 @@ def _expand(phase: np.ndarray, part: np.ndarray) -> np.ndarray:
     return np.concatenate([n[:, None], sx, sy, upper, xty.reshape(len(part), -1)], axis=1)
 
 
+def _targets_of(s: np.ndarray) -> int:
+    """How many targets a stats vector (..., D) carries: D = 1 + K + T + len(_PAIRS) + K * T."""
+    return (s.shape[-1] - 1 - _K - len(_PAIRS)) // (1 + _K)
+
+
 def _unpack(s: np.ndarray):
     """Stacked stats vectors (..., D) -> n, sum x (..., K), sum y (..., T), X'X (..., K, K), X'y (..., K, T)."""
+    t_ = _targets_of(s)
     n = s[..., 0]
     sx = s[..., 1:1 + _K]
-    sy = s[..., 1 + _K:1 + _K + _T]
-    o = 1 + _K + _T
+    sy = s[..., 1 + _K:1 + _K + t_]
+    o = 1 + _K + t_
     tri = s[..., o:o + len(_PAIRS)]
     xtx = np.zeros(s.shape[:-1] + (_K, _K))
     for c, (i, j) in enumerate(_PAIRS):
         xtx[..., i, j] = xtx[..., j, i] = tri[..., c]
-    xty = s[..., o + len(_PAIRS):].reshape(s.shape[:-1] + (_K, _T))
+    xty = s[..., o + len(_PAIRS):].reshape(s.shape[:-1] + (_K, t_))
     return n, sx, sy, xtx, xty
 
 
@@ -203,12 +248,13 @@ def _blocks(block: np.ndarray, replica: np.ndarray, sums: np.ndarray, merge: int
 def _without_feature(blocks: np.ndarray, k: int) -> np.ndarray:
     """The stats with feature k zeroed (its sums and products): the fit then leaves it out."""
     out = blocks.copy()
+    t_ = _targets_of(blocks)
     out[..., 1 + k] = 0.0
-    o = 1 + _K + _T
+    o = 1 + _K + t_
     for c, (i, j) in enumerate(_PAIRS):
         if k in (i, j):
             out[..., o + c] = 0.0
-    out[..., o + len(_PAIRS) + k * _T:o + len(_PAIRS) + (k + 1) * _T] = 0.0
+    out[..., o + len(_PAIRS) + k * t_:o + len(_PAIRS) + (k + 1) * t_] = 0.0
     return out
 
 
@@ -255,6 +301,7 @@ def run(store, request: DiagnosticRequest, *, block_seconds: float | None = None
     block = table.column("block").to_numpy().astype(np.int64)
     phase = table.column("phase_index").to_numpy().astype(np.int64)
     sums = _expand(phase, np.column_stack([table.column(c).to_numpy().astype(float) for c in _PART_COLUMNS]))
+    gap_sums = _expand(phase, np.column_stack([table.column(c).to_numpy().astype(float) for c in _GAP_PART_COLUMNS]))
     # a step means something else in another engine (vLLM's iteration vs infersight's step): replicas
     # are compared with peers of their model on the same engine; builds of one engine are compared
     families = np.asarray([engine_family(identity.get(r, {}).get("engine_version", "")) for r in replica_ids],
@@ -263,8 +310,8 @@ def run(store, request: DiagnosticRequest, *, block_seconds: float | None = None
     for model, family in sorted(set(zip(models, families))):
         rows = (models == model) & (families == family)
         replicas, replica = np.unique(replica_ids[rows], return_inverse=True)
-        findings += _model_findings(model, list(replicas), block[rows], replica, sums[rows], identity, scope,
-                                    block_seconds, adapt=not fixed, report=report)
+        findings += _model_findings(model, list(replicas), block[rows], replica, sums[rows], gap_sums[rows],
+                                    identity, scope, block_seconds, adapt=not fixed, report=report)
     return findings
 
 
@@ -275,8 +322,31 @@ def engine_family(engine_version: str) -> str:
 
 
 def _model_findings(model: str, replicas: list[str], block: np.ndarray, replica: np.ndarray, sums: np.ndarray,
-                    identity: dict, scope: Scope, block_seconds: float, adapt: bool = True,
+                    gap_sums: np.ndarray, identity: dict, scope: Scope, block_seconds: float, adapt: bool = True,
                     report: list | None = None) -> list[Finding]:
+    shape = _blocked(block, replica, sums, block_seconds, adapt)
+    gaps = _blocked(block, replica, gap_sums, block_seconds, adapt)
+    findings, tested = _eligible(model, replicas, shape["blocks"], shape["width"], scope)
+    if not tested:
+        return findings
+    tests = _tests(shape, tested)
+    tests.update(_gap_tests(gaps, tested))
+    for r, p_holm in zip(tests.values(), holm([r["p"] for r in tests.values()]) if tests else []):
+        r["p_holm"] = float(p_holm)  # Holm over replicas x targets, the gap's included
+        r["slow"] = bool(r["ci"][0] > r["bar"] and p_holm < ALPHA)
+    if report is not None:
+        report += [{"model": model, "replica": replicas[i], "target": t, "steps": int(shape["blocks"][:, i, 0].sum()),
+                    **r} for (i, t), r in tests.items()]
+    for i in tested:
+        targets = {t: r for (j, t), r in tests.items() if j == i}
+        if any(r["slow"] for r in targets.values()):
+            findings.append(_finding(model, replicas, i, targets, shape, identity, scope, len(tests)))
+    return findings
+
+
+def _blocked(block: np.ndarray, replica: np.ndarray, sums: np.ndarray, block_seconds: float, adapt: bool) -> dict:
+    """One model's (B, R, D) time blocks (module doc, 4): at most MAX_BLOCKS, merged in pairs while adjacent
+    blocks' residuals correlate; with the block width and the correlation left."""
     span = int(block.max() - block.min()) + 1
     merge = max(1, int(np.ceil(span / MAX_BLOCKS)))  # a long window: wider blocks, never more than MAX_BLOCKS
     reports_context = np.bincount(replica, weights=sums[:, 1 + FEATURES.index("context_tokens")]) > 0
@@ -292,20 +362,8 @@ def _model_findings(model: str, replicas: list[str], block: np.ndarray, replica:
         merge *= 2
         blocks = blocks_of(merge)
         rho, z = lag1_autocorrelation(blocks, np.unique(block // merge))
-    width = block_seconds * merge
-    findings, tested = _eligible(model, replicas, blocks, width, scope)
-    if not tested:
-        return findings
-    tests = _tests(blocks, tested, autocorrelation_inflation(rho))
-    if report is not None:
-        report += [{"model": model, "replica": replicas[i], "target": TARGETS[t], "block_seconds": width,
-                    "steps": int(blocks[:, i, 0].sum()), **r} for (i, t), r in tests.items()]
-    for i in tested:
-        targets = {TARGETS[t]: r for (j, t), r in tests.items() if j == i}
-        if any(r["slow"] for r in targets.values()):
-            findings.append(_finding(model, replicas, i, targets, blocks, identity, scope, width, len(tests),
-                                     (rho, z)))
-    return findings
+    return {"blocks": blocks, "width": block_seconds * merge, "rho": rho, "z": z,
+            "widen": autocorrelation_inflation(rho)}
 
 
 def lag1_autocorrelation(blocks: np.ndarray, keys: np.ndarray) -> tuple[float, float]:
@@ -355,10 +413,11 @@ def _eligible(model: str, replicas: list[str], blocks: np.ndarray, width: float,
     return findings, tested
 
 
-def _tests(blocks: np.ndarray, tested: list[int], widen: float = 1.0) -> dict[tuple[int, int], dict]:
-    """(replica, target) -> ratio, interval, p and Holm-adjusted p (over every test of the model), slow or not.
+def _tests(shape: dict, tested: list[int]) -> dict[tuple[int, str], dict]:
+    """(replica, target) -> ratio, interval and p (unadjusted) of the step targets, slow or not.
     Forward and host time are compared among the replicas whose engine splits the step into them only (one that
     reports the whole step as forward would read as a peer with no host time)."""
+    blocks = shape["blocks"]
     splits = blocks[:, :, 1 + _K + TARGETS.index("host")].sum(axis=0) > 0
     groups = ([(list(range(_T)), np.arange(blocks.shape[1]))] if splits.all() else
               [([0], np.arange(blocks.shape[1])), ([1, 2], np.flatnonzero(splits))])
@@ -366,16 +425,37 @@ def _tests(blocks: np.ndarray, tested: list[int], widen: float = 1.0) -> dict[tu
     for targets, members in groups:
         if len(members) >= 2:
             mine = [i for i in tested if i in members]
-            out.update(_group_tests(blocks[:, members], members, targets, mine, widen))
-    for r, p_holm in zip(out.values(), holm([r["p"] for r in out.values()]) if out else []):
-        r["p_holm"] = float(p_holm)
-        r["slow"] = bool(r["ci"][0] > MIN_RATIO and p_holm < ALPHA)
+            out.update(_group_tests(blocks[:, members], members, targets, mine, shape["widen"], TARGETS,
+                                    lambda predicted: MIN_RATIO, shape["width"]))
     return out
 
 
-def _group_tests(blocks: np.ndarray, members: np.ndarray, targets: list[int], tested: list[int],
-                 widen: float = 1.0) -> dict:
-    """The tests of `targets` among `members` (indices into the model's replicas), unadjusted."""
+def gap_bar(predicted_gap: float, predicted_step: float) -> float:
+    """The gap ratio worth a finding (module doc, 1): the one that adds MIN_RATIO's share to the wall time
+    of the same work, at the peers' predicted gap and step seconds."""
+    return 1.0 + (MIN_RATIO - 1.0) * (predicted_gap + predicted_step) / predicted_gap
+
+
+def _gap_tests(gaps: dict, tested: list[int]) -> dict[tuple[int, str], dict]:
+    """The gap target's tests (unadjusted), for the replicas with enough gaps, whose peers have enough."""
+    blocks = gaps["blocks"]
+    n = blocks[:, :, 0]
+    enough = ((n > 0).sum(axis=0) >= MIN_BLOCKS) & (n.sum(axis=0) >= MIN_STEPS)
+    mine = [i for i in tested if enough[i] and (n.sum(axis=1) - n[:, i] > 0).sum() >= MIN_BLOCKS
+            and n.sum() - n[:, i].sum() >= MIN_STEPS]
+    if not mine:
+        return {}
+    out = _group_tests(blocks, np.arange(blocks.shape[1]), [0], mine, gaps["widen"], GAP_TARGETS,
+                       lambda predicted: gap_bar(predicted[0], predicted[1]), gaps["width"])
+    for (i, _), r in out.items():
+        r["gap_share"] = r["predicted_seconds"] / (r["predicted_seconds"] + r.pop("predicted_step_seconds"))
+    return out
+
+
+def _group_tests(blocks: np.ndarray, members: np.ndarray, targets: list[int], tested: list[int], widen: float,
+                 names: tuple, bar, width: float) -> dict:
+    """The tests of `targets` among `members` (indices into the model's replicas), unadjusted; `bar(predicted
+    seconds of every target)` the ratio H0 sits at."""
     observed, predicted, ratio = _ratios(blocks.sum(axis=0))
     boot = block_bootstrap(blocks)
     alpha = (1 - CONFIDENCE) / 2
@@ -389,13 +469,18 @@ def _group_tests(blocks: np.ndarray, members: np.ndarray, targets: list[int], te
             logs = np.log(b[np.isfinite(b) & (b > 0)])
             if len(logs) < 2:
                 continue
-            excess = np.log(ratio[m, t]) - np.log(MIN_RATIO)  # H0: ratio <= MIN_RATIO
+            threshold = float(bar(predicted[m]))
+            excess = np.log(ratio[m, t]) - np.log(threshold)  # H0: ratio <= the bar
             se = widen * float(np.std(logs, ddof=1))
             z = excess / se if se > 0 else np.copysign(np.inf, excess)
             centre = np.log(ratio[m, t])  # percentiles widened about the estimate by the residual correlation
             lo, hi = np.exp(centre + widen * (np.quantile(logs, [alpha, 1 - alpha]) - centre))
-            out[(i, t)] = {"ratio": float(ratio[m, t]), "ci": [float(lo), float(hi)], "p": float(stats.norm.sf(z)),
-                           "observed_seconds": float(observed[m, t]), "predicted_seconds": float(predicted[m, t])}
+            out[(i, names[t])] = {"ratio": float(ratio[m, t]), "ci": [float(lo), float(hi)],
+                                  "p": float(stats.norm.sf(z)), "bar": threshold, "block_seconds": width,
+                                  "observed_seconds": float(observed[m, t]),
+                                  "predicted_seconds": float(predicted[m, t])}
+            if names is GAP_TARGETS:
+                out[(i, names[t])]["predicted_step_seconds"] = float(predicted[m, 1])
     return out
 
 
@@ -405,40 +490,43 @@ def _mean_shape(blocks: np.ndarray, cols) -> dict:
     return {f: float(v / n) if n else None for f, v in zip(FEATURES, sx)}
 
 
-def _finding(model, replicas, i, targets, blocks, identity, scope, width, family, autocorrelation) -> Finding:
+def _finding(model, replicas, i, targets, shape, identity, scope, family) -> Finding:
     rid = replicas[i]
+    blocks, width = shape["blocks"], shape["width"]
     peers = [p for p in replicas if p != rid]
     slow = {t: r for t, r in targets.items() if r["slow"]}
-    name, worst = max(slow.items(), key=lambda kv: kv[1]["ci"][0])
+    name, worst = max(slow.items(), key=lambda kv: kv[1]["ci"][0] / kv[1]["bar"])
     me = identity.get(rid, {"replica_id": rid})
     diffs = identity_differences(me, [identity.get(p, {"replica_id": p}) for p in peers])
-    severity = "critical" if worst["ci"][0] >= CRITICAL_RATIO else "warning"
+    severity = "critical" if worst["ci"][0] >= max(CRITICAL_RATIO, worst["bar"]) else "warning"
     others = ", ".join(f"{t} {r['ratio']:.2f}x" for t, r in targets.items() if t != name)
-    summary = (f"{rid} takes {worst['ratio']:.2f}x [{worst['ci'][0]:.2f}, {worst['ci'][1]:.2f}] the {name} time "
-               f"its {len(peers)} peer(s) of {model} take for the same batch shapes"
+    share = (f", gaps {worst['gap_share']:.0%} of the peers' busy time (bar {worst['bar']:.2f}x)"
+             if "gap_share" in worst else "")
+    summary = (f"{rid} takes {worst['ratio']:.2f}x [{worst['ci'][0]:.2f}, {worst['ci'][1]:.2f}] the {LABELS[name]} "
+               f"time its {len(peers)} peer(s) of {model} take for the same batch shapes{share}"
                + (f" ({others})" if others else "")
-               + f"; block bootstrap over {width:g} s time blocks, Holm p={worst['p_holm']:.1e}; "
+               + f"; block bootstrap over {worst['block_seconds']:g} s time blocks, Holm p={worst['p_holm']:.1e}; "
                + _explain(diffs))
     peer_cols = [replicas.index(p) for p in peers]
     evidence = {
         "model_name": model, "replica": rid, "peers": peers, "targets": targets, "slow_targets": sorted(slow),
         "unit": f"time blocks of {width:g} s (resampled jointly across replicas)",
         "block_seconds": width,
-        "block_autocorrelation": {"lag1": autocorrelation[0], "z": autocorrelation[1],
-                                  "merged_while_z_above": AUTOCORR_Z,
-                                  "spread_widened_by": autocorrelation_inflation(autocorrelation[0])},
+        "block_autocorrelation": {"lag1": shape["rho"], "z": shape["z"], "merged_while_z_above": AUTOCORR_Z,
+                                  "spread_widened_by": shape["widen"]},
         "steps": int(blocks[:, i, 0].sum()), "blocks": int((blocks[:, i, 0] > 0).sum()),
         "peer_steps": int(blocks[:, peer_cols, 0].sum()),
         "mean_shape": {"replica": _mean_shape(blocks, [i]), "peers": _mean_shape(blocks, peer_cols)},
         "identity_differences": diffs,
         "identity": {k: me.get(k) for k in (*IDENTITY, "cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes")},
-        "test": (f"one-sided, H0 ratio <= {MIN_RATIO}: normal approximation on the block-bootstrap standard error of "
-                 f"log(ratio), {RESAMPLES} resamples; {CONFIDENCE:.0%} percentile interval; Holm over {family} "
-                 f"(replica, target) tests of {model}"),
+        "test": (f"one-sided, H0 ratio <= the target's bar ({MIN_RATIO} for step, forward and host; for the gap, "
+                 f"the ratio that adds {MIN_RATIO - 1:.0%} to the wall time of the same work): normal approximation "
+                 f"on the block-bootstrap standard error of log(ratio), {RESAMPLES} resamples; {CONFIDENCE:.0%} "
+                 f"percentile interval; Holm over {family} (replica, target) tests of {model}"),
         "controlled_for": ("batch shape: phase, prefill tokens, decode tokens, sequences, context tokens (a linear "
-                           "step-time model fitted on the peers' steps only, leave-one-out); time: blocks drawn "
-                           "jointly for every replica"),
+                           "step-time model fitted on the peers' steps only, leave-one-out; the gap before a step on "
+                           "that step's shape, over steps that follow one that left sequences running); time: blocks "
+                           "drawn jointly for every replica"),
         "method": "observed seconds / seconds the peers' step-time model predicts, summed over the replica's steps",
     }
     return Finding(KIND, severity, rid, summary, DIAGNOSTIC, scope, evidence)
-

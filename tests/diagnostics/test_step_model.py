@@ -61,7 +61,10 @@ def steps_of(rid: str, t0: float, *, seed: int, seconds: float = SECONDS, seqs=(
         out.append(step(rid, k, t0 + k * SPACING, duration=forward + host, forward=forward, num_seqs=s, phase=phase,
                         num_prefill_seqs=1 if npre else 0, num_decode_seqs=dec, num_tokens=pre_tokens + dec,
                         num_prefill_tokens=pre_tokens, num_decode_tokens=dec,
-                        num_context_tokens=0 if no_context else ctx))
+                        num_context_tokens=0 if no_context else ctx,
+                        # steps SPACING apart are not back to back: each left nothing running (no gap to
+                        # model; busy_steps_of makes those)
+                        num_running=0))
         if idle:
             out.append(step(rid, n + k, t0 + (k + 0.5) * SPACING, duration=0.05, forward=0.0, num_seqs=0,
                             phase="idle", num_decode_seqs=0, num_tokens=0, num_decode_tokens=0))
@@ -258,3 +261,104 @@ def test_another_engine_is_not_a_slow_replica_but_a_slower_build_of_the_same_eng
     found = slow(run(store, scope))
     assert set(found) == {"b-new"} and "engine_version" in found["b-new"].summary
     assert step_model.engine_family("vllm-0.32.0") == "vllm" and step_model.engine_family("0.1.0") == "infersight"
+
+
+# -- the gap: the time between a step that left sequences running and the next one ---------------------
+
+def busy_steps_of(rid: str, t0: float, *, seed: int, seconds: float = 60.0, seqs=(1, 8), gap_factor: float = 1.0,
+                  gap_base: float = 4e-4, idle_waits: float = 0.0, stall_at=None):
+    """Back-to-back steps of a busy replica: each step's cost as in steps_of, and before it a gap that grows
+    with the step's sequences (outputs streamed) and prefill tokens (requests that arrived), times
+    `gap_factor` and per-gap noise. `idle_waits`: the probability that a step empties the batch and the loop
+    then waits 20-80 ms for work (no gap: a wait); `stall_at`: seconds in, a 30 s stop with sequences running
+    (a restart, not the per-step overhead)."""
+    rng = np.random.default_rng(seed)
+    out, t, k, running = [], t0, 0, 1
+    while t < t0 + seconds:
+        s = int(rng.integers(seqs[0], seqs[1] + 1))
+        phase = rng.choice(["decode", "prefill", "mixed"], p=[0.8, 0.1, 0.1])
+        npre = {"decode": 0, "prefill": s, "mixed": max(1, s // 4)}[phase]
+        pre_tokens = int(npre * rng.integers(20, 100))
+        dec = s - npre
+        ctx = int(dec * rng.integers(100, 400)) + pre_tokens
+        forward, host = cost(pre_tokens, dec, s, ctx)
+        forward *= np.exp(rng.normal(0, 0.1))
+        host *= np.exp(rng.normal(0, 0.1))
+        if running:
+            t += (gap_base + 1e-4 * s + 2e-6 * pre_tokens) * gap_factor * np.exp(rng.normal(0, 0.3))
+        if stall_at is not None and t >= t0 + stall_at:
+            t, stall_at = t + 30.0, None
+        running = 0 if rng.random() < idle_waits else s
+        out.append(step(rid, k, t, duration=forward + host, forward=forward, num_seqs=s, phase=phase,
+                        num_prefill_seqs=1 if npre else 0, num_decode_seqs=dec, num_tokens=pre_tokens + dec,
+                        num_prefill_tokens=pre_tokens, num_decode_tokens=dec, num_context_tokens=ctx,
+                        num_running=running))
+        t += forward + host
+        if not running:
+            t += rng.uniform(0.02, 0.08)
+        k += 1
+    return out
+
+
+def busy_fleet(store, model: str, specs: dict[str, dict], seconds: float = 60.0) -> Scope:
+    t0 = T0 - 40_000 + 2_000 * next(_WINDOWS)
+    store.insert_records("replicas", [replica(rid, t0 - 60, model_name=model) for rid in specs])
+    for k, (rid, kw) in enumerate(specs.items()):
+        store.insert_records("steps", busy_steps_of(rid, t0, seed=kw.pop("seed", 500 + k), seconds=seconds, **kw))
+    return Scope(start=t0 - 1, end=t0 + seconds + 40)
+
+
+def test_a_replica_that_waits_longer_between_steps_is_named_on_the_gap_not_the_step(store):
+    # a starved replica: its steps as fast as its peer's, the time between them 2.2x
+    scope = busy_fleet(store, "m-gap", {"g-base": {}, "g-starved": {"gap_factor": 2.2}})
+    found = slow(run(store, scope))
+    assert set(found) == {"g-starved"}
+    targets = found["g-starved"].evidence["targets"]
+    assert found["g-starved"].evidence["slow_targets"] == ["gap"]
+    gap = targets["gap"]
+    assert 1.9 < gap["ratio"] < 2.5 and gap["ci"][0] > gap["bar"] > step_model.MIN_RATIO
+    assert 0.1 < gap["gap_share"] < 0.4  # the bar is the wall-time share's: 1 + 0.1 / share
+    assert gap["bar"] == pytest.approx(1 + (step_model.MIN_RATIO - 1) / gap["gap_share"])
+    assert not targets["step"]["slow"] and 0.95 < targets["step"]["ratio"] < 1.05
+    assert "between-step" in found["g-starved"].summary
+    assert above_info(run(store, busy_fleet(store, "m-gap-clean", {"gc-r0": {}, "gc-r1": {}, "gc-r2": {}}))) == []
+
+
+def test_more_traffic_means_longer_gaps_by_the_same_law_and_does_not_fire(store):
+    # the canary got bigger batches (more outputs to stream, more arrivals): longer raw gaps, the same cost
+    scope = busy_fleet(store, "m-gap-traffic", {"gt-r0": {}, "gt-r1": {}, "gt-big": {"seqs": (8, 32)}})
+    raw = store.query_df("SELECT replica_id, count() AS n, toFloat64(max(start_time) - min(start_time)) AS span, "
+                         "sum(duration_seconds) AS busy FROM steps WHERE replica_id LIKE 'gt-%' GROUP BY replica_id"
+                         ).set_index("replica_id")
+    gap_per_step = (raw["span"] - raw["busy"]) / raw["n"]
+    assert gap_per_step["gt-big"] > 1.8 * gap_per_step["gt-r0"]  # raw, it waits far longer between steps
+    assert above_info(run(store, scope)) == []
+
+
+def test_the_gap_bar_is_set_by_the_gaps_share_of_the_wall_time(store, monkeypatch):
+    # gaps of ~1% of the busy time, doubled: real, and 1% more wall time, under the step bar's 10%
+    scope = busy_fleet(store, "m-gap-tiny", {"gs-base": {"gap_base": 0.0}, "gs-canary": {"gap_base": 0.0,
+                                                                                      "gap_factor": 2.0}})
+    assert above_info(run(store, scope)) == []
+    report: list = []
+    run(store, scope, report=report)
+    (gap,) = [r for r in report if r["replica"] == "gs-canary" and r["target"] == "gap"]
+    assert gap["ci"][0] > 1.5 and gap["bar"] > gap["ci"][1]
+    monkeypatch.setattr(step_model, "gap_bar", lambda gap, step: step_model.MIN_RATIO)  # the shared bar: fires
+    assert set(slow(run(store, scope))) == {"gs-canary"}
+
+
+def test_waits_for_work_are_not_gaps(store):
+    # the canary's batch empties often and its loop then waits 20-80 ms for work (light traffic): a wait
+    scope = busy_fleet(store, "m-gap-idle", {"gw-r0": {}, "gw-r1": {}, "gw-idle": {"idle_waits": 0.3}})
+    assert above_info(run(store, scope)) == []
+
+
+def test_a_stop_with_sequences_running_is_not_a_gap(store):
+    # 30 s without a step while sequences ran (a restart, a hang: the replicas diagnostic's) would be most of
+    # the canary's gap time; it is left out, and its per-step gaps read as its peer's
+    scope = busy_fleet(store, "m-gap-stall", {"gx-r0": {}, "gx-stalled": {"stall_at": 30.0}})
+    report: list = []
+    assert above_info(run(store, scope, report=report)) == []
+    (gap,) = [r for r in report if r["replica"] == "gx-stalled" and r["target"] == "gap"]
+    assert 0.8 < gap["ratio"] < 1.25
