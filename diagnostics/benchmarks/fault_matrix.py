@@ -228,10 +228,12 @@ def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, l
     if os.environ.get("INFERSIGHT_FM_DUMP"):  # keep the run's telemetry (the fleet's store goes with its work dir)
         import pyarrow.parquet as pq
 
+        dump = Path(os.environ["INFERSIGHT_FM_DUMP"])
+        dump.mkdir(parents=True, exist_ok=True)
         with open_store(base.store_url) as store:
             for table in ("replicas", "requests", "steps"):
-                pq.write_table(store.query_arrow(f"SELECT * FROM {table}"), Path(os.environ["INFERSIGHT_FM_DUMP"])
-                               / f"{fault.name if fault else 'clean'}-{shape}-{table}.parquet")
+                pq.write_table(store.query_arrow(f"SELECT * FROM {table}"),
+                               dump / f"{fault.name if fault else 'clean'}-{shape}-{table}.parquet")
     log(f"    load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return _outcome(fault, shape, candidate, stages, sent, log)
 
@@ -246,7 +248,8 @@ def _measured(store_url: str, since: float, candidate: str, log) -> None:
         limits = {r["replica_id"]: replicas.scheduler_limits(r) for r in replicas_in(store, scope)}
     for r in report:
         if r["replica"] == candidate:
-            log(f"    steps {r['target']}: {r['ratio']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}] Holm p={r['p_holm']:.1e}"
+            log(f"    steps {r['target']}: {r['ratio']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}] bar {r['bar']:.2f}x"
+                f" Holm p={r['p_holm']:.1e}"
                 f" ({r['steps']} steps, {r['block_seconds']:g} s blocks)")
     if len(group) > 1:
         for t in replicas.tests(group, {}, limits):
