@@ -447,8 +447,8 @@ def _gap_tests(gaps: dict, tested: list[int]) -> dict[tuple[int, str], dict]:
         return {}
     out = _group_tests(blocks, np.arange(blocks.shape[1]), [0], mine, gaps["widen"], GAP_TARGETS,
                        lambda predicted: gap_bar(predicted[0], predicted[1]), gaps["width"])
-    for (i, _), r in out.items():
-        r["gap_share"] = r["predicted_seconds"] / (r["predicted_seconds"] + r.pop("predicted_step_seconds"))
+    for r in out.values():  # the peers' predicted share of the busy time that set the bar (gap_bar, inverted)
+        r["gap_share"] = (MIN_RATIO - 1.0) / (r["bar"] - 1.0) if r["bar"] > 1.0 else None
     return out
 
 
@@ -479,8 +479,6 @@ def _group_tests(blocks: np.ndarray, members: np.ndarray, targets: list[int], te
                                   "p": float(stats.norm.sf(z)), "bar": threshold, "block_seconds": width,
                                   "observed_seconds": float(observed[m, t]),
                                   "predicted_seconds": float(predicted[m, t])}
-            if names is GAP_TARGETS:
-                out[(i, names[t])]["predicted_step_seconds"] = float(predicted[m, 1])
     return out
 
 
@@ -501,7 +499,7 @@ def _finding(model, replicas, i, targets, shape, identity, scope, family) -> Fin
     severity = "critical" if worst["ci"][0] >= max(CRITICAL_RATIO, worst["bar"]) else "warning"
     others = ", ".join(f"{t} {r['ratio']:.2f}x" for t, r in targets.items() if t != name)
     share = (f", gaps {worst['gap_share']:.0%} of the peers' busy time (bar {worst['bar']:.2f}x)"
-             if "gap_share" in worst else "")
+             if worst.get("gap_share") is not None else "")
     summary = (f"{rid} takes {worst['ratio']:.2f}x [{worst['ci'][0]:.2f}, {worst['ci'][1]:.2f}] the {LABELS[name]} "
                f"time its {len(peers)} peer(s) of {model} take for the same batch shapes{share}"
                + (f" ({others})" if others else "")
