@@ -96,7 +96,8 @@ _CPAIRS = [(i, j) for i in range(_C) for j in range(i, _C)]
 _STEP_COLUMNS = ("t.replica_id AS replica_id, t.start_time AS start_time, t.phase AS phase, "
                  "t.num_tokens AS num_tokens, t.num_prefill_tokens AS prefill_tokens, "
                  "t.num_decode_tokens AS decode_tokens, t.num_seqs AS seqs, t.num_context_tokens AS context_tokens, "
-                 "t.duration_seconds AS duration, t.forward_seconds AS forward_s, t.num_running AS num_running")
+                 "t.duration_seconds AS duration, t.forward_seconds AS forward_s, t.num_running AS num_running, "
+                 "t.step_id AS step_id")
 
 
 def _source(scope: Scope) -> str:
@@ -110,7 +111,8 @@ def _source(scope: Scope) -> str:
 
 def _aggregate_sql(source: str) -> str:
     # per phase, so the phase intercepts' products need no columns of their own (see _expand); the gap
-    # model's sums (prefix g) over the steps that follow a running step, in the same pass
+    # model's sums (prefix g) over the steps that follow a running step, in the same pass (step_id breaks
+    # ties of start_time in the engine's order)
     cs = ("prefill_tokens", "decode_tokens", "seqs", "context_tokens")
     ys = ("duration", "forward_s", "greatest(duration - forward_s, 0)")
     inner = ", ".join([f"toFloat64({c}) AS c{i}" for i, c in enumerate(cs)]
@@ -125,7 +127,8 @@ FROM (SELECT model_name, replica_id, start_time, phase, {inner}
       FROM (SELECT *, lagInFrame(toFloat64(start_time) + duration, 1, 0.) OVER w AS previous_end,
                    lagInFrame(num_running, 1, 0) OVER w AS previous_running
             FROM {source}
-            WINDOW w AS (PARTITION BY replica_id ORDER BY start_time ROWS BETWEEN 1 PRECEDING AND CURRENT ROW))
+            WINDOW w AS (PARTITION BY replica_id ORDER BY start_time, step_id
+                         ROWS BETWEEN 1 PRECEDING AND CURRENT ROW))
       WHERE has({{phases:Array(String)}}, phase) AND num_tokens > 0)
 GROUP BY model_name, replica_id, block, phase
 """
@@ -324,8 +327,10 @@ def engine_family(engine_version: str) -> str:
 def _model_findings(model: str, replicas: list[str], block: np.ndarray, replica: np.ndarray, sums: np.ndarray,
                     gap_sums: np.ndarray, identity: dict, scope: Scope, block_seconds: float, adapt: bool = True,
                     report: list | None = None) -> list[Finding]:
-    shape = _blocked(block, replica, sums, block_seconds, adapt)
-    gaps = _blocked(block, replica, gap_sums, block_seconds, adapt)
+    # an engine that leaves context at 0 (vLLM's stat logger): no context slope to share, in either fit
+    reports_context = np.bincount(replica, weights=sums[:, 1 + FEATURES.index("context_tokens")]) > 0
+    shape = _blocked(block, replica, sums, block_seconds, adapt, reports_context)
+    gaps = _blocked(block, replica, gap_sums, block_seconds, adapt, reports_context)
     findings, tested = _eligible(model, replicas, shape["blocks"], shape["width"], scope)
     if not tested:
         return findings
@@ -335,25 +340,23 @@ def _model_findings(model: str, replicas: list[str], block: np.ndarray, replica:
         r["p_holm"] = float(p_holm)  # Holm over replicas x targets, the gap's included
         r["slow"] = bool(r["ci"][0] > r["bar"] and p_holm < ALPHA)
     if report is not None:
-        report += [{"model": model, "replica": replicas[i], "target": t, "steps": int(shape["blocks"][:, i, 0].sum()),
-                    **r} for (i, t), r in tests.items()]
+        report += [{"model": model, "replica": replicas[i], "target": t, **r} for (i, t), r in tests.items()]
     for i in tested:
         targets = {t: r for (j, t), r in tests.items() if j == i}
         if any(r["slow"] for r in targets.values()):
-            findings.append(_finding(model, replicas, i, targets, shape, identity, scope, len(tests)))
+            findings.append(_finding(model, replicas, i, targets, shape, gaps, identity, scope, len(tests)))
     return findings
 
 
-def _blocked(block: np.ndarray, replica: np.ndarray, sums: np.ndarray, block_seconds: float, adapt: bool) -> dict:
+def _blocked(block: np.ndarray, replica: np.ndarray, sums: np.ndarray, block_seconds: float, adapt: bool,
+             reports_context: np.ndarray) -> dict:
     """One model's (B, R, D) time blocks (module doc, 4): at most MAX_BLOCKS, merged in pairs while adjacent
     blocks' residuals correlate; with the block width and the correlation left."""
     span = int(block.max() - block.min()) + 1
     merge = max(1, int(np.ceil(span / MAX_BLOCKS)))  # a long window: wider blocks, never more than MAX_BLOCKS
-    reports_context = np.bincount(replica, weights=sums[:, 1 + FEATURES.index("context_tokens")]) > 0
 
     def blocks_of(m: int) -> np.ndarray:
         b = _blocks(block, replica, sums, m)
-        # an engine that leaves context at 0 (vLLM's stat logger): no context slope to share
         return b if reports_context.all() else _without_feature(b, FEATURES.index("context_tokens"))
 
     blocks = blocks_of(merge)
@@ -446,7 +449,7 @@ def _gap_tests(gaps: dict, tested: list[int]) -> dict[tuple[int, str], dict]:
     if not mine:
         return {}
     out = _group_tests(blocks, np.arange(blocks.shape[1]), [0], mine, gaps["widen"], GAP_TARGETS,
-                       lambda predicted: gap_bar(predicted[0], predicted[1]), gaps["width"])
+                       lambda predicted: gap_bar(predicted[0], max(predicted[1], 0.0)), gaps["width"])
     for r in out.values():  # the peers' predicted share of the busy time that set the bar (gap_bar, inverted)
         r["gap_share"] = (MIN_RATIO - 1.0) / (r["bar"] - 1.0) if r["bar"] > 1.0 else None
     return out
@@ -477,6 +480,7 @@ def _group_tests(blocks: np.ndarray, members: np.ndarray, targets: list[int], te
             lo, hi = np.exp(centre + widen * (np.quantile(logs, [alpha, 1 - alpha]) - centre))
             out[(i, names[t])] = {"ratio": float(ratio[m, t]), "ci": [float(lo), float(hi)],
                                   "p": float(stats.norm.sf(z)), "bar": threshold, "block_seconds": width,
+                                  "steps": int(blocks[:, m, 0].sum()),
                                   "observed_seconds": float(observed[m, t]),
                                   "predicted_seconds": float(predicted[m, t])}
     return out
@@ -488,7 +492,7 @@ def _mean_shape(blocks: np.ndarray, cols) -> dict:
     return {f: float(v / n) if n else None for f, v in zip(FEATURES, sx)}
 
 
-def _finding(model, replicas, i, targets, shape, identity, scope, family) -> Finding:
+def _finding(model, replicas, i, targets, shape, gaps, identity, scope, family) -> Finding:
     rid = replicas[i]
     blocks, width = shape["blocks"], shape["width"]
     peers = [p for p in replicas if p != rid]
@@ -512,6 +516,8 @@ def _finding(model, replicas, i, targets, shape, identity, scope, family) -> Fin
         "block_seconds": width,
         "block_autocorrelation": {"lag1": shape["rho"], "z": shape["z"], "merged_while_z_above": AUTOCORR_Z,
                                   "spread_widened_by": shape["widen"]},
+        "gap_blocks": {"block_seconds": gaps["width"], "lag1": gaps["rho"], "z": gaps["z"],
+                       "spread_widened_by": gaps["widen"], "gaps": int(gaps["blocks"][:, i, 0].sum())},
         "steps": int(blocks[:, i, 0].sum()), "blocks": int((blocks[:, i, 0] > 0).sum()),
         "peer_steps": int(blocks[:, peer_cols, 0].sum()),
         "mean_shape": {"replica": _mean_shape(blocks, [i]), "peers": _mean_shape(blocks, peer_cols)},
