@@ -36,10 +36,10 @@ a model of their cost, never raw:
    data". What correlation is left (too few blocks to call it significant) widens the bootstrap's
    spread by sqrt((1 + rho) / (1 - rho)), the AR(1) variance of a mean. Blocks are resampled jointly
    across replicas and the peers' model is refitted in every resample, so its uncertainty counts.
-   Interval: bootstrap percentiles. Test: one-sided, H0 "ratio <= MIN_RATIO", a normal
+   Interval: bootstrap percentiles. Test: one-sided, H0 "ratio <= the target's bar", a normal
    approximation on the bootstrap standard error of log(ratio); Holm over replicas x targets of
    the model.
-5. A replica is slow when a target's interval lies above its bar (MIN_RATIO; the gap's, 1) and its Holm-adjusted p is
+5. A replica is slow when a target's interval lies above its bar (MIN_RATIO; the gap's derived one, 1.) and its Holm-adjusted p is
    below ALPHA. The finding names the replica, the targets, the effect with its interval, and how
    its identity and placement differ from its peers' (CPU count, CPUs shared, NUMA, version, config).
    Too few blocks or steps is an explicit "insufficient data" finding.
@@ -134,16 +134,18 @@ GROUP BY model_name, replica_id, block, phase
 """
 
 
-def _sums_sql(targets: int, prefix: str = "") -> list[str]:
-    """The sufficient statistics' sums over `targets` targets (columns {prefix}y0..), named as _part_columns;
-    with a prefix, over the rows where that prefix's condition holds."""
-    def agg(expr):
-        return f"sumIf({expr}, {prefix})" if prefix else f"sum({expr})"
+def _summed(targets: int, prefix: str = "") -> list[tuple[str, str]]:
+    """(column, expression summed) of the sufficient statistics over `targets` targets ({prefix}y0..), in the
+    order _expand reads them after the count: the one owner of their names."""
     p = prefix
-    return ([f"{agg(f'c{i}')} AS {p}sc{i}" for i in range(_C)]
-            + [f"{agg(f'{p}y{t}')} AS {p}sy{t}" for t in range(targets)]
-            + [f"{agg(f'c{i} * c{j}')} AS {p}cc{i}_{j}" for i, j in _CPAIRS]
-            + [f"{agg(f'c{i} * {p}y{t}')} AS {p}cy{i}_{t}" for i in range(_C) for t in range(targets)])
+    return ([(f"{p}sc{i}", f"c{i}") for i in range(_C)] + [(f"{p}sy{t}", f"{p}y{t}") for t in range(targets)]
+            + [(f"{p}cc{i}_{j}", f"c{i} * c{j}") for i, j in _CPAIRS]
+            + [(f"{p}cy{i}_{t}", f"c{i} * {p}y{t}") for i in range(_C) for t in range(targets)])
+
+
+def _sums_sql(targets: int, prefix: str = "") -> list[str]:
+    """The sums of _summed; with a prefix, over the rows where that prefix's condition holds."""
+    return [f"sumIf({e}, {prefix}) AS {c}" if prefix else f"sum({e}) AS {c}" for c, e in _summed(targets, prefix)]
 
 
 # -- the statistics: per (replica, block) sums -> leave-one-out fits -> ratios ---------------------
@@ -151,9 +153,7 @@ def _sums_sql(targets: int, prefix: str = "") -> list[str]:
 # what ClickHouse returns per (replica, block, phase): n, sums of the continuous features and the targets,
 # their products
 def _part_columns(targets: int, prefix: str = "") -> list[str]:
-    p = prefix
-    return ([f"{p}n" if p else "n"] + [f"{p}sc{i}" for i in range(_C)] + [f"{p}sy{t}" for t in range(targets)]
-            + [f"{p}cc{i}_{j}" for i, j in _CPAIRS] + [f"{p}cy{i}_{t}" for i in range(_C) for t in range(targets)])
+    return [f"{prefix}n"] + [c for c, _ in _summed(targets, prefix)]
 
 
 _PART_COLUMNS = _part_columns(_T)
@@ -417,7 +417,7 @@ def _eligible(model: str, replicas: list[str], blocks: np.ndarray, width: float,
 
 
 def _tests(shape: dict, tested: list[int]) -> dict[tuple[int, str], dict]:
-    """(replica, target) -> ratio, interval and p (unadjusted) of the step targets, slow or not.
+    """(replica, target) -> ratio, interval, bar and p (unadjusted) of the step targets.
     Forward and host time are compared among the replicas whose engine splits the step into them only (one that
     reports the whole step as forward would read as a peer with no host time)."""
     blocks = shape["blocks"]

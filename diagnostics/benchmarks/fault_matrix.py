@@ -180,7 +180,7 @@ def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, s
                 fleet_down(run_dir)
 
 
-def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate=RATE) -> Outcome:
+def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate) -> Outcome:
     urls = [r.url for r in base.replicas] + [r.url for r in cand.replicas]
     since = time.time() - 1
     stages = []  # (label, findings)

@@ -75,15 +75,16 @@ _WINDOWS = iter(range(1, 100))
 
 
 def fleet(store, model: str, specs: dict[str, dict], identities: dict[str, dict] | None = None,
-          seconds: float = SECONDS) -> Scope:
-    """Insert one replica start and the steps of each replica (`specs`: replica -> steps_of kwargs) in a
-    window of its own; returns that window's scope."""
+          seconds: float = SECONDS, steps=None, seed_base: int = 0) -> Scope:
+    """Insert one replica start and the steps of each replica (`specs`: replica -> kwargs of `steps`,
+    steps_of by default) in a window of its own; returns that window's scope."""
+    steps = steps or steps_of
     t0 = T0 - 40_000 + 2_000 * next(_WINDOWS)
     identities = identities or {}
     store.insert_records("replicas", [replica(rid, t0 - 60, model_name=model, **identities.get(rid, {}))
                                       for rid in specs])
     for k, (rid, kw) in enumerate(specs.items()):
-        store.insert_records("steps", steps_of(rid, t0, seed=kw.pop("seed", k), seconds=seconds, **kw))
+        store.insert_records("steps", steps(rid, t0, seed=kw.pop("seed", seed_base + k), seconds=seconds, **kw))
     return Scope(start=t0 - 1, end=t0 + seconds + 1)
 
 
@@ -300,12 +301,8 @@ def busy_steps_of(rid: str, t0: float, *, seed: int, seconds: float = 60.0, seqs
     return out
 
 
-def busy_fleet(store, model: str, specs: dict[str, dict], seconds: float = 60.0) -> Scope:
-    t0 = T0 - 40_000 + 2_000 * next(_WINDOWS)
-    store.insert_records("replicas", [replica(rid, t0 - 60, model_name=model) for rid in specs])
-    for k, (rid, kw) in enumerate(specs.items()):
-        store.insert_records("steps", busy_steps_of(rid, t0, seed=kw.pop("seed", 500 + k), seconds=seconds, **kw))
-    return Scope(start=t0 - 1, end=t0 + seconds + 40)
+def busy_fleet(store, model: str, specs: dict[str, dict]) -> Scope:
+    return fleet(store, model, specs, seconds=60.0, steps=busy_steps_of, seed_base=500)
 
 
 def test_a_replica_that_waits_longer_between_steps_is_named_on_the_gap_not_the_step(store):
