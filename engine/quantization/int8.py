@@ -25,7 +25,9 @@ here (AVX2, no VNNI): `torch._weight_int8pack_mm` 1.7 / 28 ms, `torch._int_mm`
 
 from __future__ import annotations
 
+import itertools
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -84,6 +86,8 @@ class Int8Matmul:
         self.fast = not exact and q.numel() >= FAST_MIN_NUMEL
         self._packed = None
         self._packed_for: tuple | None = None  # (data_ptr, _version) of q and scale the pack was built from
+        self.handle = next(_HANDLES)  # how a compiled graph names this matmul (see int8_matmul below)
+        _MATMULS[self.handle] = self
 
     def _key(self) -> tuple:
         return tuple(None if t is None else (t.data_ptr(), _version(t)) for t in (self.q, self.scale, self.bias))
@@ -103,6 +107,11 @@ class Int8Matmul:
         return y + self.bias if self.bias is not None else y
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return torch.ops.infersight.int8_matmul(x, self.handle)
+        return self.eager(x)
+
+    def eager(self, x: torch.Tensor) -> torch.Tensor:
         if self.fast and x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] <= FAST_MAX_ROWS:
             key = self._key()
             if self._packed_for != key:  # first call, or the weights were replaced / written in place
@@ -112,6 +121,24 @@ class Int8Matmul:
         # (x @ q^T) * s == x @ (q * s)^T: the scale factors out of the row
         y = F.linear(x, self.q.to(x.dtype)) * self.scale.to(x.dtype)
         return y + self.bias.to(x.dtype) if self.bias is not None else y
+
+
+# compile_decode and int8: dynamo cannot trace the packing checks (data_ptr) nor fbgemm's packed
+# weights, and broke the graph at every projection (the 135M model, batch 1: p10 step 30 ms eager,
+# 63 ms compiled). As one opaque op per matmul, the graph fuses everything between them and the op
+# runs `eager` at call time. A handle (an int, constant in the graph) names the matmul; the table
+# holds it weakly, so a dropped model's matmuls go with it. Declared with torch.library.Library,
+# not the custom_op decorator: its Python wrapper cost ~16 us a call, x121 calls a step on that model.
+_HANDLES = itertools.count()
+_MATMULS: weakref.WeakValueDictionary[int, Int8Matmul] = weakref.WeakValueDictionary()
+_LIB = torch.library.Library("infersight", "FRAGMENT")
+_LIB.define("int8_matmul(Tensor x, int handle) -> Tensor")
+_LIB.impl("int8_matmul", lambda x, handle: _MATMULS[handle].eager(x), "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("infersight::int8_matmul", lib=_LIB)
+def _int8_matmul_shape(x: torch.Tensor, handle: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], _MATMULS[handle].q.shape[0]))
 
 
 class Int8Linear(nn.Module):

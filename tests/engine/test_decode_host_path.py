@@ -153,3 +153,43 @@ def test_compiled_decode_is_one_graph_and_gives_the_eager_tokens(tiny_llama, mon
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     torch._dynamo.reset()
+
+
+def test_compiled_int8_decode_is_one_graph_and_gives_the_eager_int8_tokens(tiny_llama, monkeypatch):
+    """With int8 weights, compile_decode still traces one graph per step: each int8 matmul is one
+    opaque op (infersight::int8_matmul) whose packing checks and fbgemm call run at call time;
+    traced through, they broke the graph at every projection. Tokens equal the eager int8 engine's,
+    and the int8 kernel is what ran inside the graph (its packed weights were built)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    import engine.model_runner as model_runner
+    import engine.quantization.int8 as int8
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(int8, "FAST_MIN_NUMEL", 0)  # the tiny model's matrices take the int8 kernel
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    prompts = [[5, 9, 17, 3, 11, 8, 2], [7, 7, 1, 30]]
+
+    def generate(engine):
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), p, params, stream=False)
+        done = {}
+        while engine.has_unfinished():
+            done.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
+        return [done[str(i)] for i in range(len(prompts))]
+
+    torch._dynamo.reset()
+    counters.clear()
+    kw = dict(block_size=4, num_kv_blocks=64, quantization="int8", quant_skip_layers=[])
+    compiled = LLMEngine(tiny_llama, compile_decode=True, **kw)
+    eager = LLMEngine(tiny_llama, **kw)
+    assert generate(compiled) == generate(eager)
+    assert compiled.runner._compiled is not None
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    qkv = compiled.loaded.model.model.layers[0].self_attn._qkv._int8
+    assert qkv is not None and qkv._packed is not None
+    torch._dynamo.reset()

@@ -1,6 +1,6 @@
 """infersight's side: `engine.llm.LLM`, fp32, or its weight-only int8 path (variant "int8", lm_head included),
-or fp32 with decode steps through torch.compile (variant "compile": EngineConfig.compile_decode; its
-compile happens in the warm-up, `warmup_s`).
+or decode steps through torch.compile (EngineConfig.compile_decode) in fp32 (variant "compile") or int8
+("int8-compile"); the compile happens in the warm-up, `warmup_s`.
 
 Runs in infersight's own interpreter. Engine settings as `bench throughput`'s defaults; the prefix
 cache is emptied before each workload, so the shared-prefix workload measures reuse within itself.
@@ -24,12 +24,13 @@ def main() -> None:
 
     torch.set_num_threads(req["threads"])
     start = time.perf_counter()
-    quant = "int8" if req["variant"] == "int8" else "none"
+    quant = "int8" if req["variant"] in ("int8", "int8-compile") else "none"
+    compiled = req["variant"] in ("compile", "int8-compile")
     # int8 quantizes lm_head too, as llama.cpp's q8_0 does its output matrix: the same weight bytes
     # per step (on the 135M model lm_head is 113 of its 513 MB)
     llm = LLM(req["model_dir"], dtype="float32", quantization=quant, quant_skip_layers=[], max_num_seqs=128,
               max_num_batched_tokens=2048, kv_cache_memory_bytes=512 * 2**20,
-              compile_decode=req["variant"] == "compile")
+              compile_decode=compiled)
     load_s = time.perf_counter() - start
 
     def generate(prompts, output_lens):
@@ -39,7 +40,7 @@ def main() -> None:
 
     start = time.perf_counter()
     generate(*io.warmup_workload(llm.engine.vocab_size))
-    if req["variant"] == "compile":  # compile the decode shapes the workloads meet outside their timing:
+    if compiled:  # compile the decode shapes the workloads meet outside their timing:
         generate([[7, 8, 9]], [4])  # batch 1 (dynamo specializes size 1), then a length mask with the
         generate([[7, 8, 9], [7, 8, 9, 10, 11, 12]], [4, 4])  # rows in order and out of order (a scatter)
         generate([[7, 8, 9, 10, 11, 12], [7, 8, 9]], [4, 4])
