@@ -64,14 +64,22 @@ def bars(frame: pd.DataFrame, x: str, y: str, color: str | None = None, title: s
 
 
 def intervals(labels, values, lows, highs, title: str = "", x_title: str = "", reference: float | None = None,
-              height: int | None = None, colors=None) -> go.Figure:
-    """A point with its interval per label (a forest plot); `reference` draws the no-effect line."""
+              height: int | None = None, colors=None, bars=None) -> go.Figure:
+    """A point with its interval per label (a forest plot); `reference` draws the no-effect line, `bars`
+    (one per label, missing ones left out) a tick where that label's interval had to start to count."""
     values, lows, highs = (pd.Series(list(v), dtype=float) for v in (values, lows, highs))
-    trace = go.Scatter(x=values, y=[str(v) for v in labels], mode="markers", name="estimate",
-                       marker={"size": 10, "color": colors},
-                       error_x={"type": "data", "symmetric": False, "array": (highs - values).clip(lower=0),
-                                "arrayminus": (values - lows).clip(lower=0)})
-    fig = _figure([trace], title, x_title, "", height or 120 + 40 * len(values), showlegend=False,
+    names = [str(v) for v in labels]
+    traces = [go.Scatter(x=values, y=names, mode="markers", name="estimate",
+                         marker={"size": 10, "color": colors},
+                         error_x={"type": "data", "symmetric": False, "array": (highs - values).clip(lower=0),
+                                  "arrayminus": (values - lows).clip(lower=0)})]
+    if bars is not None:
+        bar = pd.Series(list(bars), dtype=float)
+        keep = bar.notna().to_numpy()
+        traces.append(go.Scatter(x=bar[keep], y=[n for n, k in zip(names, keep) if k], mode="markers", name="bar",
+                                 marker={"symbol": "line-ns-open", "size": 18, "color": "red",
+                                         "line": {"width": 2}}))
+    fig = _figure(traces, title, x_title, "", height or 120 + 40 * len(values), showlegend=False,
                   hovermode="closest")
     fig.update_yaxes(autorange="reversed")
     if reference is not None:

@@ -90,18 +90,19 @@ def differences(evidence: dict, key: str) -> None:
 # -- lagging replica / slow steps ---------------------------------------------------------------
 
 def _effects(evidence: dict) -> pd.DataFrame:
-    """One row per metric (lagging_replica) or step-time target (slow_steps): ratio and interval."""
+    """One row per metric (lagging_replica) or step-time target (slow_steps): ratio, interval and the bar
+    its interval had to clear (the diagnostic's own, from the evidence: each slow_steps gap has its own)."""
     rows = []
     for name, m in (evidence.get("metrics") or {}).items():
         lo, hi = (m.get("ratio_ci") or [None, None])[:2]
         test = m.get("test_vs_peers") or {}
         rows.append({"metric": name, "ratio to peers": m.get("ratio_to_peers"), "ci low": lo, "ci high": hi,
-                     "Holm p": m.get("holm_p"), "requests compared": test.get("n_subject"),
+                     "bar": m.get("bar"), "Holm p": m.get("holm_p"), "requests compared": test.get("n_subject"),
                      "strata": test.get("strata")})
     for name, t in (evidence.get("targets") or {}).items():
         lo, hi = (t.get("ci") or [None, None])[:2]
         rows.append({"metric": f"{name} time", "ratio to peers": t.get("ratio"), "ci low": lo, "ci high": hi,
-                     "Holm p": t.get("p_holm"), "observed s": t.get("observed_seconds"),
+                     "bar": t.get("bar"), "Holm p": t.get("p_holm"), "observed s": t.get("observed_seconds"),
                      "predicted s": t.get("predicted_seconds")})
     return pd.DataFrame(rows)
 
@@ -117,8 +118,10 @@ def lagging(evidence: dict, row: pd.Series, key: str) -> None:
         st.plotly_chart(charts.intervals(complete["metric"], complete["ratio to peers"],
                                          complete["ci low"].fillna(complete["ratio to peers"]),
                                          complete["ci high"].fillna(complete["ratio to peers"]),
-                                         title=f"{rid}: ratio to its peers (95% interval; 1 = as fast as them)",
-                                         x_title="ratio", reference=1.0), key=f"{key}_effects")
+                                         title=f"{rid}: ratio to its peers (95% interval; 1 = as fast as "
+                                               "them; | the bar the interval must clear)",
+                                         x_title="ratio", reference=1.0, bars=complete["bar"]),
+                        key=f"{key}_effects")
         effects["Holm p"] = effects["Holm p"].map(ev.shown)  # p-values keep their exponent, not rounded to 0
         widgets.table(widgets.rounded(effects, 4), key=f"{key}_effects_table")
     if evidence.get("metrics"):

@@ -231,7 +231,7 @@ def _verdicts(model, group, done, identity, skip, scope, limits) -> list[Finding
         if full.ratio_ci is None or full.ratio_ci[0] <= MIN_EFFECT:
             continue
         flagged.setdefault(rid, {})[m] = {"ratio_to_peers": full.ratio, "ratio_ci": full.ratio_ci,
-                                          "holm_p": t["holm_p"], "test_vs_peers": full.to_dict(),
+                                          "bar": MIN_EFFECT, "holm_p": t["holm_p"], "test_vs_peers": full.to_dict(),
                                           "controlled_for": list(COMPUTED_CONTROLLED if m in BY_COMPUTED
                                                                  else CONTROLLED)}
     findings = []

@@ -90,10 +90,10 @@ def step(replica_id: str, step_id: int, start: float, waiting: int, used: int) -
 # the evidence diagnostics.replicas writes for a lagging replica (its shape, the seeded numbers)
 LAGGING_EVIDENCE = {
     "model_name": MODEL, "replica": "r2", "peers": ["r0", "r1"], "unit": "request",
-    "metrics": {"ttft": {"ratio_to_peers": 3.0, "ratio_ci": [2.6, 3.4], "holm_p": 1e-9,
+    "metrics": {"ttft": {"ratio_to_peers": 3.0, "ratio_ci": [2.6, 3.4], "bar": 1.15, "holm_p": 1e-9,
                          "test_vs_peers": {"n_subject": 100, "n_peers": 200, "strata": 4, "ratio": 3.0,
                                            "ratio_ci": [2.6, 3.4], "z": 8.1, "p_value": 1e-10}},
-                "itl": {"ratio_to_peers": 2.9, "ratio_ci": [2.7, 3.1], "holm_p": 2e-9,
+                "itl": {"ratio_to_peers": 2.9, "ratio_ci": [2.7, 3.1], "bar": 1.15, "holm_p": 2e-9,
                         "test_vs_peers": {"n_subject": 100, "n_peers": 200, "strata": 4, "ratio": 2.9,
                                           "ratio_ci": None, "z": 7.9, "p_value": 2e-10}}},
     "identity_differences": [{"field": "engine_version", "replica": "0.2.0", "peers": {"0.1.0": 2}},
@@ -113,8 +113,10 @@ def more_findings(encode, generated) -> list[FindingRecord]:
                              first_seen=T0 + seen, last_seen=T0 + seen, diagnostic=diagnostic)
     steps = {"model_name": MODEL, "replica": "r2", "peers": ["r0", "r1"], "slow_targets": ["forward"],
              "unit": "time blocks of 60 s (resampled jointly across replicas)", "steps": 200, "blocks": 25,
-             "targets": {"forward": {"ratio": 1.8, "ci": [1.5, 2.1], "p": 1e-6, "p_holm": 1e-5,
+             "targets": {"forward": {"ratio": 1.8, "ci": [1.5, 2.1], "p": 1e-6, "p_holm": 1e-5, "bar": 1.1,
                                      "observed_seconds": 4.3, "predicted_seconds": 2.4, "slow": True},
+                         "gap": {"ratio": 1.7, "ci": [1.5, 1.9], "p": 1e-5, "p_holm": 1e-4, "bar": 1.41,
+                                 "observed_seconds": 0.9, "predicted_seconds": 0.5, "slow": True},
                          "host": {"ratio": 1.0, "ci": [0.9, 1.1], "p": 0.5, "p_holm": 1.0,
                                   "observed_seconds": 1.6, "predicted_seconds": 1.6, "slow": False}},
              "mean_shape": {"replica": {"prefill_tokens": 3.6, "decode_tokens": 4.0},

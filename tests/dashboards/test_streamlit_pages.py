@@ -260,10 +260,16 @@ def test_each_finding_family_has_its_view(app):
     assert np.median(array(curves["r2 (101)"]["x"])) > 2 * np.median(array(curves["r0 (101)"]["x"]))
     identity = [df.value for df in at.dataframe if "this replica" in df.value.columns][0]
     assert identity.set_index("field").loc["quantization"].tolist() == ["int8", "none (2)"]
-    # slow steps: per step-time target, the ratio to the peers' model and the mean batch shape
+    bars = specs["fd_f_lag_effects"]["data"][1]
+    assert bars["name"] == "bar" and array(bars["x"]) == [1.15, 1.15]
+    # slow steps: per step-time target, the ratio to the peers' model against that target's own bar (the
+    # gap's is derived from its share of the wall time; host has none in this evidence: no tick), and the
+    # mean batch shape
     at.selectbox(key="fd_selected").set_value("f-steps").run()
     assert family_shown(at) == "lagging"
-    assert list(chart_specs(at)["fd_f_steps_effects"]["data"][0]["y"]) == ["forward time", "host time"]
+    estimate, bars = chart_specs(at)["fd_f_steps_effects"]["data"]
+    assert list(estimate["y"]) == ["forward time", "gap time", "host time"]
+    assert list(bars["y"]) == ["forward time", "gap time"] and array(bars["x"]) == [1.1, 1.41]
     # a change point: the series with the change marked
     at.selectbox(key="fd_selected").set_value("f-cp").run()
     assert family_shown(at) == "regression"
