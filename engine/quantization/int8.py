@@ -69,6 +69,14 @@ def _prepack(q: torch.Tensor, scale: torch.Tensor):
         return None
 
 
+def _linear_dynamic(x: torch.Tensor, packed) -> torch.Tensor:
+    # the packed weights are a ScriptObject: torch's __torch_function__ check on the arguments asks it
+    # for that attribute, and it answers with a C++ exception, caught: 22 -> 7 us a call, most of a
+    # small matrix's (the 135M model at batch 1 makes 121 of these calls a step). Plain tensors only here.
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.ops.quantized.linear_dynamic.default(x, packed, True)
+
+
 def _version(t: torch.Tensor) -> int:
     return 0 if t.is_inference() else t._version  # inference tensors have no version counter
 
@@ -97,13 +105,13 @@ class Int8Matmul:
         # on busy cores - but switching torch's thread count per call made the reference model's
         # int8 decode 10x slower at 2 threads: p10 step 3.2 -> 35.5 ms)
         if x.shape[0] == 1:  # a decode row: the kernel's per-call activation scale is per token already
-            y = torch.ops.quantized.linear_dynamic(x, self._packed, True)
+            y = _linear_dynamic(x, self._packed)
         else:
             # the kernel takes one activation scale per call: over many tokens one large row would
             # coarsen every other row's rounding (tiny-model top-1 0.96 -> 0.93), so rows are
             # brought to max |x| = 1 first and scaled back: per-token rounding for 3 small ops
             a = x.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-30)
-            y = torch.ops.quantized.linear_dynamic(x / a, self._packed, True).mul_(a)
+            y = _linear_dynamic(x / a, self._packed).mul_(a)
         return y + self.bias if self.bias is not None else y
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,7 +141,16 @@ _HANDLES = itertools.count()
 _MATMULS: weakref.WeakValueDictionary[int, Int8Matmul] = weakref.WeakValueDictionary()
 _LIB = torch.library.Library("infersight", "FRAGMENT")
 _LIB.define("int8_matmul(Tensor x, int handle) -> Tensor")
-_LIB.impl("int8_matmul", lambda x, handle: _MATMULS[handle].eager(x), "CompositeExplicitAutograd")
+
+
+def _int8_matmul(x: torch.Tensor, handle: int) -> torch.Tensor:
+    mm = _MATMULS.get(handle)
+    if mm is None:
+        raise RuntimeError(f"int8 matmul {handle} is gone: a compiled graph outlived the model it was traced on")
+    return mm.eager(x)
+
+
+_LIB.impl("int8_matmul", _int8_matmul, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("infersight::int8_matmul", lib=_LIB)
