@@ -125,13 +125,13 @@ def _summarize(wls, runs: dict[str, list]) -> list[dict]:
 
 
 def _print_table(rows: list[dict]) -> None:
-    print(f"\n  {'workload':8} {'side':20} {'tok/s':>9} {'x infersight':>12} {'peak RSS':>9}  greedy=infersight  note")
+    print(f"\n  {'workload':8} {'side':24} {'tok/s':>9} {'x infersight':>12} {'peak RSS':>9}  greedy=infersight  note")
     for r in rows:
         if r.get("tokens_per_s") is None:
-            print(f"  {r['workload']:8} {r['side']:20} {'-':>9} {'-':>12} {'-':>9}  {'-':17}  {r['note']}")
+            print(f"  {r['workload']:8} {r['side']:24} {'-':>9} {'-':>12} {'-':>9}  {'-':17}  {r['note']}")
             continue
         ratio = f"{r['ratio_to_infersight']:.2f}x" if "ratio_to_infersight" in r else "-"
-        print(f"  {r['workload']:8} {r['side']:20} {r['tokens_per_s']:9.1f} {ratio:>12} {r['peak_rss_mib']:7.0f} MiB"
+        print(f"  {r['workload']:8} {r['side']:24} {r['tokens_per_s']:9.1f} {ratio:>12} {r['peak_rss_mib']:7.0f} MiB"
               f"  {r.get('greedy_agree', '-'):17}  {r['note']}")
 
 
