@@ -28,7 +28,7 @@ short runs would pay the compile. At batch 1 each float32 projection in the grap
 own multi-threaded reduction instead of MKL's one-thread sgemv (engine/models/gemv.py): the
 135M model compiled 19.0-19.6 -> 35.5-39.0 tok/s (forward 50 -> 22-25 ms a step, ABAB, load 0.7-1.1).
 int8 weights compile too: each int8 matmul is one opaque op in the graph (quantization/int8.py), and
-the norms, rotary, attention and residuals between them fuse (135M, int8, batch 1: p10 step 30 -> 21 ms).
+the norms, rotary, attention and residuals between them fuse (135M, int8, batch 1: p10 step 23.3 -> 18.9 ms).
 """
 
 from __future__ import annotations
