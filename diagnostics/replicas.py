@@ -13,8 +13,10 @@ stratified Mann-Whitney (diagnostics.stratified); the effect is the median of it
 over the peers' median in the same stratum, with a stratified bootstrap interval. The tail too
 (diagnostics.tail_latency): p90 of queue time and TTFT against the peers' in the same strata, a block
 bootstrap over time, for a replica whose few queued requests wait far longer (max_num_seqs 1) while
-its median does not move. Holm over replicas x metrics (median and tail tests); a replica is lagging
-when the adjusted p < ALPHA and the interval's lower bound exceeds MIN_EFFECT. Decode time per output token and ITL depend on the batch a replica's scheduler limits (max_num_seqs,
+its median does not move; a p90 past the bar over fewer time blocks than its bootstrap needs is said to
+be insufficient data, with the traffic it needs. Holm over replicas x metrics (median and tail tests); a
+replica is lagging when the adjusted p < ALPHA and the interval's lower bound exceeds MIN_EFFECT. Decode
+time per output token and ITL depend on the batch a replica's scheduler limits (max_num_seqs,
 max_num_batched_tokens) let it build, so they are compared only among replicas with the same
 limits: one held to a single sequence is slower to first token and faster per token, and its
 batching peers are not lagging for that. Peers are pooled requests, not per-replica summaries, so
@@ -215,8 +217,33 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
                                             f"strata (workload, prompt and output length, offered load) its peers "
                                             f"also served: needs peers' traffic at the same offered tokens and lengths",
                                             requests=entry["n"], model_name=model))
-        lagging += _verdicts(model, group, done, identity, skip, scope, limits)
+        verdicts = _verdicts(model, group, done, identity, skip, scope, limits)
+        lagging += verdicts + _short_tails(model, done, {f.subject for f in verdicts}, scope)
     return lagging + findings
+
+
+def _short_tails(model: str, done: list[dict], named: set[str], scope) -> list[Finding]:
+    """Insufficient data, said, for a replica whose p90 reads past the bar over too few time blocks to be
+    bootstrapped (tail_latency.MIN_BLOCKS): a short window. Without it that test is p = 1, silently."""
+    short: dict[str, list] = {}
+    for t in done:
+        c = t["comparison"]
+        if (t["metric"] in TAIL and t["replica"] not in named and c.ratio_ci is None and c.ratio >= MIN_EFFECT
+                and c.blocks < tail_latency.MIN_BLOCKS):
+            short.setdefault(t["replica"], []).append((t["metric"], c))
+    out = []
+    for rid, tails in sorted(short.items()):
+        width = tails[0][1].block_seconds
+        read = ", ".join(f"{LABELS[m]} {c.ratio:.2f}x over {c.n_subject} requests" for m, c in tails)
+        out.append(insufficient(
+            KIND, rid, DIAGNOSTIC, scope,
+            f"{rid} against its peers of {model}: {read}, in {tails[0][1].blocks} time blocks of {width:g} s; "
+            f"the block bootstrap needs {tail_latency.MIN_BLOCKS} blocks with its requests (about "
+            f"{tail_latency.MIN_BLOCKS * width:g} s of traffic)", model_name=model,
+            tails={m: {"ratio": c.ratio, "blocks": c.blocks, "block_seconds": c.block_seconds,
+                       "requests": c.n_subject} for m, c in tails},
+            min_blocks=tail_latency.MIN_BLOCKS))
+    return out
 
 
 def _verdicts(model, group, done, identity, skip, scope, limits) -> list[Finding]:

@@ -14,13 +14,20 @@ A run, per (fault, fleet shape):
 2. the fault is deployed: a file fault changes P in place (the usual incident: a new checkpoint or
    tokenizer pushed to the path a replica serves from), an option fault is the candidate's engine
    option; the candidate then starts on P - same path, its own options;
-3. traffic: a probe round (engine/probe; not in the perf matrix), the loadgen's default mix (sampled at 0.8, each request
-   to one replica picked at random, nothing broadcast) in checkpoints, a second probe round;
+3. traffic: a probe round (engine/probe; not in the perf matrix), the loadgen's default mix (sampled
+   at 0.8, each request to one replica picked at random, nothing broadcast) in checkpoints, a second
+   probe round;
 4. after each checkpoint every diagnostic runs over the window (not written), and the first
    checkpoint where a finding above info names the candidate with one of the fault's detector
    kinds is "requests needed".
 Shapes: "canary" (one baseline + one candidate, started later) and "three" (two baselines + the
 candidate). A clean run (no fault) must give nothing above info on any replica.
+
+Traffic: --rate and --requests, except for a fault that names its own (Fault.traffic, TRAFFIC): a
+scheduler limit costs latency only where requests overlap, and at RATE the reference model's replicas
+are idle ~94% of the time (sampled outputs end at EOS after 2-3 tokens, ~15 ms a request). The perf
+matrix's clean runs are repeated at each traffic its faults use, so a busier traffic's false positives
+are counted too.
 """
 
 from __future__ import annotations
@@ -56,7 +63,10 @@ from telemetry.store.waiting import wait_for_requests
 ENGINE = {"served_model_name": "reference", "max_num_seqs": 8, "num_kv_blocks": 128, "block_size": 16}
 SERVE_ARGS = ["--store-text"]  # the recorder keeps prompt text: the text checks use it
 RESCORED = 24  # requests of each replica a rescore round teacher-forces on every replica (perf matrix)
-RATE = 4.0  # requests/s over the fleet: busy, not saturated (2 cores for 3 replicas, the sidecar and the load)
+RATE = 4.0  # requests/s over the fleet: the identity matrix's probes and files, not load, are what it tests
+# (rate, requests) a fault may ask for: "busy" keeps each replica ~30% busy for the same ~75 s of traffic
+# (measured on the canary: with max_num_seqs 1 the queue's p90 is 2.45x the peer's there, 1.2x at RATE)
+TRAFFIC = {"busy": (20.0, 1500)}
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,7 @@ class Fault:
     neighbour: bool = False  # the candidate pinned to one CPU beside a busy loop (perf_faults.busy_neighbour)
     draft: str | None = None  # "good" | "damaged": every replica drafts with the served checkpoint, the
     #                           candidate with this one (perf_faults.good_draft / damaged_draft)
+    traffic: str | None = None  # TRAFFIC's key: the rate and requests this fault shows at (None: the run's)
 
     @property
     def clean(self) -> bool:
@@ -103,11 +114,12 @@ PERF_FAULTS = {f.name: f for f in (
     Fault("prefix_caching_off", "prefix caching switched off", frozenset({"prefix_hit_gap"}),
           engine={"enable_prefix_caching": False}),
     Fault("tiny_budget", "max_num_seqs 1 and a 32-token step budget", frozenset({"lagging_replica", "slow_steps"}),
-          engine={"max_num_seqs": 1, "max_num_batched_tokens": 32}),
+          engine={"max_num_seqs": 1, "max_num_batched_tokens": 32}, traffic="busy"),
     Fault("eos_ids", "generation_config.json names another eos id", frozenset({"output_mix_shift"}),
           file_fault="eos_ids"),
     Fault("int4_coarse", "int4 weights with the coarsest group",
-          frozenset({"sampled_logprob_shift", "cross_score_shift"}), engine={"quantization": "int4", "quant_group_size": 128}),
+          frozenset({"sampled_logprob_shift", "cross_score_shift"}),
+          engine={"quantization": "int4", "quant_group_size": 128}),
     Fault("noisy_weights", "weights with 5% relative noise at the same path",
           frozenset({"sampled_logprob_shift", "cross_score_shift"}), file_fault="noisy_weights"),
     Fault("damaged_draft", "every replica drafts with the served checkpoint; the candidate's draft is a copy "
@@ -129,6 +141,7 @@ class Outcome:
     explanation: str  # the catching finding's summary
     false_positives: list  # (kind, subject, severity) above info that are not the candidate's
     requests: int = 0
+    traffic: str = ""  # the rate it ran at (with TRAFFIC's name when a fault asked for one)
 
 
 def _spec(rid: str, model: Path, engine: dict) -> ReplicaSpec:
@@ -174,7 +187,9 @@ def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, s
                 neighbours.enter_context(perf_faults.busy_neighbour())
             cand = _up(work, "cand", [cand_spec], SidecarSpec(enabled=False, url=base.store_url))
             fleets.append(cand.run_dir)
-            return _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate)
+            outcome = _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate)
+            outcome.traffic = f"{rate:g}/s"
+            return outcome
         finally:
             for run_dir in reversed(fleets):
                 fleet_down(run_dir)
@@ -287,14 +302,14 @@ def _outcome(fault, shape, candidate, stages, sent, log) -> Outcome:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    lines = ["| fault | fleet | caught after | explanation | false positives |", "|---|---|---|---|---|"]
+    lines = ["| fault | fleet | traffic | caught after | explanation | false positives |", "|---|---|---|---|---|---|"]
     for o in outcomes:
         if o.fault.startswith("clean"):
             caught = "(clean: nothing expected)"
         else:
             caught = o.caught_after or "**missed**"
         fps = "; ".join(f"{k} {s} on {subj}" for k, subj, s, _ in o.false_positives) or "none"
-        lines.append(f"| {o.fault} | {o.shape} | {caught} | {o.explanation[:120]} | {fps} |")
+        lines.append(f"| {o.fault} | {o.shape} | {o.traffic} | {caught} | {o.explanation[:120]} | {fps} |")
     return "\n".join(lines)
 
 
@@ -309,21 +324,29 @@ def main(argv=None) -> int:
     parser.add_argument("--clean-runs", type=int, default=3, help="clean fleets per shape")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--rate", type=float, default=RATE,
-                        help=f"requests/s over the fleet (default {RATE:g}); a scheduler-limit fault costs "
-                             "latency only when requests overlap, so it shows at a busier rate")
+                        help=f"requests/s over the fleet (default {RATE:g}); a fault with a traffic of its own "
+                             f"(TRAFFIC: {TRAFFIC}) runs at that")
     args = parser.parse_args(argv)
     faults = MATRICES[args.matrix]
     names = [] if args.faults == "none" else [f for f in (args.faults or ",".join(faults)).split(",") if f]
     unknown = sorted(set(names) - set(faults))
     if unknown:
         parser.error(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(faults)}")
+    default = (args.rate, args.requests)
+    # clean runs at the run's traffic and at every traffic the matrix's faults ask for
+    traffics = [None] + sorted({f.traffic for f in faults.values() if f.traffic})
     outcomes = []
     for shape in args.shapes.split(","):
-        cases = [faults[n] for n in names] + [None] * args.clean_runs
-        for i, fault in enumerate(cases):
+        cases = [(faults[n], faults[n].traffic) for n in names] + [(None, t) for t in traffics
+                                                                   for _ in range(args.clean_runs)]
+        for i, (fault, traffic) in enumerate(cases):
+            rate, requests = TRAFFIC[traffic] if traffic else default
             with tempfile.TemporaryDirectory(prefix="infersight-fm-") as work:
-                outcomes.append(run_case(fault, shape, Path(work), args.requests, seed=i,
-                                         probes=args.matrix == "identity", rate=args.rate))
+                outcome = run_case(fault, shape, Path(work), requests, seed=i, probes=args.matrix == "identity",
+                                   rate=rate)
+            if traffic:
+                outcome.traffic = f"{traffic} ({outcome.traffic})"
+            outcomes.append(outcome)
     print(table(outcomes))
     missed = [o for o in outcomes if not o.fault.startswith("clean") and o.caught_after is None]
     noisy = [o for o in outcomes if o.false_positives]

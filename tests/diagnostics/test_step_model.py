@@ -267,12 +267,13 @@ def test_another_engine_is_not_a_slow_replica_but_a_slower_build_of_the_same_eng
 # -- the gap: the time between a step that left sequences running and the next one ---------------------
 
 def busy_steps_of(rid: str, t0: float, *, seed: int, seconds: float = 60.0, seqs=(1, 8), gap_factor: float = 1.0,
-                  gap_base: float = 4e-4, idle_waits: float = 0.0, stall_at=None):
+                  gap_base: float = 4e-4, idle_waits: float = 0.0, stall_at=None, context_per_seq=(100, 400),
+                  gap_per_context: float = 0.0):
     """Back-to-back steps of a busy replica: each step's cost as in steps_of, and before it a gap that grows
     with the step's sequences (outputs streamed) and prefill tokens (requests that arrived), times
     `gap_factor` and per-gap noise. `idle_waits`: the probability that a step empties the batch and the loop
     then waits 20-80 ms for work (no gap: a wait); `stall_at`: seconds in, a 30 s stop with sequences running
-    (a restart, not the per-step overhead)."""
+    (a restart, not the per-step overhead); `gap_per_context`: seconds a gap grows per context token."""
     rng = np.random.default_rng(seed)
     out, t, k, running = [], t0, 0, 1
     while t < t0 + seconds:
@@ -281,12 +282,13 @@ def busy_steps_of(rid: str, t0: float, *, seed: int, seconds: float = 60.0, seqs
         npre = {"decode": 0, "prefill": s, "mixed": max(1, s // 4)}[phase]
         pre_tokens = int(npre * rng.integers(20, 100))
         dec = s - npre
-        ctx = int(dec * rng.integers(100, 400)) + pre_tokens
+        ctx = int(dec * rng.integers(*context_per_seq)) + pre_tokens
         forward, host = cost(pre_tokens, dec, s, ctx)
         forward *= np.exp(rng.normal(0, 0.1))
         host *= np.exp(rng.normal(0, 0.1))
         if running:
-            t += (gap_base + 1e-4 * s + 2e-6 * pre_tokens) * gap_factor * np.exp(rng.normal(0, 0.3))
+            gap = gap_base + 1e-4 * s + 2e-6 * pre_tokens + gap_per_context * ctx
+            t += gap * gap_factor * np.exp(rng.normal(0, 0.3))
         if stall_at is not None and t >= t0 + stall_at:
             t, stall_at = t + 30.0, None
         running = 0 if rng.random() < idle_waits else s
@@ -359,3 +361,22 @@ def test_a_stop_with_sequences_running_is_not_a_gap(store):
     assert above_info(run(store, scope, report=report)) == []
     (gap,) = [r for r in report if r["replica"] == "gx-stalled" and r["target"] == "gap"]
     assert 0.8 < gap["ratio"] < 1.25
+
+
+def test_a_replica_without_gaps_keeps_the_context_slope_in_its_peers_gap_fit(store):
+    # whether context is fitted is decided once, on the step sums, for both fits: a replica whose traffic
+    # never leaves sequences running (single-step scoring requests: no gap of its own) still reports context,
+    # so the gap fit keeps the context slope that explains the long-context replica's longer gaps. Decided on
+    # the gap sums, its empty gaps would drop the slope and the long-context replica would read as slow.
+    law = {"gap_per_context": 2e-7}
+    specs = {"gk-r0": dict(law), "gk-r1": dict(law), "gk-long": {**law, "context_per_seq": (1500, 4000)}}
+    scope = busy_fleet(store, "m-gap-context", specs)
+    t0 = scope.start + 1
+    store.insert_records("replicas", [replica("gk-scoring", t0 - 60, model_name="m-gap-context")])
+    scoring = steps_of("gk-scoring", t0, seed=7, seconds=60.0)  # num_running 0 after every step: no gaps
+    assert sum(s.num_context_tokens for s in scoring) > 0
+    store.insert_records("steps", scoring)
+    report: list = []
+    assert above_info(run(store, scope, report=report)) == []
+    (gap,) = [r for r in report if r["replica"] == "gk-long" and r["target"] == "gap"]
+    assert gap["ci"][0] < 1.1  # explained by its contexts, not lagging

@@ -119,3 +119,20 @@ def test_a_drifting_clean_pair_is_not_significant_under_the_block_bootstrap():
     c = tail_latency.compare({"s": x}, {"s": tx}, {"s": y}, {"s": ty}, 1e-3, 20)
     assert c.ratio > 1.4 and c.blocks >= tail_latency.MIN_BLOCKS
     assert c.p_value > 0.01 and c.ratio_ci[0] < replicas.MIN_EFFECT
+
+
+def test_a_long_tail_over_too_short_a_window_says_it_needs_more_time_blocks(clean):
+    """The same canary held to one sequence, over 35 s of traffic: its p90 reads far past the bar, but 35 s
+    are 7 blocks of 5 s, fewer than the block bootstrap needs. That is said (insufficient data, how long),
+    not left as a silent p = 1."""
+    t0 = time.time() - 7200
+    plan = {r: (poisson(random.Random(60 + k), 1.5, t0, t0 + 35), None) for k, r in enumerate(("base", "canary"))}
+    fleet(clean, t0, plan, {"canary": 1})
+    found = replicas.run(clean, DiagnosticRequest(Scope(start=t0 - 1, end=t0 + 60)))
+    assert above_info(found) == []
+    short = [f for f in found if f.insufficient and f.subject == "canary" and "tails" in f.evidence]
+    assert len(short) == 1, [f.summary for f in found]
+    tails = short[0].evidence["tails"]
+    assert all(t["ratio"] >= replicas.MIN_EFFECT and t["blocks"] < tail_latency.MIN_BLOCKS for t in tails.values())
+    assert "time blocks" in short[0].summary and "s of traffic" in short[0].summary
+    assert not [f for f in found if f.insufficient and f.subject == "base" and "tails" in f.evidence]
