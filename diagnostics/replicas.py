@@ -223,23 +223,24 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
 
 
 def _short_tails(model: str, done: list[dict], named: set[str], scope) -> list[Finding]:
-    """Insufficient data, said, for a replica whose p90 reads past the bar over too few time blocks to be
-    bootstrapped (tail_latency.MIN_BLOCKS): a short window. Without it that test is p = 1, silently."""
+    """Insufficient data, said, for a replica whose p90 reads past the bar while its compared requests lie
+    in fewer time blocks than the block bootstrap needs (tail_latency.MIN_BLOCKS: a short window, or a
+    canary that joined late). Without it that test is p = 1, silently. Not for a replica named lagging:
+    an insufficient finding stands in for its kind's finding on the replica (the same finding id)."""
     short: dict[str, list] = {}
     for t in done:
         c = t["comparison"]
-        if (t["metric"] in TAIL and t["replica"] not in named and c.ratio_ci is None and c.ratio >= MIN_EFFECT
-                and c.blocks < tail_latency.MIN_BLOCKS):
+        if t["metric"] in TAIL and t["replica"] not in named and c.too_few_blocks:
             short.setdefault(t["replica"], []).append((t["metric"], c))
     out = []
     for rid, tails in sorted(short.items()):
-        width = tails[0][1].block_seconds
+        first = tails[0][1]
         read = ", ".join(f"{LABELS[m]} {c.ratio:.2f}x over {c.n_subject} requests" for m, c in tails)
         out.append(insufficient(
             KIND, rid, DIAGNOSTIC, scope,
-            f"{rid} against its peers of {model}: {read}, in {tails[0][1].blocks} time blocks of {width:g} s; "
-            f"the block bootstrap needs {tail_latency.MIN_BLOCKS} blocks with its requests (about "
-            f"{tail_latency.MIN_BLOCKS * width:g} s of traffic)", model_name=model,
+            f"{rid} against its peers of {model}: {read}, but its compared requests lie in {first.blocks} time "
+            f"blocks of {first.block_seconds:g} s; the block bootstrap needs them in {tail_latency.MIN_BLOCKS} "
+            f"(traffic over a longer span)", model_name=model,
             tails={m: {"ratio": c.ratio, "blocks": c.blocks, "block_seconds": c.block_seconds,
                        "requests": c.n_subject} for m, c in tails},
             min_blocks=tail_latency.MIN_BLOCKS))

@@ -62,13 +62,14 @@ class TailComparison:
     n_peers: int
     strata: int
     ratio: float  # p90 ratio, combined over strata
-    ratio_ci: tuple[float, float] | None  # None: not bootstrapped (the ratio was below the screen)
+    ratio_ci: tuple[float, float] | None  # None: not bootstrapped (below the screen, or too_few_blocks)
     z: float
     p_value: float
     blocks: int
     block_seconds: float
     block_lag1: float  # adjacent blocks' exceedance correlation left (it widens the interval)
     above_peer_quantile: float  # share of the subject's requests above the peers' stratum p90
+    too_few_blocks: bool = False  # past the screen, but its requests lie in fewer than MIN_BLOCKS blocks
     quantile: float = QUANTILE
     test: str = TEST
 
@@ -126,7 +127,7 @@ def compare(subject: dict, subject_at: dict, peers: dict, peers_at: dict, floor:
     base = dict(n_subject=n1, n_peers=n2, strata=len(keys), ratio=float(np.exp(effect)),
                 blocks=len(own_blocks), block_seconds=width, block_lag1=rho, above_peer_quantile=float(above))
     if screened or len(own_blocks) < MIN_BLOCKS:
-        return TailComparison(ratio_ci=None, z=0.0, p_value=1.0, **base)
+        return TailComparison(ratio_ci=None, z=0.0, p_value=1.0, too_few_blocks=not screened, **base)
     boot = _bootstrap(subject, subject_at, peers, peers_at, keys, weights, floor, t0, width, seed)
     boot = boot[np.isfinite(boot)]
     widen = autocorrelation_inflation(rho)  # what correlation adjacent blocks still have

@@ -23,11 +23,12 @@ A run, per (fault, fleet shape):
 Shapes: "canary" (one baseline + one candidate, started later) and "three" (two baselines + the
 candidate). A clean run (no fault) must give nothing above info on any replica.
 
-Traffic: --rate and --requests, except for a fault that names its own (Fault.traffic, TRAFFIC): a
-scheduler limit costs latency only where requests overlap, and at RATE the reference model's replicas
-are idle ~94% of the time (sampled outputs end at EOS after 2-3 tokens, ~15 ms a request). The perf
-matrix's clean runs are repeated at each traffic its faults use, so a busier traffic's false positives
-are counted too.
+Traffic: --rate and --requests, except for a fault that names its own (Fault.traffic, TRAFFIC; main
+applies it, and run_case's caller passes its rate and requests): a scheduler limit costs latency only
+where requests overlap, and at RATE the reference model's replicas run steps ~3% of the time (sampled
+outputs end at EOS after 2-3 tokens, ~15 ms a request). Clean runs are repeated at each traffic the
+selected faults use (with --faults none, every traffic of the matrix), so a busier traffic's false
+positives are counted too.
 """
 
 from __future__ import annotations
@@ -63,9 +64,10 @@ from telemetry.store.waiting import wait_for_requests
 ENGINE = {"served_model_name": "reference", "max_num_seqs": 8, "num_kv_blocks": 128, "block_size": 16}
 SERVE_ARGS = ["--store-text"]  # the recorder keeps prompt text: the text checks use it
 RESCORED = 24  # requests of each replica a rescore round teacher-forces on every replica (perf matrix)
-RATE = 4.0  # requests/s over the fleet: the identity matrix's probes and files, not load, are what it tests
-# (rate, requests) a fault may ask for: "busy" keeps each replica ~30% busy for the same ~75 s of traffic
-# (measured on the canary: with max_num_seqs 1 the queue's p90 is 2.45x the peer's there, 1.2x at RATE)
+RATE = 4.0  # requests/s over the fleet: 2 cores for 3 replicas, the sidecar and the load; the default traffic
+# (rate, requests) a fault may ask for: "busy" is 5x the arrivals for the same ~75 s of traffic. Measured on the
+# tiny-budget canary (step time / wall time per replica): 2-3% at RATE, 8-9% at "busy"; its queue's p90 1.2x the
+# peer's at RATE (not significant), 2.45x [1.39, 4.61] at "busy"
 TRAFFIC = {"busy": (20.0, 1500)}
 
 
@@ -141,7 +143,7 @@ class Outcome:
     explanation: str  # the catching finding's summary
     false_positives: list  # (kind, subject, severity) above info that are not the candidate's
     requests: int = 0
-    traffic: str = ""  # the rate it ran at (with TRAFFIC's name when a fault asked for one)
+    traffic: str = ""  # the rate it ran at (main adds TRAFFIC's name where a case ran at one)
 
 
 def _spec(rid: str, model: Path, engine: dict) -> ReplicaSpec:
@@ -325,7 +327,8 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--rate", type=float, default=RATE,
                         help=f"requests/s over the fleet (default {RATE:g}); a fault with a traffic of its own "
-                             f"(TRAFFIC: {TRAFFIC}) runs at that")
+                             f"(TRAFFIC: {TRAFFIC}, rate and requests) runs at that, whatever --rate and "
+                             "--requests say")
     args = parser.parse_args(argv)
     faults = MATRICES[args.matrix]
     names = [] if args.faults == "none" else [f for f in (args.faults or ",".join(faults)).split(",") if f]
@@ -333,8 +336,10 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(faults)}")
     default = (args.rate, args.requests)
-    # clean runs at the run's traffic and at every traffic the matrix's faults ask for
-    traffics = [None] + sorted({f.traffic for f in faults.values() if f.traffic})
+    # clean runs at the run's traffic and at every traffic the selected faults ask for (all of the matrix's
+    # with --faults none)
+    selected = [faults[n] for n in names] or list(faults.values())
+    traffics = [None] + sorted({f.traffic for f in selected if f.traffic})
     outcomes = []
     for shape in args.shapes.split(","):
         cases = [(faults[n], faults[n].traffic) for n in names] + [(None, t) for t in traffics

@@ -134,5 +134,6 @@ def test_a_long_tail_over_too_short_a_window_says_it_needs_more_time_blocks(clea
     assert len(short) == 1, [f.summary for f in found]
     tails = short[0].evidence["tails"]
     assert all(t["ratio"] >= replicas.MIN_EFFECT and t["blocks"] < tail_latency.MIN_BLOCKS for t in tails.values())
-    assert "time blocks" in short[0].summary and "s of traffic" in short[0].summary
+    assert "time blocks of 5 s" in short[0].summary and "needs them in 8" in short[0].summary
     assert not [f for f in found if f.insufficient and f.subject == "base" and "tails" in f.evidence]
+    assert len({f.finding_id for f in found}) == len(found)  # it stands in for no other finding
