@@ -17,8 +17,8 @@ Change points: requests are split by a hash of request_id into a placement half 
 half. Per time bucket, the median of each placement request's latency relative to its stratum's
 median is segmented with ruptures (PELT); a level shift up counts only when the confirmation half,
 which played no part in placing it, shows it too (MWU + KS, Bonferroni over the change points, and
-the ratio of medians' bootstrap 95% interval at or above min_shift, not only its point). Placement on noise finds the noise's own extremes; data that did
-not choose them does not confirm them.
+the ratio of medians' bootstrap 95% interval at or above min_shift, not only its point). Placement
+on noise finds the noise's own extremes; data that did not choose them does not confirm them.
 """
 
 from __future__ import annotations
@@ -247,8 +247,8 @@ def _findings(result: RegressionResult, metrics, seed: int) -> list[Finding]:
         subject = f"{metric}: {versus}"
         if not rows:
             findings.append(insufficient("regression", subject, DIAGNOSTIC, cand,
-                                         f"no stratum of {LABELS[metric]} has {hypothesis_tests.MIN_SAMPLES}+ samples on both "
-                                         f"sides", skipped=[k for k in result.skipped if k["metric"] == metric],
+                                         f"no stratum of {LABELS[metric]} has {hypothesis_tests.MIN_SAMPLES}+ samples "
+                                         f"on both sides", skipped=[k for k in result.skipped if k["metric"] == metric],
                                          baseline=base.describe()))
             continue
         for verdict in ("regression", "improvement"):
