@@ -6,7 +6,6 @@ import dataclasses
 import random
 import time
 
-import pytest
 
 from diag_records import jittered, replica, request, step
 
@@ -95,29 +94,31 @@ def test_noise_that_pelt_segments_is_not_a_change_point(clean):
     assert not [f for f in creep if f.severity != "info"], [f.summary for f in creep]
 
 
-def test_a_real_step_is_confirmed_on_the_hold_out(clean):
+def stepped(store, seed: int, step: float, spread: float) -> tuple[float, Scope]:
+    """One replica's 2400 requests, a second apart, whose TTFT (log-normal `spread`) steps up `step`x
+    halfway, at t0 + 1200; returns t0 and the scope over them."""
     t0 = time.time() - 7200
-    rng = random.Random(8)
-    reqs = [request("r0", j, t0 + j, ttft=jittered(rng, 0.02 * (1.5 if j >= 1200 else 1.0), 0.5),
+    rng = random.Random(seed)
+    reqs = [request("r0", j, t0 + j, ttft=jittered(rng, 0.02 * (step if j >= 1200 else 1.0), spread),
                     itl=jittered(rng, 0.01)) for j in range(2400)]
-    clean.insert_records("replicas", [replica("r0", t0 - 10)])
-    clean.insert_records("requests", reqs)
-    (f,) = [f for f in regression.creep(clean, Scope(start=t0 - 60)) if f.severity != "info"]
+    store.insert_records("replicas", [replica("r0", t0 - 10)])
+    store.insert_records("requests", reqs)
+    return t0, Scope(start=t0 - 60)
+
+
+def test_a_real_step_is_confirmed_on_the_hold_out(clean):
+    t0, scope = stepped(clean, seed=8, step=1.5, spread=0.5)
+    (f,) = [f for f in regression.creep(clean, scope) if f.severity != "info"]
     assert f.subject.startswith("ttft") and abs(f.evidence["change_at"] - (t0 + 1200)) < 60
     assert "hold-out" in f.evidence["confirmation"] and 1.3 < f.evidence["comparison"]["ratio"] < 1.7
 
 
-def test_a_step_whose_interval_reaches_below_the_bar_is_not_a_change_point(clean):
+def test_a_step_whose_interval_reaches_below_the_bar_is_not_a_change_point(clean, monkeypatch):
     """A real but uncertain step: very noisy latency (log-normal sigma 1.2) that steps up 1.3x. The
     hold-out half confirms it (p < ALPHA) with a point ratio past min_shift, but its interval reaches
-    below the bar; as for every latency rule, the interval decides. A clear 1.5x step still fires."""
-    t0 = time.time() - 7200
-    rng = random.Random(11)
-    reqs = [request("r0", j, t0 + j, ttft=jittered(rng, 0.02 * (1.3 if j >= 1200 else 1.0), 1.2),
-                    itl=jittered(rng, 0.01)) for j in range(2400)]
-    clean.insert_records("replicas", [replica("r0", t0 - 10)])
-    clean.insert_records("requests", reqs)
-    scope = Scope(start=t0 - 60)
+    below the bar; as for every latency rule, the interval decides (a clear 1.5x step still fires:
+    test_a_real_step_is_confirmed_on_the_hold_out)."""
+    _, scope = stepped(clean, seed=11, step=1.3, spread=1.2)
     assert not [f for f in regression.creep(clean, scope) if f.severity != "info"]
     confirmed = []  # what the point-only rule said of the same data
 
@@ -126,7 +127,6 @@ def test_a_step_whose_interval_reaches_below_the_bar_is_not_a_change_point(clean
         confirmed.append(c)
         return dataclasses.replace(c, ratio_ci=(c.ratio, c.ratio) if c.ratio else None)
 
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(regression.hypothesis_tests, "compare_samples", point_only)
-        assert [f.subject for f in regression.creep(clean, scope) if f.severity != "info"] == ["ttft: all"]
+    monkeypatch.setattr(regression.hypothesis_tests, "compare_samples", point_only)
+    assert [f.subject for f in regression.creep(clean, scope) if f.severity != "info"] == ["ttft: all"]
     assert any(c.ratio >= 1.2 and c.p_value < regression.ALPHA for c in confirmed)
