@@ -91,6 +91,19 @@ def test_logprobs_are_stored_and_not_shown(clients, upstream, proxy, store, path
     assert json.loads(m["sampling_params_json"])["logprobs"] is None  # the client's parameters, not the proxy's
 
 
+def test_only_a_vllm_upstream_gets_the_logprobs_warm_up(clients, proxy):
+    """The warm-up pays a cost of vLLM's (RecordingProxy._warm_logprobs); another upstream is not sent it."""
+    import time
+
+    _, via = clients
+    assert via.get("/v1/models").status_code == 200
+    deadline = time.monotonic() + 30
+    while proxy.proxy.info is None and time.monotonic() < deadline:  # the proxy learns it in the background
+        time.sleep(0.05)
+    assert proxy.proxy.info is not None and proxy.proxy.info.owned_by != "vllm"
+    assert proxy.proxy.extras.logprobs_fraction > 0 and proxy.proxy.logprobs_warmed is None
+
+
 def test_a_client_that_asks_for_logprobs_keeps_them(clients, upstream):
     direct, via = clients
     body = completion(upstream.model, logprobs=2)

@@ -163,6 +163,23 @@ def test_the_proxy_learned_vllms_ways(proxy):
     assert proxy.proxy.info.engine_version.startswith("vllm-")
 
 
+def test_the_proxy_pays_vllms_first_logprobs_request_at_start_and_does_not_record_it(proxy, store):
+    """vLLM's first request asking for logprobs costs seconds, once (RecordingProxy._warm_logprobs has the
+    numbers); the proxy asks one of its own as soon as vLLM answers, so no client's request pays it."""
+    import time
+
+    from engine.proxy.app import WARMUP_REQUEST_PREFIX
+
+    deadline = time.monotonic() + 60
+    while proxy.proxy.logprobs_warmed is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proxy.proxy.logprobs_warmed is True
+    proxy.flush()
+    stored = store.query_df("SELECT count() AS n FROM requests WHERE startsWith(request_id, {p:String})",
+                            {"p": WARMUP_REQUEST_PREFIX})
+    assert int(stored["n"][0]) == 0
+
+
 def test_promtool_maps_a_live_vllm_scrape_through_the_proxy(proxy, tmp_path):
     """vLLM's /metrics, read through the proxy (a replica's endpoint passes it through), mapped by the
     recording rules onto the infersight names, checked by promtool."""
