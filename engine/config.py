@@ -36,6 +36,9 @@ class EngineConfig:
     ngram_max: int = 4
     # torch.compile the forward of pure decode steps (engine/model_runner.py); off: see there
     compile_decode: bool = False
+    # multi-step decode (engine/multi_step.py): up to this many decode steps per schedule, when the
+    # batch is decodes only, nothing waits and every sequence is greedy without logits processors
+    num_scheduler_steps: int = 1
     # tokenization
     tokenization_cache_size: int = 4096
     # identity

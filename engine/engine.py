@@ -28,7 +28,7 @@ from engine.model_runner import ModelRunner
 from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, is_token_ids, text_prompt
-from engine.sampler import Sampler, token_logprobs
+from engine.sampler import Sampler, SamplerOutput, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
@@ -85,7 +85,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len,
-                                   enable_chunked_prefill=config.enable_chunked_prefill)
+                                   enable_chunked_prefill=config.enable_chunked_prefill,
+                                   num_scheduler_steps=config.num_scheduler_steps)
         self.backend = get_backend(config.attention_backend, config.device)
         self.runner = ModelRunner(self.loaded.model, allocate_kv_cache(self.loaded, num_blocks, block_size),
                                   self.backend, block_size, self.device, config.compile_decode)
@@ -94,6 +95,9 @@ class LLMEngine:
         self.structured_output = StructuredOutput(self.tokenizer.hf, self.vocab_size, self.eos_token_ids)
         self.speculator = None
         if config.speculative_mode not in ("none", "", None):
+            if config.num_scheduler_steps > 1:
+                raise ValueError("speculative decoding and multi-step decode (num_scheduler_steps > 1) exclude "
+                                 "each other: both put several tokens in one step")
             from engine.spec_decode.speculator import Speculator
 
             self.speculator = Speculator(config, self.loaded, self.kv_cache, self.sampler,
@@ -220,6 +224,8 @@ class LLMEngine:
             if self.observer.enabled:
                 self._notify("on_request_scheduled", seq.request_id, now)
         sampling = [s for s, samples in zip(batch.seqs, batch.samples) if samples]
+        if batch.num_steps > 1:
+            return self._multi_step(batch, sampling, start_wall, t0, t1)
         try:
             draft_s = 0.0  # a draft model's forwards count as forward time, not host overhead
             if self.speculator is not None:  # drafts join the batch: 1 + k tokens per decode sequence
@@ -249,6 +255,43 @@ class LLMEngine:
         self.step_id += 1
         return outputs
 
+    def _multi_step(self, batch: ScheduledBatch, sampling: list[Sequence], start_wall: float, t0: float,
+                    t1: float) -> list[RequestOutput]:
+        """A batch of `batch.num_steps` decode sub-steps (engine/multi_step.py): prepared at once, run back to
+        back, postprocessed at once; reported as one StepRecord per sub-step."""
+        try:
+            steps = self.runner.prepare_steps(batch)
+            t2 = perf_counter()
+            tokens, raw, times = self.runner.forward_steps(steps)
+            k = batch.num_steps
+            sampled = SamplerOutput(tokens.tolist(), [(None,) * k] * len(sampling), raw.tolist())
+            t4 = perf_counter()
+        except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep serving the others
+            log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
+            self.step_id += 1
+            return self._fail(batch.seqs, f"{type(e).__name__}: {e}")
+        kept = [len(s.token_ids) for s in sampling]
+        outputs, finished = self._postprocess(batch, {}, sampling, sampled)
+        t5 = perf_counter()
+        if self.observer.enabled:
+            kept = [len(s.token_ids) - n for s, n in zip(sampling, kept)]  # tokens each kept, up to a stop
+            context_lens = steps[0].metadata.context_lens
+            start, listed = start_wall, len(times) - 1
+            for j, (forward_s, sample_s) in enumerate(times):
+                first, last = j == 0, j == listed
+                # the schedule and prepare are the first sub-step's; the postprocess (and the list of
+                # finished requests) the last one's; the conversion of the tokens to lists is sampling
+                split = (t1 - t0 if first else 0.0, t2 - t1 if first else 0.0, forward_s,
+                         sample_s + (t4 - t2 - sum(sum(t) for t in times) if last else 0.0),
+                         t5 - t4 if last else 0.0)
+                self._report_step(batch, start, t0, split, sum(1 for n in kept if n > j),
+                                  finished if last else [], [n + j for n in context_lens])
+                start += sum(split)
+                self.step_id += 1
+        else:
+            self.step_id += k
+        return outputs
+
     def _postprocess(self, batch: ScheduledBatch, prompt_logits: dict, sampling: list[Sequence],
                      sampled) -> tuple[list[RequestOutput], list[tuple[Sequence, RequestOutput]]]:
         kv = self.kv_cache
@@ -268,16 +311,21 @@ class LLMEngine:
         eos = self.eos_token_ids
         max_len = self.scheduler.max_seq_len
         spec = self.speculator is not None  # then each sequence gets a list of tokens (accepted drafts + 1)
-        for seq, tokens, logprobs in zip(sampling, sampled.token_ids, sampled.logprobs):
-            if not spec:
+        steps = batch.num_steps > 1  # each sequence gets its K sub-steps' tokens (engine/multi_step.py)
+        for i, (seq, tokens, logprobs) in enumerate(zip(sampling, sampled.token_ids, sampled.logprobs)):
+            if steps:
+                raw = sampled.sampled_logprobs[i]  # the sampler appends these itself; here, only tokens kept
+            elif not spec:
                 tokens, logprobs = (tokens,), (logprobs,)
             elif logprobs is None:
                 logprobs = (None,) * len(tokens)
             params = seq.sampling_params
             reason = None
-            for token, logprob in zip(tokens, logprobs):
+            for j, (token, logprob) in enumerate(zip(tokens, logprobs)):
                 seq.token_ids.append(token)
                 seq.token_times.append(now)
+                if steps:
+                    seq.output_logprobs.append(raw[j])
                 if seq.first_token_time == 0.0:
                     seq.first_token_time = now
                     if self.observer.enabled:
@@ -305,6 +353,9 @@ class LLMEngine:
                 continue
             if spec:  # keep the accepted drafts' KV, drop the rejected ones' slots
                 self.speculator.commit(seq)
+            elif steps:  # every sub-step's input token is in the cache now; the last token is not
+                seq.num_computed_tokens = len(seq.token_ids) - 1
+                kv.cache_full_blocks(seq)
             if seq.stream:
                 outputs.append(self._stream_output(seq))
         if finished:

@@ -29,15 +29,23 @@ own multi-threaded reduction instead of MKL's one-thread sgemv (engine/models/ge
 135M model compiled 19.0-19.6 -> 35.5-39.0 tok/s (forward 50 -> 22-25 ms a step, ABAB, load 0.7-1.1).
 int8 weights compile too: each int8 matmul is one opaque op in the graph (quantization/int8.py), and
 the norms, rotary, attention and residuals between them fuse (135M, int8, batch 1: p10 step 23.3 -> 18.9 ms).
+
+Multi-step decode (engine/multi_step.py): `prepare_steps` builds a batch's K sub-steps at once and
+`forward_steps` runs them back to back, each one forward + logits + greedy argmax + raw logprob
+(`_argmax_step`, its own graph under compile_decode), its token the next one's input. On the reference
+model at batch 1, compiled, K = 8: p10 step 0.40-0.57 -> 0.27-0.28 ms, 1392-1916 -> 2249-2579 tok/s
+(decode_host, runs alternating).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.sampler import sampled_logprobs
 from engine.scheduler import ScheduledBatch
 
 # compile_decode's torch.compile backend (tests trace with "eager": dynamo's graph, no inductor build)
@@ -86,7 +94,9 @@ class ModelRunner:
         # A CUDA-graph runner would replace exactly this seam: `_decode_forward` for pure decode
         # steps of a captured batch size, with the backend's prepare() filling static buffers.
         self.compile_decode = compile_decode
-        self._compiled = None
+        self._compiled = None  # _decode_step, compiled
+        self._compiled_argmax = None  # _argmax_step, compiled (multi-step decode)
+        self._step_backend = None
 
     def prepare(self, batch: ScheduledBatch) -> ModelInputs:
         bs = self.block_size
@@ -128,18 +138,66 @@ class ModelRunner:
         self.backend.prepare(metadata)
         return inputs
 
+    def prepare_steps(self, batch: ScheduledBatch) -> list[ModelInputs]:
+        """The inputs of a multi-step batch's `batch.num_steps` decode sub-steps (engine/multi_step.py):
+        sub-step j reads one more cached position and writes the slot after it. Its input ids are the tokens
+        the sub-step before chose, so `forward_steps` fills them in."""
+        first = self.prepare(batch)
+        steps, bs, md = [first], self.block_size, first.metadata
+        for j in range(1, batch.num_steps):
+            slots = []
+            for seq in batch.seqs:
+                p = seq.num_computed_tokens + j
+                slots.append(seq.block_table[p // bs] * bs + p % bs)
+            sub = AttentionMetadata(query_lens=md.query_lens, context_lens=[n + j for n in md.context_lens],
+                                    block_tables=md.block_tables, block_size=bs,
+                                    slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device))
+            self.backend.prepare(sub)
+            # its own input buffer, made here outside inference mode: the compiled step guards on that
+            # (an argmax made under inference mode as the input recompiled the graph, 20 s)
+            ids = torch.empty_like(first.input_ids)
+            steps.append(ModelInputs(ids, first.positions + j, sub, first.sample_rows, []))
+        return steps
+
+    @torch.inference_mode()
+    def forward_steps(self, steps: list[ModelInputs]) -> tuple[torch.Tensor, torch.Tensor, list[tuple[float, float]]]:
+        """Run a multi-step batch: [B, K] tokens (each sub-step's greedy argmax, the next one's input), their
+        raw logprobs (the sampler's `sampled_logprobs`), and each sub-step's (forward, sample) seconds."""
+        tokens, logprobs, times = [], [], []
+        for j, step in enumerate(steps):
+            t0 = time.perf_counter()
+            ids = step.input_ids
+            if j:
+                ids.copy_(tokens[-1])
+            if self.compile_decode:
+                if self._compiled_argmax is None:
+                    self._compiled_argmax = self._compile(self._argmax_step)
+                chosen, logprob = self._compiled_argmax(ids, step.positions, step.metadata, self.kv_caches,
+                                                        self._step_backend)
+            else:
+                chosen, logprob = self._argmax_step(ids, step.positions, step.metadata, self.kv_caches, self.backend)
+            tokens.append(chosen)
+            logprobs.append(logprob)
+            # the sampling is in the same call: all of it counts as forward time
+            times.append((time.perf_counter() - t0, 0.0))
+        return torch.stack(tokens, 1), torch.stack(logprobs, 1), times
+
     def _decode_step(self, input_ids, positions, metadata, kv_caches, backend):
         """A pure decode step's hidden states and logits (every row samples): what is compiled."""
         hidden = self.model(input_ids, positions, metadata, kv_caches, backend)
         return hidden, self.model.compute_logits(hidden)
 
-    def _decode_forward(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._compiled is None:
-            # cpp_wrapper: the graph's kernels are called from C++, not from a Python wrapper
-            # (forward 0.71 -> 0.62 ms at batch 1; cold compile ~25 s either way)
-            options = {"cpp_wrapper": True} if COMPILE_BACKEND == "inductor" else None
-            self._compiled = torch.compile(self._decode_step, dynamic=True, backend=COMPILE_BACKEND,
-                                           options=options)
+    def _argmax_step(self, input_ids, positions, metadata, kv_caches, backend):
+        """A multi-step sub-step: the forward, the logits, the greedy token and its raw logprob (what the
+        sampler computes for a greedy row) in one graph. The argmax and logprob ops outside the graph
+        cost ~40 us a sub-step at batch 1 on the reference model."""
+        logits = self.model.compute_logits(self.model(input_ids, positions, metadata, kv_caches, backend))
+        row_max, chosen = logits.max(dim=-1)
+        return chosen, sampled_logprobs(logits, chosen, row_max)
+
+    def _compile(self, fn):
+        """torch.compile of a decode function (`_decode_step`, `_argmax_step`): each has graphs of its own."""
+        if self._step_backend is None:
             # the pool never changes shape: static, or dynamo's duck sizing would take a batch of
             # 2 (or 16, 32) for the cache's kv heads (block size, head dim) and compile per batch size
             for k_cache, v_cache in self.kv_caches:
@@ -147,6 +205,14 @@ class ModelRunner:
                 torch._dynamo.mark_static(v_cache)
             # a traceable backend's attention compiles with the rest: one graph per step
             self._step_backend = self.backend if self.backend.traceable else _EagerAttention(self.backend)
+        # cpp_wrapper: the graph's kernels are called from C++, not from a Python wrapper
+        # (forward 0.71 -> 0.62 ms at batch 1; cold compile ~25 s either way)
+        options = {"cpp_wrapper": True} if COMPILE_BACKEND == "inductor" else None
+        return torch.compile(fn, dynamic=True, backend=COMPILE_BACKEND, options=options)
+
+    def _decode_forward(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._compiled is None:
+            self._compiled = self._compile(self._decode_step)
         return self._compiled(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches,
                               self._step_backend)
 

@@ -15,6 +15,10 @@ preempted). Each step:
    first takes whatever prefix the cache holds. With chunked prefill a prompt
    may take only part of the remaining budget and continue next step (without
    it, only a preempted sequence longer than the whole budget is split).
+3. Multi-step decode (`num_scheduler_steps` K > 1, engine/multi_step.py): when the
+   batch is decodes only, nothing waits, and every sequence may take K greedy
+   tokens, each gets the KV slots of K tokens and the batch runs K steps. It is
+   all or none, and only from free blocks: more steps never preempt anyone.
 
 A request that could never run (prompt at least as long as the context, or
 longer than the whole pool) is rejected in `check_prompt` before it queues.
@@ -26,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.kv_cache import KVCacheManager
+from engine.multi_step import takes_steps
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -43,6 +48,7 @@ class ScheduledBatch:
     newly_scheduled: list[Sequence] = field(default_factory=list)  # first time ever scheduled
     prefix_query_tokens: int = 0
     prefix_hit_tokens: int = 0
+    num_steps: int = 1  # decode steps this batch runs (multi-step decode: engine/multi_step.py)
 
     @property
     def num_tokens(self) -> int:
@@ -76,9 +82,12 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, kv_cache: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, enable_chunked_prefill: bool = True):
+                 max_model_len: int, enable_chunked_prefill: bool = True, num_scheduler_steps: int = 1):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if num_scheduler_steps < 1:
+            raise ValueError(f"num_scheduler_steps must be >= 1 (1: one step per schedule), got {num_scheduler_steps}")
+        self.num_scheduler_steps = num_scheduler_steps
         self.kv_cache = kv_cache
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -181,7 +190,23 @@ class Scheduler:
                 running.append(seq)
                 batch.add(seq, num_new)
                 budget -= num_new
+        if self.num_scheduler_steps > 1 and not self.waiting and not batch.preempted:
+            self._take_steps(batch)
         return batch
+
+    def _take_steps(self, batch: ScheduledBatch) -> None:
+        """Step 3: K steps for a batch of decodes only, if all of it may take them and the free blocks
+        hold every sequence's K slots."""
+        k = self.num_scheduler_steps
+        if batch.num_prefill_seqs or not takes_steps(batch.seqs, k, self.max_seq_len):
+            return
+        kv = self.kv_cache
+        needed = sum(max(0, kv.blocks_for(s.num_computed_tokens + k) - len(s.block_table)) for s in batch.seqs)
+        if needed > kv.num_free_blocks:
+            return
+        for seq in batch.seqs:
+            kv.allocate(seq, k)
+        batch.num_steps = k
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv_cache.free(seq)

@@ -91,8 +91,9 @@ def run_once(model: str, workload, threads: int, engine_args: dict, int8_exact: 
         llm.engine.loaded.model.fuse_projections()
     warm = workload.head(2)
     warm_start = time.perf_counter()  # with --compile: the decode step's compile happens here
-    llm.generate(warm.prompts, [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * len(warm.prompts),
-                 use_tqdm=False)
+    warm_tokens = 8 + 2 * engine_args.get("num_scheduler_steps", 1)  # multi-step: its K steps compile here too
+    warm_params = SamplingParams(temperature=0.0, max_tokens=warm_tokens, ignore_eos=True)
+    llm.generate(warm.prompts, [warm_params] * len(warm.prompts), use_tqdm=False)
     warmup_s = time.perf_counter() - warm_start
     llm.engine.kv_cache.reset_prefix_cache()
     obs.steps.clear()
@@ -145,6 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--compile", action="store_true", help="engine option compile_decode=True")
+    p.add_argument("--steps", type=int, default=1, help="engine option num_scheduler_steps (multi-step decode)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--quant", default="none", help="engine option quantization (none | int8 | int4)")
     p.add_argument("--quant-skip", default="lm_head", help="comma-separated layers left in float ('' for none)")
@@ -153,6 +155,8 @@ def main(argv=None) -> int:
     engine_args = dict(max_num_seqs=128, max_num_batched_tokens=2048, kv_cache_memory_bytes=512 * 2**20)
     if args.compile:
         engine_args["compile_decode"] = True
+    if args.steps > 1:
+        engine_args["num_scheduler_steps"] = args.steps
     if args.quant != "none":
         engine_args.update(quantization=args.quant, quant_skip_layers=[s for s in args.quant_skip.split(",") if s])
     chosen = args.only.split(",") if args.only else ["batch1", "decode16", "mixed", "135m"]

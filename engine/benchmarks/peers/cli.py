@@ -24,9 +24,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--models", default="reference,135m", help="reference, 135m, or model directories")
     parser.add_argument("--workloads", default=",".join(workloads.NAMES), help=f"of {','.join(workloads.NAMES)}")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"of {','.join(PEERS)}")
-    parser.add_argument("--variants", default="fp32,int8,compile,int8-compile",
+    parser.add_argument("--variants", default="fp32,int8,compile,int8-compile,compile-steps,int8-compile-steps",
                         help="fp32, int8 (for the peers that have it), compile and int8-compile (infersight's "
-                             "compile_decode, fp32 or int8)")
+                             "compile_decode, fp32 or int8), compile-steps and int8-compile-steps (the same with "
+                             "multi-step decode, num_scheduler_steps 8)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

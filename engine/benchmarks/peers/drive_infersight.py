@@ -1,6 +1,7 @@
 """infersight's side: `engine.llm.LLM`, fp32, or its weight-only int8 path (variant "int8", lm_head included),
 or decode steps through torch.compile (EngineConfig.compile_decode) in fp32 (variant "compile") or int8
-("int8-compile"); the compile happens in the warm-up, `warmup_s`.
+("int8-compile"); the compile happens in the warm-up, `warmup_s`. "-steps" adds multi-step decode
+(EngineConfig.num_scheduler_steps = STEPS, engine/multi_step.py).
 
 Runs in infersight's own interpreter. Engine settings as `bench throughput`'s defaults; the prefix
 cache is emptied before each workload, so the shared-prefix workload measures reuse within itself.
@@ -11,6 +12,8 @@ from __future__ import annotations
 import time
 
 import _driver_io as io
+
+STEPS = 8  # the "-steps" variants' num_scheduler_steps
 
 
 def main() -> None:
@@ -24,13 +27,15 @@ def main() -> None:
 
     torch.set_num_threads(req["threads"])
     start = time.perf_counter()
-    quant = "int8" if req["variant"] in ("int8", "int8-compile") else "none"
-    compiled = req["variant"] in ("compile", "int8-compile")
+    variant = req["variant"]
+    quant = "int8" if variant.startswith("int8") else "none"
+    compiled = "compile" in variant
+    steps = STEPS if variant.endswith("-steps") else 1
     # int8 quantizes lm_head too, as llama.cpp's q8_0 does its output matrix: the same weight bytes
     # per step (on the 135M model lm_head is 113 of its 513 MB)
     llm = LLM(req["model_dir"], dtype="float32", quantization=quant, quant_skip_layers=[], max_num_seqs=128,
               max_num_batched_tokens=2048, kv_cache_memory_bytes=512 * 2**20,
-              compile_decode=compiled)
+              compile_decode=compiled, num_scheduler_steps=steps)
     load_s = time.perf_counter() - start
 
     def generate(prompts, output_lens):
@@ -40,10 +45,12 @@ def main() -> None:
 
     start = time.perf_counter()
     generate(*io.warmup_workload(llm.engine.vocab_size))
-    if compiled:  # compile the decode shapes the workloads meet outside their timing:
-        generate([[7, 8, 9]], [4])  # batch 1 (dynamo specializes size 1), then a length mask with the
-        generate([[7, 8, 9], [7, 8, 9, 10, 11, 12]], [4, 4])  # rows in order and out of order (a scatter)
-        generate([[7, 8, 9, 10, 11, 12], [7, 8, 9]], [4, 4])
+    if compiled:  # compile the decode shapes the workloads meet outside their timing (long enough that
+        n = 4 + 2 * steps  # a "-steps" variant takes its K steps too): batch 1 (dynamo specializes size 1),
+        generate([[7, 8, 9]], [n])  # a batch of equal lengths (no mask: 16 x 256 is one; without it the
+        generate([[7, 8, 9], [10, 11, 12]], [n, n])  # first variant to meet it compiled in its timing), then a
+        generate([[7, 8, 9], [7, 8, 9, 10, 11, 12]], [n, n])  # length mask with the rows in order and out of
+        generate([[7, 8, 9, 10, 11, 12], [7, 8, 9]], [n, n])  # order (a scatter)
     warmup_s = time.perf_counter() - start
     io.write_result(out_path, peer="infersight", variant=req["variant"], version=getattr(engine, "__version__", "dev"),
                     load_s=load_s, warmup_s=warmup_s, results=io.run_workloads(req["workloads"], generate))
