@@ -179,7 +179,15 @@ def test_the_vllm_replicas_steps_add_up_to_its_generated_tokens(clean_run):
     # every request v0 served in phase 1 (its probes and its loadgen share); v1 has served none yet
     output = store.query_df("SELECT sum(output_tokens) AS n FROM requests WHERE replica_id = 'v0' "
                             "AND prompt_text_hash != ''")["n"][0]
-    assert generated == output > 0
+    # and the token of the proxy's own logprobs warm-up (RecordingProxy._warm_logprobs): vLLM computed it and
+    # timed it, no client asked for it, so it has an engine timing row and no request row
+    from engine.proxy.app import WARMUP_REQUEST_PREFIX
+
+    warmup = store.query_df("SELECT count() AS c, sum(output_tokens) AS n FROM engine_request_timings "
+                            "WHERE replica_id = 'v0' AND startsWith(request_id, {p:String})",
+                            {"p": WARMUP_REQUEST_PREFIX})
+    assert int(warmup["c"][0]) == 1
+    assert generated == output + warmup["n"][0] and output > 0
 
 
 def test_the_same_greedy_prompts_give_the_same_tokens_on_both_engines(clean_run):
