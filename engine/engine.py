@@ -270,20 +270,19 @@ class LLMEngine:
             log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
             self.step_id += 1
             return self._fail(batch.seqs, f"{type(e).__name__}: {e}")
-        kept = [len(s.token_ids) for s in sampling]
+        lengths = [len(s.token_ids) for s in sampling]
         outputs, finished = self._postprocess(batch, {}, sampling, sampled)
         t5 = perf_counter()
         if self.observer.enabled:
-            kept = [len(s.token_ids) - n for s, n in zip(sampling, kept)]  # tokens each kept, up to a stop
+            kept = [len(s.token_ids) - n for s, n in zip(sampling, lengths)]  # tokens each kept, up to a stop
             context_lens = steps[0].metadata.context_lens
             start, listed = start_wall, len(times) - 1
-            for j, (forward_s, sample_s) in enumerate(times):
+            for j, forward_s in enumerate(times):
                 first, last = j == 0, j == listed
                 # the schedule and prepare are the first sub-step's; the postprocess (and the list of
                 # finished requests) the last one's; the conversion of the tokens to lists is sampling
                 split = (t1 - t0 if first else 0.0, t2 - t1 if first else 0.0, forward_s,
-                         sample_s + (t4 - t2 - sum(sum(t) for t in times) if last else 0.0),
-                         t5 - t4 if last else 0.0)
+                         t4 - t2 - sum(times) if last else 0.0, t5 - t4 if last else 0.0)
                 self._report_step(batch, start, t0, split, sum(1 for n in kept if n > j),
                                   finished if last else [], [n + j for n in context_lens])
                 start += sum(split)

@@ -160,9 +160,10 @@ class ModelRunner:
         return steps
 
     @torch.inference_mode()
-    def forward_steps(self, steps: list[ModelInputs]) -> tuple[torch.Tensor, torch.Tensor, list[tuple[float, float]]]:
+    def forward_steps(self, steps: list[ModelInputs]) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
         """Run a multi-step batch: [B, K] tokens (each sub-step's greedy argmax, the next one's input), their
-        raw logprobs (the sampler's `sampled_logprobs`), and each sub-step's (forward, sample) seconds."""
+        raw logprobs (the sampler's `sampled_logprobs`), and each sub-step's seconds (its argmax and logprob
+        are in the same call, so all of it is forward time)."""
         tokens, logprobs, times = [], [], []
         for j, step in enumerate(steps):
             t0 = time.perf_counter()
@@ -178,8 +179,7 @@ class ModelRunner:
                 chosen, logprob = self._argmax_step(ids, step.positions, step.metadata, self.kv_caches, self.backend)
             tokens.append(chosen)
             logprobs.append(logprob)
-            # the sampling is in the same call: all of it counts as forward time
-            times.append((time.perf_counter() - t0, 0.0))
+            times.append(time.perf_counter() - t0)
         return torch.stack(tokens, 1), torch.stack(logprobs, 1), times
 
     def _decode_step(self, input_ids, positions, metadata, kv_caches, backend):
