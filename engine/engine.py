@@ -224,7 +224,7 @@ class LLMEngine:
             if self.observer.enabled:
                 self._notify("on_request_scheduled", seq.request_id, now)
         sampling = [s for s, samples in zip(batch.seqs, batch.samples) if samples]
-        if batch.num_steps > 1:
+        if batch.stepped:
             return self._multi_step(batch, sampling, start_wall, t0, t1)
         try:
             draft_s = 0.0  # a draft model's forwards count as forward time, not host overhead
@@ -310,7 +310,7 @@ class LLMEngine:
         eos = self.eos_token_ids
         max_len = self.scheduler.max_seq_len
         spec = self.speculator is not None  # then each sequence gets a list of tokens (accepted drafts + 1)
-        steps = batch.num_steps > 1  # each sequence gets its K sub-steps' tokens (engine/multi_step.py)
+        steps = batch.stepped  # each sequence gets its K sub-steps' tokens (engine/multi_step.py)
         for i, (seq, tokens, logprobs) in enumerate(zip(sampling, sampled.token_ids, sampled.logprobs)):
             if steps:
                 raw = sampled.sampled_logprobs[i]  # the sampler appends these itself; here, only tokens kept

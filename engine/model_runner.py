@@ -19,9 +19,10 @@ the graph). At batch 1 a step is ~180 small eager ops, each a few us of dispatch
 they are a few fused C++ kernels. Measured on the reference model, batch 1, 1 thread,
 alternating with eager (load 1.1): 332-437 -> 647-676 tok/s, forward 2.0-2.6 -> 1.05-1.12 ms
 a step, for 21 s of compile in the first decode step (10 s again with inductor's cache on
-disk). Each new decode shape (batch 1, batch > 1, a length mask or none, rows in order or
-scattered, the number of length groups) compiles once more (the peers benchmark's warm-up
-compiles four: 98 s cold); past dynamo's recompile limit (8) a shape runs eager. The
+disk). Each new decode shape (batch 1, batch > 1, a length mask or none) compiles once more (the
+peers benchmark's warm-up compiles them: 98 s cold); past dynamo's recompile limit (8) a shape
+runs eager. Under compile_decode the torch backend keeps a decode batch in one group in batch
+order (its `split_decodes`), so the number of length groups and a scattered row order add no graphs. The
 attention left eager between compiled parts (what this did before, still the path for a
 backend that is not traceable) paid 4% for 147 s of compile. Off by default: tests and
 short runs would pay the compile. At batch 1 each float32 projection in the graph is inductor's
@@ -94,6 +95,8 @@ class ModelRunner:
         # A CUDA-graph runner would replace exactly this seam: `_decode_forward` for pure decode
         # steps of a captured batch size, with the backend's prepare() filling static buffers.
         self.compile_decode = compile_decode
+        if compile_decode and backend.traceable:  # decodes in one group: few graphs (torch_backend.py)
+            backend.split_decodes = False
         self._compiled = None  # _decode_step, compiled
         self._compiled_argmax = None  # _argmax_step, compiled (multi-step decode)
         self._step_backend = None

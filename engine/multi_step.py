@@ -8,12 +8,18 @@ KV slots of K tokens and the runner computes K tokens per sequence back to back.
 is the token the one before chose (the argmax, on the device: no trip through the scheduler, the
 sampler or the detokenizer), so that host work is paid once per K tokens.
 
-Who may take K steps (`takes_steps`):
-- a sequence whose next tokens the host does not shape: greedy, no logits processors (bias, penalties,
-  a grammar), no top-n logprobs. The sampled token's raw logprob is still computed, by the sampler's
-  own function;
-- with at least K tokens left before max_tokens and the context's end, so nothing is computed past
-  where it must stop. The last few tokens of a request go one step at a time.
+How many steps a batch takes (`steps_for`):
+- only sequences whose next tokens the host does not shape: greedy, no logits processors (bias,
+  penalties, a grammar), no top-n logprobs. The sampled token's raw logprob is still computed, by the
+  sampler's own function. One such sequence in the batch and it takes one step;
+- up to K, and no more than the fewest tokens any sequence has left before max_tokens and the context's
+  end, so nothing is computed past where a sequence must stop. The sequence nearest its end finishes
+  on the last sub-step and the batch goes on with K again. Taking one step while any sequence had
+  fewer than K left (what this did first) ran a whole mixed batch one step at a time for the last
+  K - 1 tokens of each of its requests: with 64 requests of different lengths, most of its steps.
+Such a batch runs on the multi-step path even when it takes one step (a sequence with one token left, or
+too few free blocks for more), so that one compiled function serves all its steps: the one-step
+path's own graphs would compile in the middle of serving, the first time a batch shape meets them.
 A stop token or stop string inside the K ends the sequence there. The tokens after it are dropped, and
 their KV slots go with the sequence.
 
@@ -40,6 +46,9 @@ def tokens_left(seq: Sequence, max_seq_len: int) -> int:
     return min(seq.sampling_params.max_tokens - seq.num_output_tokens, max_seq_len - len(seq.token_ids))
 
 
-def takes_steps(seqs: list[Sequence], k: int, max_seq_len: int) -> bool:
-    """Whether these decodes may take k steps now (see the module's docstring)."""
-    return k > 1 and all(host_free(s) and tokens_left(s, max_seq_len) >= k for s in seqs)
+def steps_for(seqs: list[Sequence], k: int, max_seq_len: int) -> int:
+    """How many decode steps these decodes may take now, at most k; 0 where the host must choose their
+    tokens (see the module's docstring)."""
+    if k < 2 or not all(host_free(s) for s in seqs):
+        return 0
+    return max(1, min(k, *(tokens_left(s, max_seq_len) for s in seqs)))

@@ -16,9 +16,10 @@ preempted). Each step:
    may take only part of the remaining budget and continue next step (without
    it, only a preempted sequence longer than the whole budget is split).
 3. Multi-step decode (`num_scheduler_steps` K > 1, engine/multi_step.py): when the
-   batch is decodes only, nothing waits, and every sequence may take K greedy
-   tokens, each gets the KV slots of K tokens and the batch runs K steps. It is
-   all or none, and only from free blocks: more steps never preempt anyone.
+   batch is decodes only, nothing waits, and every sequence is greedy with nothing
+   for the host to shape, each gets the KV slots of k tokens and the batch runs k
+   steps: k is K, or fewer where a sequence has fewer tokens left. It is all or
+   none, and only from free blocks: more steps never preempt anyone.
 
 A request that could never run (prompt at least as long as the context, or
 longer than the whole pool) is rejected in `check_prompt` before it queues.
@@ -30,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.kv_cache import KVCacheManager
-from engine.multi_step import takes_steps
+from engine.multi_step import steps_for
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -49,6 +50,7 @@ class ScheduledBatch:
     prefix_query_tokens: int = 0
     prefix_hit_tokens: int = 0
     num_steps: int = 1  # decode steps this batch runs (multi-step decode: engine/multi_step.py)
+    stepped: bool = False  # greedy decodes the runner chooses on its own (multi-step), one step or more
 
     @property
     def num_tokens(self) -> int:
@@ -195,18 +197,20 @@ class Scheduler:
         return batch
 
     def _take_steps(self, batch: ScheduledBatch) -> None:
-        """Step 3: K steps for a batch of decodes only, if all of it may take them and the free blocks
-        hold every sequence's K slots."""
-        k = self.num_scheduler_steps
-        if batch.num_prefill_seqs or not takes_steps(batch.seqs, k, self.max_seq_len):
+        """Step 3: k steps (up to K) for a batch of decodes only, if all of it may take them and the free
+        blocks hold every sequence's k slots."""
+        if batch.num_prefill_seqs:
+            return
+        k = steps_for(batch.seqs, self.num_scheduler_steps, self.max_seq_len)
+        if k == 0:
             return
         kv = self.kv_cache
         needed = sum(max(0, kv.blocks_for(s.num_computed_tokens + k) - len(s.block_table)) for s in batch.seqs)
         if needed > kv.num_free_blocks:
-            return
+            k = 1  # the one step's slots are allocated already
         for seq in batch.seqs:
             kv.allocate(seq, k)
-        batch.num_steps = k
+        batch.num_steps, batch.stepped = k, True
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv_cache.free(seq)

@@ -191,8 +191,11 @@ def _build_group(seq_ids: list[int], metadata: AttentionMetadata, starts: list[i
 
 
 # a padded key position saved is worth splitting a group only past this many (one more
-# SDPA call and gather per layer costs about as much as this many key positions)
-SPLIT_MIN_SAVING = 4096
+# SDPA call and gather per layer, ~50 us, costs about as much as gathering and reading this
+# many key positions of a 3-kv-head, 64-dim model). It was 4096: the 135M model's mixed workload
+# (64 prompts of 16-512 tokens) spent its decode steps on gathers and SDPA over padding; at 512 its
+# decode forward took 0.88-0.89x the time (A/B twice, 71.3 -> 62.7 s, 58.8 -> 52.3 s)
+SPLIT_MIN_SAVING = 512
 
 
 def split_by_length(seq_ids: list[int], lengths: list[int], depth: int = 2) -> list[list[int]]:
@@ -210,16 +213,20 @@ def split_by_length(seq_ids: list[int], lengths: list[int], depth: int = 2) -> l
     return split_by_length(order[:cut], lengths, depth - 1) + split_by_length(order[cut:], lengths, depth - 1)
 
 
-def plan_groups(metadata: AttentionMetadata) -> list[list[int]]:
+def plan_groups(metadata: AttentionMetadata, split_decodes: bool = True) -> list[list[int]]:
     """Sequence ids per SDPA call: decodes together (split by context length when padding
-    would waste much), prefills by the power of two of their length."""
+    would waste much, unless `split_decodes` is off: then in batch order), prefills by the
+    power of two of their length."""
     decode, buckets = [], {}
     for i, q in enumerate(metadata.query_lens):
         if q == 1:
             decode.append(i)
         else:
             buckets.setdefault((q - 1).bit_length(), []).append(i)
-    groups = split_by_length(decode, metadata.context_lens) if decode else []
+    if not decode:
+        groups = []
+    else:
+        groups = split_by_length(decode, metadata.context_lens) if split_decodes else [decode]
     return groups + [buckets[k] for k in sorted(buckets)]
 
 
@@ -232,6 +239,11 @@ class TorchAttentionBackend(AttentionBackend):
         # multi-megabyte tensor per layer costs more in page faults than the copy itself
         self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._decode_memo: _DecodeMemo | None = None  # see _memo_decode_group
+        # compile_decode turns this off (model_runner.py): a compiled decode step is a graph per plan shape,
+        # and each group count (2-4) and a scattered row order would be one more, compiled the first time
+        # a batch meets it (~10-20 s in the middle of serving). One group in batch order: a length mask
+        # or none, batch 1 or more, graphs that the warm-up compiles
+        self.split_decodes = True
 
     def _gather_buffers(self, numel: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         key = (like.device, like.dtype)
@@ -251,7 +263,7 @@ class TorchAttentionBackend(AttentionBackend):
             total += q
         if total != metadata.num_tokens:
             raise ValueError(f"query_lens sum to {total} but slot_mapping has {metadata.num_tokens} tokens")
-        seq_groups = plan_groups(metadata)
+        seq_groups = plan_groups(metadata, self.split_decodes)
         if len(seq_groups) == 1 and metadata.num_tokens == metadata.num_seqs:  # one decode group
             group, self._decode_memo = _memo_decode_group(self._decode_memo, seq_groups[0], metadata,
                                                           starts, device)

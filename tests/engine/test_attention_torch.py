@@ -170,3 +170,24 @@ def test_decode_memo_is_reused_while_the_block_tables_stay():
     table.append(9)  # the block table grows in place (as the scheduler's does)
     assert step(9, table) is not first
     assert step(9, [7, 3, 2]) is not step(9, table)  # same length, another block: rebuilt
+
+
+def test_compiled_decodes_stay_one_group_in_batch_order(tiny_llama):
+    """compile_decode turns the split off: each group count or row order would be a graph of its own,
+    compiled the first time a batch meets it. Prefills are still grouped by length."""
+    from engine.attention.torch_backend import SPLIT_MIN_SAVING
+    from engine.engine import LLMEngine
+
+    long = SPLIT_MIN_SAVING // 2 + 16
+    batcher = SimplePagedBatcher(80, 64)
+    batcher.step([("a", [0] * 3), ("b", [0] * 5), ("c", [0] * long)])
+    _, _, md = batcher.step([("c", [0]), ("a", [0]), ("b", [0]), ("d", [0] * 5)])
+    assert plan_groups(md) == [[1, 2], [0], [3]]
+    assert plan_groups(md, split_decodes=False) == [[0, 1, 2], [3]]
+    assert LLMEngine(tiny_llama, num_kv_blocks=16).backend.split_decodes
+    compiled = LLMEngine(tiny_llama, num_kv_blocks=16, compile_decode=True)
+    assert not compiled.backend.split_decodes
+    _, _, md = batcher.step([("c", [0]), ("a", [0]), ("b", [0])])
+    compiled.backend.prepare(md)
+    plan = md.scratch["torch_plan"]
+    assert len(plan.groups) == 1 and plan.identity and plan.groups[0].mask is not None

@@ -79,6 +79,21 @@ def test_k_steps_give_the_one_step_tokens_and_logprobs(tiny_llama, monkeypatch, 
     torch._dynamo.reset()
 
 
+def test_a_batch_takes_the_fewest_tokens_left_then_k_again(tiny_llama):
+    """A request near its end shortens the batch's steps to what it has left instead of sending the whole
+    batch one step at a time: 12, 5, 12 left take 4, one step (1 left), 4, then 3."""
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (13, 6, 13)]
+    one = _run(LLMEngine(tiny_llama, **KW), PROMPTS, params)
+    stepped = LLMEngine(tiny_llama, num_scheduler_steps=4, **KW)
+    seen = _sub_steps(stepped)
+    many = _run(stepped, PROMPTS, params)
+    assert seen == [4, 1, 4, 3]  # the one step too runs the stepped path: one compiled function for all
+    for rid, out in one.items():
+        assert many[rid].token_ids == out.token_ids and many[rid].finish_reason == "length"
+    stepped.kv_cache.check_invariants()
+    assert stepped.kv_cache.num_used_blocks == 0
+
+
 def test_raw_logprobs_and_records_per_sub_step(tiny_llama):
     params = SamplingParams(temperature=0.0, max_tokens=11, ignore_eos=True)
     obs_one, obs_many = Steps(), Steps()
@@ -154,9 +169,13 @@ def test_the_scheduler_takes_k_steps_only_where_nothing_changes(tiny_llama):
                   SamplingParams(temperature=0.0, max_tokens=20, logprobs=2)):
         batch = _scheduled(LLMEngine(tiny_llama, num_scheduler_steps=4, **KW), PROMPTS, [greedy, greedy, other])
         assert batch.num_steps == 1 and batch.num_decode_seqs == 3
-    # fewer tokens left than K: one step (nothing is computed past max_tokens)
-    short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    assert _scheduled(LLMEngine(tiny_llama, num_scheduler_steps=4, **KW), PROMPTS, short).num_steps == 1
+    # fewer tokens left than K: as many steps as the fewest left (nothing is computed past max_tokens)
+    short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)  # 3 left after the prefill
+    assert _scheduled(LLMEngine(tiny_llama, num_scheduler_steps=4, **KW), PROMPTS, short).num_steps == 3
+    assert _scheduled(LLMEngine(tiny_llama, num_scheduler_steps=4, **KW), PROMPTS,
+                      [greedy, short, greedy]).num_steps == 3
+    last = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)  # 1 left: one step
+    assert _scheduled(LLMEngine(tiny_llama, num_scheduler_steps=4, **KW), PROMPTS, last).num_steps == 1
     # a request waiting for a sequence slot: one step, so that it is admitted as soon as one frees
     engine = LLMEngine(tiny_llama, num_scheduler_steps=4, max_num_seqs=2, **KW)
     batch = _scheduled(engine, PROMPTS, greedy)
