@@ -11,12 +11,13 @@ sampler or the detokenizer), so that host work is paid once per K tokens.
 How many steps a batch takes (`steps_for`):
 - only sequences whose next tokens the host does not shape: greedy, no logits processors (bias,
   penalties, a grammar), no top-n logprobs. The sampled token's raw logprob is still computed, by the
-  sampler's own function. One such sequence in the batch and it takes one step;
+  sampler's own function. One sequence that is not, and the batch takes an ordinary step;
 - up to K, and no more than the fewest tokens any sequence has left before max_tokens and the context's
   end, so nothing is computed past where a sequence must stop. The sequence nearest its end finishes
   on the last sub-step and the batch goes on with K again. Taking one step while any sequence had
-  fewer than K left (what this did first) ran a whole mixed batch one step at a time for the last
-  K - 1 tokens of each of its requests: with 64 requests of different lengths, most of its steps.
+  fewer than K left (what this did first) ran a mixed batch one step at a time whenever one of its
+  requests was in its last K - 1 tokens: the peers benchmark's mixed workload (64 requests, reference
+  model, K = 8) then never took more than one, 85 schedules for 85 forwards; now 46 for the same 85.
 Such a batch runs on the multi-step path even when it takes one step (a sequence with one token left, or
 too few free blocks for more), so that one compiled function serves all its steps: the one-step
 path's own graphs would compile in the middle of serving, the first time a batch shape meets them.
