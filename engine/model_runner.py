@@ -26,8 +26,9 @@ order (its `split_decodes`), so the number of length groups and a scattered row 
 attention left eager between compiled parts (what this did before, still the path for a
 backend that is not traceable) paid 4% for 147 s of compile. Off by default: tests and
 short runs would pay the compile. At batch 1 each float32 projection in the graph is inductor's
-own multi-threaded reduction instead of MKL's one-thread sgemv (engine/models/gemv.py): the
-135M model compiled 19.0-19.6 -> 35.5-39.0 tok/s (forward 50 -> 22-25 ms a step, ABAB, load 0.7-1.1).
+own multi-threaded reduction where the BLAS's sgemv runs on one thread (engine/models/gemv.py measures
+which, before the first compile): the 135M model compiled 19.0-19.6 -> 35.5-39.0 tok/s on an AMD EPYC
+(forward 50 -> 22-25 ms a step, ABAB, load 0.7-1.1); on a Xeon whose sgemv streams, the BLAS call stays.
 int8 weights compile too: each int8 matmul is one opaque op in the graph (quantization/int8.py), and
 the norms, rotary, attention and residuals between them fuse (135M, int8, batch 1: p10 step 23.3 -> 18.9 ms).
 
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.models.gemv import choose_compiled_rows
 from engine.sampler import sampled_logprobs
 from engine.scheduler import ScheduledBatch
 
@@ -201,6 +203,7 @@ class ModelRunner:
     def _compile(self, fn):
         """torch.compile of a decode function (`_decode_step`, `_argmax_step`): each has graphs of its own."""
         if self._step_backend is None:
+            choose_compiled_rows()  # one-row projections: the reduction or the BLAS call (models/gemv.py)
             # the pool never changes shape: static, or dynamo's duck sizing would take a batch of
             # 2 (or 16, 32) for the cache's kv heads (block size, head dim) and compile per batch size
             for k_cache, v_cache in self.kv_caches:

@@ -1,15 +1,20 @@
-"""A single row times a float32 weight (decode at batch 1) as inductor's own reduction, not a BLAS call.
+"""A single row times a float32 weight (decode at batch 1): inductor's own reduction where the BLAS's
+matrix-vector product does not stream the weight, else the BLAS call.
 
 At one row a projection is a matrix-vector product: memory-bound, it should stream the
-weight at the machine's bandwidth. MKL's sgemv (what F.linear and torch.mv call here, on
-this AMD EPYC) runs on one thread whatever torch's thread count: 11 GB/s, against ~31 GB/s
-that a 2-thread sum reaches. `(w * x).sum(-1)` compiled by inductor is one vectorized loop
-over the weight's rows, split across threads: 20 GB/s. Measured on the 135M model's 121
+weight at the machine's bandwidth. On an AMD EPYC, MKL's sgemv (what F.linear and torch.mv
+call) runs on one thread whatever torch's thread count: 11 GB/s, against ~31 GB/s that a
+2-thread sum reaches. `(w * x).sum(-1)` compiled by inductor is one vectorized loop over the
+weight's rows, split across threads: 20 GB/s. Measured there on the 135M model's 121
 projections a step (424 MB + the tied 113 MB lm_head, weights cycled so none stays in
-cache): 48.9 ms -> 26.4 ms a step. Only inside a compiled graph (eager, the same expression
-would materialize the [N, K] product: 222 ms) and only for one float32 row on the CPU;
-anything else is F.linear. Results differ from sgemv's in the last bits (summation order:
-3.8e-5 on logits of magnitude 100).
+cache): 48.9 ms -> 26.4 ms a step. On an Intel Xeon with AVX-512, sgemv streams as fast as
+the sum, and the reduction is the slower one: the 135M model at batch 1 compiled read 24.9
+tok/s against 30.6 eager (bench peers, 2 rounds each). So the choice is measured, once per
+process, before the first compile (`choose_compiled_rows`): sgemv against a plain
+multi-threaded read of the same out-of-cache weights; past `SLOW_GEMV` times the read, the
+reduction. Only inside a compiled graph (eager, the same expression would materialize the
+[N, K] product: 222 ms) and only for one float32 row on the CPU; anything else is F.linear.
+Results differ from sgemv's in the last bits (summation order: 3.8e-5 on logits of magnitude 100).
 
 Eager, one row times a large weight (the lm_head: vocab x hidden) goes through oneDNN's
 matmul instead, which does use the threads: the 135M model's 113 MB lm_head 10.7 -> 6.0 ms.
@@ -19,11 +24,53 @@ with F.linear (960 x 576: 44.7 -> 40.1 us, not worth it).
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 import torch.nn.functional as F
 
+log = logging.getLogger(__name__)
+
 # eager one-row calls on weights at least this large take oneDNN (see above): the lm_head, not a layer
 ONEDNN_MIN_NUMEL = 1 << 22
+# the BLAS's one-row product this many times slower than a plain read of the weights: it does not stream
+# them (one thread: 2.8x on the EPYC above; 1.0x on the Xeon), and a compiled graph takes the reduction
+SLOW_GEMV = 1.5
+# inside a compiled graph, one float32 row: the reduction (True) or F.linear. Set by `choose_compiled_rows`
+# before the first compile; a graph bakes in what it was traced with
+rows_as_reduction = True
+_chosen = False
+
+
+def blas_gemv_slowdown(mib: int = 64, repeats: int = 5) -> float:
+    """sgemv's time over a multi-threaded sum's, both over the same `mib` of weights (out of cache), best of
+    `repeats` each, interleaved so that a busy moment of the machine hits both."""
+    weights = [torch.ones(1024, 1024) for _ in range(mib // 4)]
+    x = torch.ones(1, 1024)
+    best_gemv = best_read = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats + 1):  # the first pass of each warms the allocator and the BLAS up
+            start = time.perf_counter()
+            for w in weights:
+                F.linear(x, w)
+            best_gemv = min(best_gemv, time.perf_counter() - start)
+            start = time.perf_counter()
+            for w in weights:
+                w.sum()
+            best_read = min(best_read, time.perf_counter() - start)
+    return best_gemv / best_read
+
+
+def choose_compiled_rows() -> bool:
+    """Measure once per process whether compiled graphs take the reduction for one-row projections."""
+    global rows_as_reduction, _chosen
+    if not _chosen:
+        slowdown = blas_gemv_slowdown()
+        rows_as_reduction, _chosen = slowdown > SLOW_GEMV, True
+        log.info("one-row float32 projections in compiled graphs: %s (sgemv %.2fx a plain read)",
+                 "inductor's reduction" if rows_as_reduction else "the BLAS call", slowdown)
+    return rows_as_reduction
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -40,10 +87,11 @@ def _one_float32_cpu_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if _one_float32_cpu_row(x, weight):
-        if torch.compiler.is_compiling():
-            out = (weight * x).sum(-1).unsqueeze(0)
-            return out if bias is None else out + bias
-        if _HAS_ONEDNN and weight.numel() >= ONEDNN_MIN_NUMEL and not torch.is_grad_enabled():
+        if torch.compiler.is_compiling():  # the reduction, or F.linear (inductor cannot lower oneDNN's op)
+            if rows_as_reduction:
+                out = (weight * x).sum(-1).unsqueeze(0)
+                return out if bias is None else out + bias
+        elif _HAS_ONEDNN and weight.numel() >= ONEDNN_MIN_NUMEL and not torch.is_grad_enabled():
             return _onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 

@@ -1,5 +1,6 @@
 """A one-row float32 projection inside a compiled graph is a reduction over the weight (inductor
-streams it on all threads), not the BLAS call that runs on one; elsewhere it stays F.linear."""
+streams it on all threads) where the BLAS call runs on one, measured once per process before the first
+compile; elsewhere it stays F.linear."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import engine.models.gemv as gemv
 from engine.models.gemv import linear
 
 
@@ -25,13 +27,35 @@ def _traced_ops(fn, *args) -> tuple[set, torch.Tensor]:
     return seen, out
 
 
-def test_one_row_in_a_compiled_graph_is_a_reduction_not_a_blas_call():
+def test_one_row_in_a_compiled_graph_is_a_reduction_not_a_blas_call(monkeypatch):
+    monkeypatch.setattr(gemv, "rows_as_reduction", True)  # a BLAS whose sgemv runs on one thread
     w, b = torch.randn(48, 32), torch.randn(48)
     x = torch.randn(1, 32)
     ops, out = _traced_ops(linear, x, w, b)
     assert not any("linear" in op or "mm" in op for op in ops), ops
     assert any("sum" in op for op in ops), ops
     torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_one_row_stays_the_blas_call_where_sgemv_streams(monkeypatch):
+    monkeypatch.setattr(gemv, "rows_as_reduction", False)
+    monkeypatch.setattr(gemv, "ONEDNN_MIN_NUMEL", 48 * 32)  # an lm_head: eager it would take oneDNN's op,
+    w, x = torch.randn(48, 32), torch.randn(1, 32)  # which inductor cannot lower (the compile failed)
+    with torch.inference_mode():
+        ops, out = _traced_ops(linear, x, w)
+    assert any("linear" in op for op in ops) and not any("sum" in op or "mkldnn" in op for op in ops), ops
+    torch.testing.assert_close(out, F.linear(x, w))
+
+
+def test_the_choice_follows_the_measured_sgemv_slowdown(monkeypatch):
+    slowdown = gemv.blas_gemv_slowdown(mib=8, repeats=2)  # a real measurement: a finite ratio
+    assert 0 < slowdown < float("inf")
+    for measured, reduction in ((2.8, True), (1.0, False)):  # the EPYC's one-thread sgemv; a streaming one
+        monkeypatch.setattr(gemv, "_chosen", False)
+        monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda: measured)
+        assert gemv.choose_compiled_rows() is reduction and gemv.rows_as_reduction is reduction
+        monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda: 1 / 0)  # chosen: never measured again
+        assert gemv.choose_compiled_rows() is reduction
 
 
 def test_several_rows_and_eager_calls_stay_linear():
@@ -42,9 +66,11 @@ def test_several_rows_and_eager_calls_stay_linear():
     assert torch.equal(linear(x, w), F.linear(x, w))  # eager: the BLAS call, bit for bit
 
 
-def test_the_compiled_batch1_decode_step_has_no_blas_projection(tiny_llama, monkeypatch):
+@pytest.mark.parametrize("slowdown", [2.8, 1.0], ids=["one-thread-sgemv", "streaming-sgemv"])
+def test_the_compiled_batch1_decode_step_has_no_blas_projection(tiny_llama, monkeypatch, slowdown):
     """Every projection of the model (fused q/k/v and gate/up, o, down, the lm_head) goes through
-    `linear`: a batch-1 decode graph holds no linear/mm call."""
+    `linear`: where the runner measured a one-thread sgemv, a batch-1 decode graph holds no linear/mm call;
+    where sgemv streams, its projections are the BLAS calls."""
     import torch._dynamo
 
     import engine.model_runner as model_runner
@@ -58,13 +84,17 @@ def test_the_compiled_batch1_decode_step_has_no_blas_projection(tiny_llama, monk
         return gm.forward
 
     monkeypatch.setattr(model_runner, "COMPILE_BACKEND", backend)
+    monkeypatch.setattr(gemv, "_chosen", False)
+    monkeypatch.setattr(gemv, "rows_as_reduction", True)
+    monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda: slowdown)
     torch._dynamo.reset()
     engine = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64, compile_decode=True)
     engine.add_request("0", [5, 9, 17, 3], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), stream=False)
     while engine.has_unfinished():
         engine.step()
     torch._dynamo.reset()
-    assert seen and not any("linear" in op or "mm" in op for op in seen), seen
+    blas = any("linear" in op or "mm" in op for op in seen)
+    assert seen and blas is (slowdown <= gemv.SLOW_GEMV), seen
 
 
 def test_eager_one_row_times_a_large_weight_takes_onednn(monkeypatch):

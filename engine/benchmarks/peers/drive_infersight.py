@@ -34,7 +34,7 @@ def main() -> None:
     # int8 quantizes lm_head too, as llama.cpp's q8_0 does its output matrix: the same weight bytes
     # per step (on the 135M model lm_head is 113 of its 513 MB)
     llm = LLM(req["model_dir"], dtype="float32", quantization=quant, quant_skip_layers=[], max_num_seqs=128,
-              max_num_batched_tokens=2048, kv_cache_memory_bytes=512 * 2**20,
+              max_num_batched_tokens=2048, kv_cache_memory_bytes=io.KV_CACHE_GIB * 2**30,
               compile_decode=compiled, num_scheduler_steps=steps)
     load_s = time.perf_counter() - start
 

@@ -17,7 +17,7 @@ import _driver_io as io
 def main() -> None:
     req, out_path = io.read_request()
     io.set_threads(req["threads"])
-    os.environ.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_PLUGINS="",
+    os.environ.update(VLLM_CPU_KVCACHE_SPACE=str(io.KV_CACHE_GIB), VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_PLUGINS="",
                       VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     import vllm
     from vllm import LLM, SamplingParams
