@@ -43,6 +43,8 @@ def run_side(peer: Peer, python: str, request: dict, timeout_s: float) -> SideRu
         if status != 0 or not os.path.exists(out_path):
             tail = open(log_path, errors="replace").read()[-1500:]
             why = "timed out" if status is None else f"exit status {status}"
+            if status == -4:  # SIGILL: llama.cpp's AMX kernels where the machine does not grant AMX (README)
+                why += " (SIGILL: an instruction this machine refuses; llama.cpp: build it without AMX)"
             return SideRun(False, {}, rss, wall, f"{why}; log tail:\n{tail}")
         with open(out_path) as f:
             result = json.load(f)
