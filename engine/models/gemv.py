@@ -12,7 +12,7 @@ the sum, and the reduction is the slower one: the 135M model at batch 1 compiled
 tok/s against 30.6 eager (bench peers, 2 rounds each). So the choice is measured, once per
 process, before the first compile (`choose_compiled_rows`): sgemv against a plain
 multi-threaded read of the same out-of-cache weights; past `SLOW_GEMV` times the read, the
-reduction. Only inside a compiled graph (eager, the same expression would materialize the
+reduction. A weight that stays in cache (`CACHED_WEIGHT_NUMEL`) takes the reduction either way. Only inside a compiled graph (eager, the same expression would materialize the
 [N, K] product: 222 ms) and only for one float32 row on the CPU; anything else is F.linear.
 Results differ from sgemv's in the last bits (summation order: 3.8e-5 on logits of magnitude 100).
 
@@ -37,6 +37,11 @@ ONEDNN_MIN_NUMEL = 1 << 22
 # the BLAS's one-row product this many times slower than a plain read of the weights: it does not stream
 # them (one thread: 2.8x on the EPYC above; 1.0x on the Xeon), and a compiled graph takes the reduction
 SLOW_GEMV = 1.5
+# a weight smaller than this (1 MiB of float32) stays in cache: its one-row product is the cost of a call,
+# not of a stream, and inside a graph the reduction fuses with its neighbours where the BLAS call is one
+# more extern kernel: the reference model (weights of 64-196 KB) at batch 1, compiled, K = 8, on the Xeon
+# above, 2020 -> 2170 and 2231 -> 2354 tok/s (ABAB, the BLAS call for every one-row projection -> this)
+CACHED_WEIGHT_NUMEL = 1 << 18
 # inside a compiled graph, one float32 row: the reduction (True) or F.linear. Set by `choose_compiled_rows`
 # before the first compile; a graph bakes in what it was traced with
 rows_as_reduction = True
@@ -88,7 +93,7 @@ def _one_float32_cpu_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if _one_float32_cpu_row(x, weight):
         if torch.compiler.is_compiling():  # the reduction, or F.linear (inductor cannot lower oneDNN's op)
-            if rows_as_reduction:
+            if rows_as_reduction or weight.numel() < CACHED_WEIGHT_NUMEL:
                 out = (weight * x).sum(-1).unsqueeze(0)
                 return out if bias is None else out + bias
         elif _HAS_ONEDNN and weight.numel() >= ONEDNN_MIN_NUMEL and not torch.is_grad_enabled():

@@ -39,12 +39,22 @@ def test_one_row_in_a_compiled_graph_is_a_reduction_not_a_blas_call(monkeypatch)
 
 def test_one_row_stays_the_blas_call_where_sgemv_streams(monkeypatch):
     monkeypatch.setattr(gemv, "rows_as_reduction", False)
+    monkeypatch.setattr(gemv, "CACHED_WEIGHT_NUMEL", 48 * 32)  # a weight past the cache's size
     monkeypatch.setattr(gemv, "ONEDNN_MIN_NUMEL", 48 * 32)  # an lm_head: eager it would take oneDNN's op,
     w, x = torch.randn(48, 32), torch.randn(1, 32)  # which inductor cannot lower (the compile failed)
     with torch.inference_mode():
         ops, out = _traced_ops(linear, x, w)
     assert any("linear" in op for op in ops) and not any("sum" in op or "mkldnn" in op for op in ops), ops
     torch.testing.assert_close(out, F.linear(x, w))
+
+
+def test_a_weight_that_stays_in_cache_is_a_reduction_wherever_sgemv_streams(monkeypatch):
+    monkeypatch.setattr(gemv, "rows_as_reduction", False)
+    w, x = torch.randn(48, 32), torch.randn(1, 32)
+    assert w.numel() < gemv.CACHED_WEIGHT_NUMEL
+    ops, out = _traced_ops(linear, x, w)
+    assert any("sum" in op for op in ops) and not any("linear" in op or "mm" in op for op in ops), ops
+    torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
 def test_the_choice_follows_the_measured_sgemv_slowdown(monkeypatch):
@@ -87,6 +97,7 @@ def test_the_compiled_batch1_decode_step_has_no_blas_projection(tiny_llama, monk
     monkeypatch.setattr(gemv, "_chosen", False)
     monkeypatch.setattr(gemv, "rows_as_reduction", True)
     monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda: slowdown)
+    monkeypatch.setattr(gemv, "CACHED_WEIGHT_NUMEL", 0)  # the tiny model's weights stand for large ones
     torch._dynamo.reset()
     engine = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64, compile_decode=True)
     engine.add_request("0", [5, 9, 17, 3], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), stream=False)
