@@ -12,8 +12,9 @@ the sum, and the reduction is the slower one: the 135M model at batch 1 compiled
 tok/s against 30.6 eager (bench peers, 2 rounds each). So the choice is measured, once per
 process, before the first compile (`choose_compiled_rows`): sgemv against a plain
 multi-threaded read of the same out-of-cache weights; past `SLOW_GEMV` times the read, the
-reduction. A weight that stays in cache (`CACHED_WEIGHT_NUMEL`) takes the reduction either way. Only inside a compiled graph (eager, the same expression would materialize the
-[N, K] product: 222 ms) and only for one float32 row on the CPU; anything else is F.linear.
+reduction. A weight that stays in cache (`CACHED_WEIGHT_NUMEL`) takes the reduction either way.
+Only inside a compiled graph (eager, the same expression would materialize the [N, K] product:
+222 ms) and only for one float32 row on the CPU; anything else is F.linear.
 Results differ from sgemv's in the last bits (summation order: 3.8e-5 on logits of magnitude 100).
 
 Eager, one row times a large weight (the lm_head: vocab x hidden) goes through oneDNN's
