@@ -44,9 +44,19 @@ class AttentionBackend(ABC):
     # If not, compile_decode keeps its calls eager, between compiled parts
     traceable: bool = False
 
+    def for_compiled_decode(self, num_blocks: int, device: torch.device, inductor: bool) -> None:
+        """compile_decode is on and this backend is traceable: the runner says so once, with the pool's
+        size and whether inductor compiles, before the first step (the torch backend changes its decode
+        plan for it)."""
+
     @abstractmethod
     def prepare(self, metadata: AttentionMetadata) -> None:
         """Once per step, before the forward: build whatever all layers share."""
+
+    def activate(self, metadata: AttentionMetadata) -> None:
+        """A step prepared ahead of others (multi-step decode's sub-steps) is about to run: a backend that
+        keeps per-step state in buffers shared across steps puts this step's there (the torch backend's
+        in-place decode block lists). A no-op for the others: flashinfer plans in its forward."""
 
     @abstractmethod
     def forward(

@@ -12,7 +12,9 @@ and one SDPA call per group of sequences, with no Python loop over sequences:
 - prefill chunks are grouped by the power of two of their length (so padding
   wastes at most half of a group), each group one masked SDPA call;
 - a lone prefill with nothing cached before it attends its own fresh keys with
-  `is_causal`, without touching the cache (the common "first chunk" case).
+  `is_causal`, without touching the cache (the common "first chunk" case);
+- under compile_decode (inductor, a CPU with AVX2) a decode step's group attends the pool
+  in place instead of gathering it: paged_decode.py, its block lists built here by `prepare`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from engine.attention import paged_decode
 from engine.attention.base import AttentionBackend, AttentionMetadata
 
 _SCRATCH_KEY = "torch_plan"
@@ -42,6 +45,8 @@ class _Group:
     # num_kv_heads -> gather index, and (kv heads, head dim, dtype, device) -> gather index and
     # buffer views: built by the first layer, used by all
     head_rows: dict = field(default_factory=dict)
+    # compile_decode on a CPU that can: the block mask of attending the pool in place (paged_decode.py)
+    paged: paged_decode.DecodeBlocks | None = None
 
     def kv_rows(self, num_kv_heads: int) -> torch.Tensor:
         """Flat [B * KVH * Lmax] index of (slot, kv head) rows, so a gather lands head-major."""
@@ -197,6 +202,9 @@ def _build_group(seq_ids: list[int], metadata: AttentionMetadata, starts: list[i
 # decode forward took 0.88-0.89x the time (A/B twice, 71.3 -> 62.7 s, 58.8 -> 52.3 s)
 SPLIT_MIN_SAVING = 512
 
+# compile_decode attends the paged pool in place where it can (paged_decode.py); False: the gather + SDPA
+PAGED_DECODE = True
+
 
 def split_by_length(seq_ids: list[int], lengths: list[int], depth: int = 2) -> list[list[int]]:
     """Split sequences (sorted by key length) where that saves enough padded positions."""
@@ -244,6 +252,19 @@ class TorchAttentionBackend(AttentionBackend):
         # a batch meets it (~10-20 s in the middle of serving). One group in batch order: a length mask
         # or none, batch 1 or more, graphs that the warm-up compiles
         self.split_decodes = True
+        self._paged: paged_decode.BlockLists | None = None  # see for_compiled_decode
+
+    def for_compiled_decode(self, num_blocks: int, device: torch.device, inductor: bool) -> None:
+        """compile_decode is on: decodes stay one group (split_decodes), and where inductor compiles them and
+        its flex attention template runs (PAGED_DECODE, a CPU with AVX2) they attend the pool in place."""
+        self.split_decodes = False
+        if PAGED_DECODE and inductor and paged_decode.unavailable_reason(device) is None:
+            self._paged = paged_decode.BlockLists(num_blocks, device)
+
+    def activate(self, metadata: AttentionMetadata) -> None:
+        plan: _Plan = metadata.scratch[_SCRATCH_KEY]
+        if plan.groups[0].paged is not None:
+            plan.groups[0].paged.write()
 
     def _gather_buffers(self, numel: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         key = (like.device, like.dtype)
@@ -265,8 +286,12 @@ class TorchAttentionBackend(AttentionBackend):
             raise ValueError(f"query_lens sum to {total} but slot_mapping has {metadata.num_tokens} tokens")
         seq_groups = plan_groups(metadata, self.split_decodes)
         if len(seq_groups) == 1 and metadata.num_tokens == metadata.num_seqs:  # one decode group
-            group, self._decode_memo = _memo_decode_group(self._decode_memo, seq_groups[0], metadata,
-                                                          starts, device)
+            ids = seq_groups[0]
+            group, self._decode_memo = _memo_decode_group(self._decode_memo, ids, metadata, starts, device)
+            if self._paged is not None:
+                group.paged = self._paged.decode_blocks([metadata.block_tables[i] for i in ids],
+                                                        [metadata.context_lens[i] for i in ids],
+                                                        metadata.block_size)
             groups = [group]
         else:
             groups = [_build_group(ids, metadata, starts, device) for ids in seq_groups]
@@ -330,6 +355,8 @@ class TorchAttentionBackend(AttentionBackend):
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
                                                enable_gqa=group_size > 1)
             return o[0].transpose(0, 1)
+        if g.paged is not None and torch.compiler.is_compiling():  # the pool in place (paged_decode.py)
+            return paged_decode.attend(q if in_order else q[g.out_index], k_flat, v_flat, g.paged, scale)
         shape = (b, num_kv_heads, g.slots.shape[1], head_dim)
         if torch.compiler.is_compiling():  # compile_decode: a plain gather, inductor plans the memory
             rows = g.kv_rows(num_kv_heads)
