@@ -8,7 +8,8 @@ the whole pool of a layer as one long key sequence ([1, KVH, num_blocks * block_
 copy) and a block mask whose blocks are the cache's blocks: each sequence lists its own block ids, so
 inductor's CPU template (at::cpublas micro-GEMMs over 16-key tiles) visits only the blocks it owns.
 - every block but a sequence's last is whole: a "full" block, no mask applied;
-- its last block holds `last_len` keys: the one "partial" block, masked past them;
+- its last block is the one "partial" block, masked past the sequence's last key (`kv_idx < end_slot`, a
+  slot of the pool; the template applies the mask to partial blocks only);
 - which blocks a sequence owns is said by the block lists alone, not by the mask function: inductor's
   template honours the lists, while FlexAttention's eager math (what dynamo's "eager" backend would run)
   ignores them and would attend the whole pool. So this path is for inductor only (the runner says which);
@@ -125,7 +126,7 @@ def attend(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, blocks: 
     group = heads // kv_heads
     end = blocks.end_slot
 
-    def written(batch, head, q_idx, kv_idx):  # evaluated on the last block only: its first last_len keys
+    def written(batch, head, q_idx, kv_idx):  # evaluated on the last block only: the keys written so far
         return kv_idx < end[batch]
 
     mask = BlockMask.from_kv_blocks(blocks.partial_num, blocks.partial_index, blocks.full_num, blocks.full_index,

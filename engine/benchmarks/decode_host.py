@@ -74,14 +74,17 @@ class StepCollector(EngineObserver):
         self.steps.append((record.num_decode_tokens, record.num_prefill_tokens, *(getattr(record, f"{p}_seconds") for p in PARTS)))
 
 
-def run_once(model: str, workload, threads: int, engine_args: dict, int8_exact: bool = False) -> dict:
+def run_once(model: str, workload, threads: int, engine_args: dict, int8_exact: bool = False,
+             gather_decode: bool = False) -> dict:
     import torch
 
+    import engine.attention.torch_backend as torch_backend
     from engine.llm import LLM
     from engine.quantization import Int8Linear
     from engine.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
+    torch_backend.PAGED_DECODE = not gather_decode  # before the engine: its runner reads it
     obs = StepCollector()
     llm = LLM(model, obs, **engine_args)
     if int8_exact:  # the cast path, unfused (what int8 ran before the int8 kernel): for A/B runs
@@ -151,6 +154,8 @@ def main(argv=None) -> int:
     p.add_argument("--quant", default="none", help="engine option quantization (none | int8 | int4)")
     p.add_argument("--quant-skip", default="lm_head", help="comma-separated layers left in float ('' for none)")
     p.add_argument("--int8-exact", action="store_true", help="int8 through the exact cast path (A/B)")
+    p.add_argument("--gather-decode", action="store_true",
+                   help="with --compile: decode attention as the gather + SDPA, not in place (A/B)")
     args = p.parse_args(argv)
     engine_args = dict(max_num_seqs=128, max_num_batched_tokens=2048, kv_cache_memory_bytes=512 * 2**20)
     if args.compile:
@@ -165,7 +170,7 @@ def main(argv=None) -> int:
     for name, (model, workload) in workloads().items():
         if name not in chosen:
             continue
-        r = _median_run((model, workload, args.threads, engine_args, args.int8_exact), args.runs)
+        r = _median_run((model, workload, args.threads, engine_args, args.int8_exact, args.gather_decode), args.runs)
         results[name] = r
         split = " ".join(f"{k} {v:.3f}" for k, v in r["split_ms"].items())
         print(f"{name:9s} {r['tokens_per_s']:9.1f} tok/s  cpu {r['cpu_ms_per_token']:.3f} ms/tok  p10 step {r['step_p10_ms']:.3f} ms host {r['host_p10_ms']:.3f} ms  mean step {r['step_ms']:.3f} ms, host {r['host_ms']:.3f} ms "

@@ -96,8 +96,16 @@ def test_bfloat16_cache():
     torch.testing.assert_close(out[:6].double(), ref, atol=3e-2, rtol=3e-2)
 
 
-def test_groups_decodes_together_and_prefills_by_length():
-    _, _, md = SimplePagedBatcher(64, 4).step([(i, [0] * n) for i, n in enumerate([1, 5, 1, 8, 2, 30, 7])])
+def test_groups_decodes_together_fresh_prefills_alone_and_other_prefills_by_length():
+    batcher = SimplePagedBatcher(64, 4)
+    _, _, md = batcher.step([(i, [0] * n) for i, n in enumerate([1, 5, 1, 8, 2, 30, 7])])
+    # nothing cached: each prefill attends itself causally, one call each
+    assert plan_groups(md) == [[0, 2], [1], [3], [4], [5], [6]]
+    backend = TorchAttentionBackend()
+    backend.prepare(md)
+    assert [g.fresh_causal for g in md.scratch["torch_plan"].groups] == [False] + [True] * 5
+    # chunks after a cached prefix: grouped by the power of two of their length
+    _, _, md = batcher.step([(i, [0] * n) for i, n in enumerate([1, 5, 1, 8, 2, 30, 7])])
     assert plan_groups(md) == [[0, 2], [4], [1, 3, 6], [5]]
 
 
