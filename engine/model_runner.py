@@ -100,7 +100,7 @@ class ModelRunner:
         # steps of a captured batch size, with the backend's prepare() filling static buffers.
         self.compile_decode = compile_decode
         if compile_decode and backend.traceable:  # one decode group, the pool read in place (torch_backend.py)
-            backend.for_compiled_decode(kv_caches[0][0].shape[0], device, COMPILE_BACKEND == "inductor")
+            backend.for_compiled_decode(kv_caches[0][0], COMPILE_BACKEND == "inductor")
         self._compiled = None  # _decode_step, compiled
         self._compiled_argmax = None  # _argmax_step, compiled (multi-step decode)
         self._step_backend = None

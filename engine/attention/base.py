@@ -44,10 +44,10 @@ class AttentionBackend(ABC):
     # If not, compile_decode keeps its calls eager, between compiled parts
     traceable: bool = False
 
-    def for_compiled_decode(self, num_blocks: int, device: torch.device, inductor: bool) -> None:
-        """compile_decode is on and this backend is traceable: the runner says so once, with the pool's
-        size and whether inductor compiles, before the first step (the torch backend changes its decode
-        plan for it)."""
+    def for_compiled_decode(self, k_cache: torch.Tensor, inductor: bool) -> None:
+        """compile_decode is on and this backend is traceable: the runner says so once, with a layer's
+        key pool (its shape, dtype and device) and whether inductor compiles, before the first step (the
+        torch backend changes its decode plan for it)."""
 
     @abstractmethod
     def prepare(self, metadata: AttentionMetadata) -> None:

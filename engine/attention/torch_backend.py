@@ -209,6 +209,13 @@ SPLIT_MIN_SAVING = 512
 
 # compile_decode attends the paged pool in place where it can (paged_decode.py); False: the gather + SDPA
 PAGED_DECODE = True
+# ... for models whose keys and values of one token in one layer take at least this many bytes. The flex
+# template costs ~70 us a call whatever it reads (the reference model, 2 kv heads of 32, batch 1: forward
+# 0.40-0.45 -> 0.67-0.79 ms a step, 1837-2029 -> 955-1141 tok/s), about what gathering ~1.5 MB costs, so
+# with rows of 512 bytes a batch would need ~3000 tokens of context before reading in place paid; the 135M
+# model's 1536-byte rows (3 kv heads of 64) pay at its mixed workload's batches (decode steps 45.7 -> 36.6 s).
+# A batch of one gathers too: no padding to save, and dynamo gives it a graph of its own either way
+PAGED_MIN_ROW_BYTES = 1024
 
 
 def split_by_length(seq_ids: list[int], lengths: list[int], depth: int = 2) -> list[list[int]]:
@@ -261,12 +268,16 @@ class TorchAttentionBackend(AttentionBackend):
         self.split_decodes = True
         self._paged: paged_decode.BlockLists | None = None  # see for_compiled_decode
 
-    def for_compiled_decode(self, num_blocks: int, device: torch.device, inductor: bool) -> None:
-        """compile_decode is on: decodes stay one group (split_decodes), and where inductor compiles them and
-        its flex attention template runs (PAGED_DECODE, a CPU with AVX2) they attend the pool in place."""
+    def for_compiled_decode(self, k_cache: torch.Tensor, inductor: bool) -> None:
+        """compile_decode is on: decodes stay one group (split_decodes), and where inductor compiles them,
+        its flex attention template runs (PAGED_DECODE, a CPU with AVX2) and the gather it saves is worth
+        the template's fixed cost (`PAGED_MIN_ROW_BYTES`), batches of two or more attend the pool in place."""
         self.split_decodes = False
-        if PAGED_DECODE and inductor and paged_decode.unavailable_reason(device) is None:
-            self._paged = paged_decode.BlockLists(num_blocks, device)
+        num_blocks, _, kv_heads, head_dim = k_cache.shape
+        row_bytes = 2 * kv_heads * head_dim * k_cache.element_size()
+        if (PAGED_DECODE and inductor and row_bytes >= PAGED_MIN_ROW_BYTES
+                and paged_decode.unavailable_reason(k_cache.device) is None):
+            self._paged = paged_decode.BlockLists(num_blocks, k_cache.device)
 
     def activate(self, metadata: AttentionMetadata) -> None:
         plan: _Plan = metadata.scratch[_SCRATCH_KEY]
@@ -295,7 +306,7 @@ class TorchAttentionBackend(AttentionBackend):
         if len(seq_groups) == 1 and metadata.num_tokens == metadata.num_seqs:  # one decode group
             ids = seq_groups[0]
             group, self._decode_memo = _memo_decode_group(self._decode_memo, ids, metadata, starts, device)
-            if self._paged is not None:
+            if self._paged is not None and len(ids) > 1:  # batch 1: the gather (see PAGED_MIN_ROW_BYTES)
                 group.paged = self._paged.decode_blocks([metadata.block_tables[i] for i in ids],
                                                         [metadata.context_lens[i] for i in ids],
                                                         metadata.block_size)

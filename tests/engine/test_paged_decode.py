@@ -75,17 +75,20 @@ def test_block_lists_name_whole_blocks_then_the_last():
         lists.decode_blocks([[5, 9], [7]], [3, 9], block_size=8)
 
 
-def test_compiled_engine_attends_in_place_and_gives_the_eager_tokens(tiny_llama):
-    """compile_decode with inductor: decode steps take the in-place path (the plan carries block lists),
-    multi-step batches included, and the greedy tokens equal the eager engine's, for a batch of unequal
-    lengths (its rows in one group, its last blocks partly written)."""
+def test_compiled_engine_attends_in_place_and_gives_the_eager_tokens(tiny_llama, monkeypatch):
+    """compile_decode with inductor: decode steps of two or more sequences take the in-place path (the plan
+    carries block lists), multi-step batches included, a batch of one gathers, and the greedy tokens equal
+    the eager engine's, for a batch of unequal lengths (its rows in one group, its last blocks partly
+    written) whose requests end at different steps."""
     import torch._dynamo
 
+    import engine.attention.torch_backend as torch_backend
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
 
+    monkeypatch.setattr(torch_backend, "PAGED_MIN_ROW_BYTES", 0)  # the tiny model's rows are 256 bytes
     prompts = [[5, 9, 17, 3, 11, 8, 2, 40, 41, 42], [7, 7, 1, 30], list(range(20, 39))]
-    params = SamplingParams(temperature=0.0, max_tokens=11, ignore_eos=True)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (11, 5, 14)]
     torch._dynamo.reset()
     compiled = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64, compile_decode=True, num_scheduler_steps=4)
     eager = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64)
@@ -96,17 +99,33 @@ def test_compiled_engine_attends_in_place_and_gives_the_eager_tokens(tiny_llama)
         prepare(metadata)
         plan = metadata.scratch["torch_plan"]
         if metadata.num_tokens == metadata.num_seqs:
-            seen.append(plan.groups[0].paged is not None)
+            seen.append((metadata.num_seqs, plan.groups[0].paged is not None))
 
     compiled.backend.prepare = record
     assert _generate(compiled, prompts, params) == _generate(eager, prompts, params)
-    assert seen and all(seen), seen
+    assert {n for n, _ in seen} >= {1, 2, 3}, seen
+    assert all(paged == (n > 1) for n, paged in seen), seen
     torch._dynamo.reset()
 
 
+def test_in_place_only_for_rows_worth_it_and_with_inductor(tiny_llama, monkeypatch):
+    """The template's fixed cost is paid back only by rows of PAGED_MIN_ROW_BYTES or more, and only inductor
+    honours the block lists (dynamo's "eager" backend would run flex's math over the whole pool)."""
+    import engine.attention.torch_backend as torch_backend
+    import engine.model_runner as model_runner
+    from engine.engine import LLMEngine
+
+    kw = dict(block_size=4, num_kv_blocks=16, compile_decode=True)
+    assert LLMEngine(tiny_llama, **kw).backend._paged is None  # 2 kv heads of 16 in float32: 256 bytes
+    monkeypatch.setattr(torch_backend, "PAGED_MIN_ROW_BYTES", 256)
+    assert LLMEngine(tiny_llama, **kw).backend._paged is not None
+    monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "eager")
+    assert LLMEngine(tiny_llama, **kw).backend._paged is None
+
+
 def _generate(engine, prompts, params) -> list[list[int]]:
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params, stream=False)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), p, sp, stream=False)
     done = {}
     while engine.has_unfinished():
         done.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)

@@ -10,6 +10,8 @@ side must produce exactly the requested token counts, else its numbers are marke
 
 from __future__ import annotations
 
+import os
+
 import json
 import statistics
 import time
@@ -45,7 +47,9 @@ def _split(s: str) -> list[str]:
 
 def run(args) -> int:
     started = time.perf_counter()
-    overrides = dict(kv.split("=", 1) for kv in args.peer_python)
+    # a relative path is the caller's: the sides run in a directory of their own
+    overrides = {name: os.path.abspath(py) if os.sep in py else py
+                 for name, py in (kv.split("=", 1) for kv in args.peer_python)}
     model_names = ["reference"] if args.quick and args.models == "reference,135m" else _split(args.models)
     repeats = 1 if args.quick and args.repeats == 3 else args.repeats
     sides, report = [], dict(models={}, skipped=[])
