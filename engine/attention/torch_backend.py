@@ -214,7 +214,8 @@ PAGED_DECODE = True
 # 0.40-0.45 -> 0.67-0.79 ms a step, 1837-2029 -> 955-1141 tok/s), about what gathering ~1.5 MB costs, so
 # with rows of 512 bytes a batch would need ~3000 tokens of context before reading in place paid; the 135M
 # model's 1536-byte rows (3 kv heads of 64) pay at its mixed workload's batches (decode steps 45.7 -> 36.6 s).
-# A batch of one gathers too: no padding to save, and dynamo gives it a graph of its own either way
+# Per model, not per step: batch 1 gathering while larger batches read in place made dynamo recompile the
+# step again and again in the middle of the 135M mixed run (its guard on the plan's `paged`, ~100 s each)
 PAGED_MIN_ROW_BYTES = 1024
 
 
@@ -271,7 +272,7 @@ class TorchAttentionBackend(AttentionBackend):
     def for_compiled_decode(self, k_cache: torch.Tensor, inductor: bool) -> None:
         """compile_decode is on: decodes stay one group (split_decodes), and where inductor compiles them,
         its flex attention template runs (PAGED_DECODE, a CPU with AVX2) and the gather it saves is worth
-        the template's fixed cost (`PAGED_MIN_ROW_BYTES`), batches of two or more attend the pool in place."""
+        the template's fixed cost (`PAGED_MIN_ROW_BYTES`), decodes attend the pool in place."""
         self.split_decodes = False
         num_blocks, _, kv_heads, head_dim = k_cache.shape
         row_bytes = 2 * kv_heads * head_dim * k_cache.element_size()
@@ -306,7 +307,7 @@ class TorchAttentionBackend(AttentionBackend):
         if len(seq_groups) == 1 and metadata.num_tokens == metadata.num_seqs:  # one decode group
             ids = seq_groups[0]
             group, self._decode_memo = _memo_decode_group(self._decode_memo, ids, metadata, starts, device)
-            if self._paged is not None and len(ids) > 1:  # batch 1: the gather (see PAGED_MIN_ROW_BYTES)
+            if self._paged is not None:
                 group.paged = self._paged.decode_blocks([metadata.block_tables[i] for i in ids],
                                                         [metadata.context_lens[i] for i in ids],
                                                         metadata.block_size)

@@ -76,8 +76,8 @@ def test_block_lists_name_whole_blocks_then_the_last():
 
 
 def test_compiled_engine_attends_in_place_and_gives_the_eager_tokens(tiny_llama, monkeypatch):
-    """compile_decode with inductor: decode steps of two or more sequences take the in-place path (the plan
-    carries block lists), multi-step batches included, a batch of one gathers, and the greedy tokens equal
+    """compile_decode with inductor: decode steps take the in-place path (the plan carries block lists),
+    multi-step batches and a batch of one included, and the greedy tokens equal
     the eager engine's, for a batch of unequal lengths (its rows in one group, its last blocks partly
     written) whose requests end at different steps."""
     import torch._dynamo
@@ -104,7 +104,7 @@ def test_compiled_engine_attends_in_place_and_gives_the_eager_tokens(tiny_llama,
     compiled.backend.prepare = record
     assert _generate(compiled, prompts, params) == _generate(eager, prompts, params)
     assert {n for n, _ in seen} >= {1, 2, 3}, seen
-    assert all(paged == (n > 1) for n, paged in seen), seen
+    assert all(paged for _, paged in seen), seen
     torch._dynamo.reset()
 
 
