@@ -36,6 +36,9 @@ class EngineConfig:
     ngram_max: int = 4
     # torch.compile the forward of pure decode steps (engine/model_runner.py); off: see there
     compile_decode: bool = False
+    # float32 projections of 16+ rows on the CPU through oneDNN's packed weights (engine/models/packed_linear.py:
+    # a decode batch's matmuls 12-20% faster); off: a second copy of those weights, made at their first such call
+    pack_weights: bool = False
     # multi-step decode (engine/multi_step.py): up to this many decode steps per schedule, when the
     # batch is decodes only, nothing waits and every sequence is greedy without logits processors
     num_scheduler_steps: int = 1

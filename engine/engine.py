@@ -63,6 +63,11 @@ class LLMEngine:
             report = quantize_model(self.loaded.model, config.quantization, config.quant_group_size,
                                     config.quant_skip_layers)
             self.quantization = report.label
+        if config.pack_weights:  # after quantization: what stayed float32 (models/packed_linear.py)
+            pack = getattr(self.loaded.model, "pack_weights", None)
+            if pack is None:
+                raise ValueError(f"pack_weights: {type(self.loaded.model).__name__} has no packed projections")
+            log.info("pack_weights: %d projections take oneDNN's packed weights for 16+ rows", pack())
         self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, self.observer)
         self.model_name = config.served_model_name or self.loaded.model_name
         self.vocab_size = self.loaded.vocab_size

@@ -154,6 +154,7 @@ def main(argv=None) -> int:
     p.add_argument("--quant", default="none", help="engine option quantization (none | int8 | int4)")
     p.add_argument("--quant-skip", default="lm_head", help="comma-separated layers left in float ('' for none)")
     p.add_argument("--int8-exact", action="store_true", help="int8 through the exact cast path (A/B)")
+    p.add_argument("--pack-weights", action="store_true", help="engine option pack_weights=True (A/B)")
     p.add_argument("--gather-decode", action="store_true",
                    help="with --compile: decode attention as the gather + SDPA, not in place (A/B)")
     args = p.parse_args(argv)
@@ -162,6 +163,8 @@ def main(argv=None) -> int:
         engine_args["compile_decode"] = True
     if args.steps > 1:
         engine_args["num_scheduler_steps"] = args.steps
+    if args.pack_weights:
+        engine_args["pack_weights"] = True
     if args.quant != "none":
         engine_args.update(quantization=args.quant, quant_skip_layers=[s for s in args.quant_skip.split(",") if s])
     chosen = args.only.split(",") if args.only else ["batch1", "decode16", "mixed", "135m"]

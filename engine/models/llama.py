@@ -21,6 +21,7 @@ from torch import nn
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.models.gemv import linear, project
 from engine.models.model_config import ModelConfig
+from engine.models.packed_linear import PackedMatmul, can_pack, pack_linear
 from engine.models.rope import RotaryEmbedding, apply_rotary
 from engine.quantization.int8 import Int8Linear, Int8Matmul
 
@@ -50,6 +51,8 @@ class FusedLinear:
     modules are no longer those modules viewing that storage (quantization swapped them,
     `.to()` moved them): the caller then runs them one by one, and the fused tensor is dropped.
     Saves 2 of 3 projection calls per attention and 1 of 2 per MLP.
+    `pack()` (EngineConfig.pack_weights) lets products of many rows take oneDNN's packed weight
+    (models/packed_linear.py); a later `fuse()` drops it.
     Not an nn.Module on purpose: quantization must not see (and swap) it.
     """
 
@@ -58,11 +61,12 @@ class FusedLinear:
         self.weight: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
         self._int8: Int8Matmul | None = None  # the fused kernel when the modules are Int8Linear
+        self._packed: PackedMatmul | None = None  # many rows, float32: oneDNN's packed weight (`pack`)
         self._expected: list[tuple[nn.Module, int]] = []  # (module, weight data_ptr) at fuse time
 
     def fuse(self) -> None:
         mods = [getattr(self.owner, n) for n in self.names]
-        self.weight = self.bias = self._int8 = None
+        self.weight = self.bias = self._int8 = self._packed = None
         self._expected = []
         if all(type(m) is Int8Linear and not m.exact for m in mods):
             return self._fuse_int8(mods)
@@ -97,6 +101,13 @@ class FusedLinear:
         self._int8 = Int8Matmul(q, scale, bias)
         self._expected = [(m, m.qweight.data_ptr()) for m in mods]
 
+    def pack(self) -> bool:
+        """Products of many rows through the packed weight, where that pays; whether it does."""
+        if self.weight is None or not can_pack(self.weight):
+            return False
+        self._packed = PackedMatmul(self.weight, self.bias)
+        return True
+
     def _stale(self) -> bool:
         # straight through the modules' dicts: nn.Module.__getattr__ costs ~0.5 us a lookup, 6 a
         # call (a loop here was ~3% of a batch-1 step)
@@ -116,11 +127,13 @@ class FusedLinear:
         if self.weight is None and self._int8 is None:
             return None
         if self._stale():
-            self.weight = self.bias = self._int8 = None  # stale: free it, run the modules from now on
+            self.weight = self.bias = self._int8 = self._packed = None  # stale: free it, run the modules now
             self._expected = []
             return None
         if self._int8 is not None:
             return self._int8(x)
+        if self._packed is not None and x.shape[0] > 1:
+            return self._packed(x)
         return linear(x, self.weight, self.bias)
 
 
@@ -223,6 +236,17 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn._qkv.fuse()
             layer.mlp._gate_up.fuse()
+
+    def pack_weights(self) -> int:
+        """EngineConfig.pack_weights, after loading and quantization: float32 projections of many rows take
+        oneDNN's packed weights (models/packed_linear.py). How many projections will."""
+        packed = 0
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for group in (attn._qkv, mlp._gate_up):  # a group that did not fuse runs its modules one by one
+                packed += group.pack() or sum(pack_linear(getattr(group.owner, n)) for n in group.names)
+            packed += pack_linear(attn.o_proj) + pack_linear(mlp.down_proj)
+        return packed + pack_linear(self.lm_head)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend) -> torch.Tensor:

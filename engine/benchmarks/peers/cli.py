@@ -29,7 +29,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--variants", default="fp32,int8,compile,int8-compile,compile-steps,int8-compile-steps",
                         help="fp32, int8 (for the peers that have it), compile and int8-compile (infersight's "
                              "compile_decode, fp32 or int8), compile-steps and int8-compile-steps (the same with "
-                             "multi-step decode, num_scheduler_steps 8)")
+                             "multi-step decode, num_scheduler_steps 8); packed, compile-packed and "
+                             "compile-steps-packed: fp32 with pack_weights (oneDNN's packed weights)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

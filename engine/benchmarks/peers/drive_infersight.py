@@ -1,7 +1,8 @@
 """infersight's side: `engine.llm.LLM`, fp32, or its weight-only int8 path (variant "int8", lm_head included),
 or decode steps through torch.compile (EngineConfig.compile_decode) in fp32 (variant "compile") or int8
 ("int8-compile"); the compile happens in the warm-up, `warmup_s`. "-steps" adds multi-step decode
-(EngineConfig.num_scheduler_steps = STEPS, engine/multi_step.py).
+(EngineConfig.num_scheduler_steps = STEPS, engine/multi_step.py), "packed" (alone or as a suffix) float32
+projections through oneDNN's packed weights (EngineConfig.pack_weights, engine/models/packed_linear.py).
 
 Runs in infersight's own interpreter. Engine settings as `bench throughput`'s defaults; the prefix
 cache is emptied before each workload, so the shared-prefix workload measures reuse within itself.
@@ -28,6 +29,8 @@ def main() -> None:
     torch.set_num_threads(req["threads"])
     start = time.perf_counter()
     variant = req["variant"]
+    packed = variant == "packed" or variant.endswith("-packed")
+    variant = variant.removesuffix("-packed")
     quant = "int8" if variant.startswith("int8") else "none"
     compiled = "compile" in variant
     steps = STEPS if variant.endswith("-steps") else 1
@@ -35,7 +38,7 @@ def main() -> None:
     # per step (on the 135M model lm_head is 113 of its 513 MB)
     llm = LLM(req["model_dir"], dtype="float32", quantization=quant, quant_skip_layers=[], max_num_seqs=128,
               max_num_batched_tokens=2048, kv_cache_memory_bytes=io.KV_CACHE_GIB * 2**30,
-              compile_decode=compiled, num_scheduler_steps=steps)
+              compile_decode=compiled, num_scheduler_steps=steps, pack_weights=packed)
     load_s = time.perf_counter() - start
 
     def generate(prompts, output_lens):

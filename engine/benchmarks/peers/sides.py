@@ -42,7 +42,8 @@ class Peer:
 _PEERS_PIP = "python3 -m venv .venv-peers && .venv-peers/bin/pip install 'torch==2.13.0' transformers numpy safetensors"
 PEERS = {p.name: p for p in [
     Peer("infersight", "drive_infersight.py", "engine", ("fp32", "int8", "compile", "int8-compile", "compile-steps",
-                                                     "int8-compile-steps"),
+                                                     "int8-compile-steps", "packed", "compile-packed",
+                                                     "compile-steps-packed"),
          "pip install -e . (this repo)"),
     Peer("transformers", "drive_transformers.py", "transformers", ("fp32",), "pip install transformers"),
     Peer("vllm", "drive_vllm.py", "vllm", ("fp32",),
