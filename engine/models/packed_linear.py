@@ -12,9 +12,9 @@ weights cycled out of cache, F.linear / packed):
 | 3072 x 576 (gate/up) | 0.87x | 1.26x | 1.24x   | 1.00x    |
 | 576 x 1536 (down)  | 0.72x  | 0.82x  | 1.33x   | 1.01x    |
 | 49152 x 576 (lm_head) | 1.02x | 1.75x | 1.36x  | 0.98x    |
-| 128 x 384 (the reference model's) | - | - | 0.64x | - |
 
-All 30 layers of the 135M model at 34 rows: 74.9 -> 64.0 ms compiled, 79.1 -> 69.8 eager; 17 rows
+The reference model's projections (at most 98K weights each, all 4 layers): 0.52x at 8 rows, 0.64x at 64,
+0.96x at 2048. All 30 layers of the 135M model at 34 rows: 74.9 -> 64.0 ms compiled, 79.1 -> 69.8 eager; 17 rows
 61.2 -> 48.6 compiled. So the packed product is taken from `PACKED_MIN_ROWS` rows up and for weights
 of at least `PACKED_MIN_NUMEL` (below, oneDNN's ~25 us a call costs more than the repacking saves);
 fewer rows go to F.linear on the plain weight, one row to models/gemv.py as before.
