@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.gemv import linear
+from engine.quantization.int8 import tensor_version
 
 # from this many rows the packed product pays (the table above: 8 rows is a toss-up by shape)
 PACKED_MIN_ROWS = 16
@@ -56,10 +57,6 @@ def can_pack(weight: torch.Tensor | None) -> bool:
     """A float32 CPU weight large enough for the packed product to pay (see the module docstring)."""
     return (_HAS_ONEDNN and weight is not None and weight.dim() == 2 and weight.dtype == torch.float32
             and weight.device.type == "cpu" and weight.numel() >= PACKED_MIN_NUMEL)
-
-
-def _version(t: torch.Tensor) -> int:
-    return 0 if t.is_inference() else t._version  # inference tensors have no version counter
 
 
 def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -81,7 +78,7 @@ class PackedMatmul:
         _MATMULS[self.handle] = self
 
     def _key(self) -> tuple:
-        return self.weight.data_ptr(), _version(self.weight)
+        return self.weight.data_ptr(), tensor_version(self.weight)
 
     def _pack(self) -> torch.Tensor:
         self._packed_for = self._key()

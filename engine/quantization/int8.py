@@ -77,8 +77,10 @@ def _linear_dynamic(x: torch.Tensor, packed) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic.default(x, packed, True)
 
 
-def _version(t: torch.Tensor) -> int:
-    return 0 if t.is_inference() else t._version  # inference tensors have no version counter
+def tensor_version(t: torch.Tensor) -> int:
+    """How many in-place writes `t` (and its views) has seen: with its data_ptr, whether a copy made from it is
+    stale. 0 for inference tensors, which have no version counter."""
+    return 0 if t.is_inference() else t._version
 
 
 class Int8Matmul:
@@ -98,7 +100,7 @@ class Int8Matmul:
         _MATMULS[self.handle] = self
 
     def _key(self) -> tuple:
-        return tuple(None if t is None else (t.data_ptr(), _version(t)) for t in (self.q, self.scale, self.bias))
+        return tuple(None if t is None else (t.data_ptr(), tensor_version(t)) for t in (self.q, self.scale, self.bias))
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         # (tried: running these calls on one thread when torch has more - fbgemm's team spin-waits
