@@ -31,7 +31,7 @@ short runs would pay the compile. At batch 1 each float32 projection in the grap
 own multi-threaded reduction where the BLAS's sgemv runs on one thread (engine/models/gemv.py measures
 which, before the first compile): the 135M model compiled 19.0-19.6 -> 35.5-39.0 tok/s on an AMD EPYC
 (forward 50 -> 22-25 ms a step, ABAB, load 0.7-1.1); on a Xeon whose sgemv streams, the BLAS call stays.
-int8 weights compile too: each int8 matmul is one opaque op in the graph (quantization/int8.py), and
+int8 weights compile too: each int8 matmul is one opaque op in the graph (engine/opaque_matmul.py), and
 the norms, rotary, attention and residuals between them fuse (135M, int8, batch 1: p10 step 23.3 -> 18.9 ms).
 
 Multi-step decode (engine/multi_step.py): `prepare_steps` builds a batch's K sub-steps at once and

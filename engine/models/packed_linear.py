@@ -21,8 +21,8 @@ fewer rows go to F.linear on the plain weight, one row to models/gemv.py as befo
 
 The row rule is decided inside the call, not by Python around it: under compile_decode a branch on the
 batch size would be one more guard, and a graph per side of it (a new one met mid-run costs 10-100 s).
-So a compiled graph calls one opaque op (`infersight::packed_linear`, a handle naming the matmul, as
-quantization/int8.py does) and the op chooses at run time.
+So a compiled graph calls one opaque op (`infersight::packed_linear`, engine/opaque_matmul.py, as the int8
+kernel does) and the op chooses at run time.
 
 Costs: a second copy of the weight (the plain one stays for one-row products, which sgemv does best,
 and for everything that reads `.weight`), so `EngineConfig.pack_weights` is off by default; the copies are
@@ -33,15 +33,12 @@ order: ~1e-6 relative). A weight replaced or written in place is reordered again
 
 from __future__ import annotations
 
-import itertools
-import weakref
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.models.gemv import linear
-from engine.quantization.int8 import tensor_version
+from engine.opaque_matmul import OpaqueMatmul, tensor_version
 
 # from this many rows the packed product pays (the table above: 8 rows is a toss-up by shape)
 PACKED_MIN_ROWS = 16
@@ -63,19 +60,18 @@ def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
 
 
-_HANDLES = itertools.count()
-_MATMULS: weakref.WeakValueDictionary[int, PackedMatmul] = weakref.WeakValueDictionary()
-
-
-class PackedMatmul:
+class PackedMatmul(OpaqueMatmul, op="packed_linear"):
     """y = x @ weight^T + bias: packed from PACKED_MIN_ROWS rows, F.linear below (see the module docstring)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight, self.bias = weight, bias
         self._packed_for: tuple | None = None  # (data_ptr, _version) of the weight the copy was made from
         self._packed = self._pack()
-        self.handle = next(_HANDLES)  # how a compiled graph names this matmul (packed_linear below)
-        _MATMULS[self.handle] = self
+        super().__init__()
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
 
     def _key(self) -> tuple:
         return self.weight.data_ptr(), tensor_version(self.weight)
@@ -91,33 +87,6 @@ class PackedMatmul:
         if self._packed_for != self._key():  # the weight was written in place since
             self._packed = self._pack()
         return _packed_product(x, self._packed, self.bias)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return torch.ops.infersight.packed_linear(x, self.handle)
-        return self.eager(x)
-
-
-# One opaque op in a compiled graph (dynamo cannot trace the checks above, nor the reordered tensor's
-# layout): everything between the projections still fuses. Declared with torch.library.Library, not
-# the custom_op decorator, whose Python wrapper costs ~16 us a call (quantization/int8.py).
-_LIB = torch.library.Library("infersight", "FRAGMENT")
-_LIB.define("packed_linear(Tensor x, int handle) -> Tensor")
-
-
-def _packed_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
-    mm = _MATMULS.get(handle)
-    if mm is None:
-        raise RuntimeError(f"packed matmul {handle} is gone: a compiled graph outlived the model it was traced on")
-    return mm.eager(x)
-
-
-_LIB.impl("packed_linear", _packed_linear, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("infersight::packed_linear", lib=_LIB)
-def _packed_linear_shape(x: torch.Tensor, handle: int) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], _MATMULS[handle].weight.shape[0]))
 
 
 class PackedLinear(nn.Linear):

@@ -25,13 +25,13 @@ here (AVX2, no VNNI): `torch._weight_int8pack_mm` 1.7 / 28 ms, `torch._int_mm`
 
 from __future__ import annotations
 
-import itertools
 import warnings
-import weakref
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from engine.opaque_matmul import OpaqueMatmul, tensor_version
 
 QMAX = 127  # symmetric: -128 is never used, so +w and -w quantize alike
 # up to this many tokens a call is memory-bound and the int8 kernel pays (4x fewer weight bytes);
@@ -77,18 +77,12 @@ def _linear_dynamic(x: torch.Tensor, packed) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic.default(x, packed, True)
 
 
-def tensor_version(t: torch.Tensor) -> int:
-    """How many in-place writes `t` (and its views) has seen: with its data_ptr, whether a copy made from it is
-    stale. 0 for inference tensors, which have no version counter."""
-    return 0 if t.is_inference() else t._version
-
-
-class Int8Matmul:
+class Int8Matmul(OpaqueMatmul, op="int8_matmul"):
     """y = x @ (q * scale)^T + bias for int8 q [out, in]; prepacks lazily, once.
 
     Keeps (q, scale, bias) for the exact path; the packed copy is built at the first
     float32 CPU call, so a module that never runs (e.g. a projection served by a fused
-    matmul) costs no packed memory.
+    matmul) costs no packed memory. Compiled, one opaque op (engine/opaque_matmul.py).
     """
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, exact: bool = False):
@@ -96,8 +90,11 @@ class Int8Matmul:
         self.fast = not exact and q.numel() >= FAST_MIN_NUMEL
         self._packed = None
         self._packed_for: tuple | None = None  # (data_ptr, _version) of q and scale the pack was built from
-        self.handle = next(_HANDLES)  # how a compiled graph names this matmul (see int8_matmul below)
-        _MATMULS[self.handle] = self
+        super().__init__()
+
+    @property
+    def out_features(self) -> int:
+        return self.q.shape[0]
 
     def _key(self) -> tuple:
         return tuple(None if t is None else (t.data_ptr(), tensor_version(t)) for t in (self.q, self.scale, self.bias))
@@ -116,11 +113,6 @@ class Int8Matmul:
             y = _linear_dynamic(x / a, self._packed).mul_(a)
         return y + self.bias if self.bias is not None else y
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return torch.ops.infersight.int8_matmul(x, self.handle)
-        return self.eager(x)
-
     def eager(self, x: torch.Tensor) -> torch.Tensor:
         if self.fast and x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] <= FAST_MAX_ROWS:
             key = self._key()
@@ -131,33 +123,6 @@ class Int8Matmul:
         # (x @ q^T) * s == x @ (q * s)^T: the scale factors out of the row
         y = F.linear(x, self.q.to(x.dtype)) * self.scale.to(x.dtype)
         return y + self.bias.to(x.dtype) if self.bias is not None else y
-
-
-# compile_decode and int8: dynamo cannot trace the packing checks (data_ptr) nor fbgemm's packed
-# weights, and broke the graph at every projection (the 135M model, batch 1: p10 step 30 ms eager,
-# 63 ms compiled). As one opaque op per matmul, the graph fuses everything between them and the op
-# runs `eager` at call time. A handle (an int, constant in the graph) names the matmul; the table
-# holds it weakly, so a dropped model's matmuls go with it. Declared with torch.library.Library,
-# not the custom_op decorator: its Python wrapper cost ~16 us a call, x121 calls a step on that model.
-_HANDLES = itertools.count()
-_MATMULS: weakref.WeakValueDictionary[int, Int8Matmul] = weakref.WeakValueDictionary()
-_LIB = torch.library.Library("infersight", "FRAGMENT")
-_LIB.define("int8_matmul(Tensor x, int handle) -> Tensor")
-
-
-def _int8_matmul(x: torch.Tensor, handle: int) -> torch.Tensor:
-    mm = _MATMULS.get(handle)
-    if mm is None:
-        raise RuntimeError(f"int8 matmul {handle} is gone: a compiled graph outlived the model it was traced on")
-    return mm.eager(x)
-
-
-_LIB.impl("int8_matmul", _int8_matmul, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("infersight::int8_matmul", lib=_LIB)
-def _int8_matmul_shape(x: torch.Tensor, handle: int) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], _MATMULS[handle].q.shape[0]))
 
 
 class Int8Linear(nn.Module):
