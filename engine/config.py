@@ -37,8 +37,11 @@ class EngineConfig:
     # torch.compile the forward of pure decode steps (engine/model_runner.py); off: see there
     compile_decode: bool = False
     # float32 projections of 16+ rows on the CPU through oneDNN's packed weights (engine/models/packed_linear.py:
-    # a decode batch's matmuls 12-20% faster); off: a second copy of those weights, made at their first such call
+    # a decode batch's matmuls 12-20% faster); off by default: a second copy of those weights, made at start
     pack_weights: bool = False
+    # CUDA only: pure decode steps replay CUDA graphs captured per batch size (engine/cuda_graph.py); they take
+    # those steps from compile_decode. Off by default until engine/benchmarks/gpu_check.py has passed on a GPU
+    cuda_graphs: bool = False
     # multi-step decode (engine/multi_step.py): up to this many decode steps per schedule, when the
     # batch is decodes only, nothing waits and every sequence is greedy without logits processors
     num_scheduler_steps: int = 1

@@ -86,6 +86,8 @@ class LLMEngine:
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} is smaller than one "
                              f"KV block ({kv_bytes_per_block(self.loaded, block_size)} bytes)")
+        if config.cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs needs a CUDA device, not {config.device!r}")
         self.kv_cache = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
@@ -93,8 +95,11 @@ class LLMEngine:
                                    enable_chunked_prefill=config.enable_chunked_prefill,
                                    num_scheduler_steps=config.num_scheduler_steps)
         self.backend = get_backend(config.attention_backend, config.device)
-        self.runner = ModelRunner(self.loaded.model, allocate_kv_cache(self.loaded, num_blocks, block_size),
-                                  self.backend, block_size, self.device, config.compile_decode)
+        # CUDA graphs pad their batches into one block past the manager's (engine/cuda_graph.py)
+        kv = allocate_kv_cache(self.loaded, num_blocks + int(config.cuda_graphs), block_size)
+        self.runner = ModelRunner(self.loaded.model, kv, self.backend, block_size, self.device, config.compile_decode)
+        if config.cuda_graphs:
+            self.runner.use_cuda_graphs(config.max_num_seqs, self.max_model_len, pad_block=num_blocks)
         self.sampler = Sampler(config.seed, self.device)
         # response_format's grammars (xgrammar loads on the first constrained request)
         self.structured_output = StructuredOutput(self.tokenizer.hf, self.vocab_size, self.eos_token_ids)

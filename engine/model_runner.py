@@ -34,6 +34,9 @@ which, before the first compile): the 135M model compiled 19.0-19.6 -> 35.5-39.0
 int8 weights compile too: each int8 matmul is one opaque op in the graph (engine/opaque_matmul.py), and
 the norms, rotary, attention and residuals between them fuse (135M, int8, batch 1: p10 step 23.3 -> 18.9 ms).
 
+`cuda_graphs` (EngineConfig, CUDA): pure decode steps replay a captured graph instead (engine/cuda_graph.py,
+`use_cuda_graphs`); prefills, mixed steps and multi-step sub-steps run as above.
+
 Multi-step decode (engine/multi_step.py): `prepare_steps` builds a batch's K sub-steps at once and
 `forward_steps` runs them back to back, each one forward + logits + greedy argmax + raw logprob
 (`_argmax_step`, its own graph under compile_decode), its token the next one's input. On the reference
@@ -49,6 +52,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.cuda_graph import DecodeGraphs
 from engine.models.gemv import choose_compiled_rows
 from engine.sampler import sampled_logprobs
 from engine.scheduler import ScheduledBatch
@@ -96,14 +100,24 @@ class ModelRunner:
         self.device = device
         # EngineConfig.compile_decode: pure decode steps run a torch.compile'd forward (dense
         # parts compiled, attention eager between them). Off by default: see its comment there.
-        # A CUDA-graph runner would replace exactly this seam: `_decode_forward` for pure decode
-        # steps of a captured batch size, with the backend's prepare() filling static buffers.
         self.compile_decode = compile_decode
         if compile_decode and backend.traceable:  # one decode group, the pool read in place (torch_backend.py)
             backend.for_compiled_decode(kv_caches[0][0], COMPILE_BACKEND == "inductor")
         self._compiled = None  # _decode_step, compiled
         self._compiled_argmax = None  # _argmax_step, compiled (multi-step decode)
         self._step_backend = None
+        self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs (use_cuda_graphs)
+
+    def use_cuda_graphs(self, max_batch: int, max_model_len: int, pad_block: int, capture: bool = True) -> None:
+        """Pure decode steps of up to `max_batch` rows replay CUDA graphs (engine/cuda_graph.py); `pad_block`
+        is a KV block the block manager never hands out. `capture=False`: the same static buffers, eager."""
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.block_size, max_batch,
+                                   max_model_len, pad_block, self.device, capture)
+
+    def _graphed(self, num_rows: int, sample_rows: list[int], query_lens: list[int], spans) -> bool:
+        """Does this step replay a decode graph: every row one new token that samples, no prompt logprobs."""
+        return (self.graphs is not None and num_rows == len(sample_rows) == len(query_lens)
+                and num_rows <= self.graphs.max_batch and not spans)
 
     def prepare(self, batch: ScheduledBatch) -> ModelInputs:
         bs = self.block_size
@@ -142,7 +156,8 @@ class ModelRunner:
         inputs = ModelInputs(torch.tensor(input_ids, dtype=torch.long, device=dev),
                              torch.tensor(positions, dtype=torch.long, device=dev),
                              metadata, sample_rows, spans)
-        self.backend.prepare(metadata)
+        if not self._graphed(len(input_ids), sample_rows, metadata.query_lens, spans):
+            self.backend.prepare(metadata)  # (a graph's attention reads the graph's buffers: no plan)
         return inputs
 
     def prepare_steps(self, batch: ScheduledBatch) -> list[ModelInputs]:
@@ -228,6 +243,9 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
         rows = inputs.sample_rows
+        if self._graphed(len(inputs.input_ids), rows, inputs.metadata.query_lens, inputs.prompt_logprob_spans):
+            hidden, logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
+            return ModelOutputs(logits, {}, hidden)
         if (self.compile_decode and max(inputs.metadata.query_lens) == 1 and len(rows) == len(inputs.input_ids)
                 and not inputs.prompt_logprob_spans):
             hidden, logits = self._decode_forward(inputs)

@@ -58,6 +58,13 @@ class AttentionBackend(ABC):
         keeps per-step state in buffers shared across steps puts this step's there (the torch backend's
         in-place decode block lists). A no-op for the others: flashinfer plans in its forward."""
 
+    def prepare_static_decode(self, metadata: AttentionMetadata, static, batch: int) -> None:
+        """A captured decode graph (engine/cuda_graph.py) of `batch` rows is about to replay, or to be captured,
+        for the step `metadata` describes (its real rows; the graph's metadata carries `static`, an
+        attention/static_decode.StaticDecode, whose buffers the runner has filled). A backend whose graph reads
+        state of its own puts this step's there (flashinfer plans its graph wrapper). The torch backend reads
+        the runner's buffers alone: a no-op."""
+
     @abstractmethod
     def forward(
         self,

@@ -8,12 +8,19 @@ reuses that plan. A batch of pure decodes goes to the decode wrapper, anything
 else to the prefill wrapper with a causal mask aligned to the end of each
 sequence (flashinfer's convention, and ours). What flashinfer's kernels do not
 cover (float32, unusual head sizes) falls back to the torch backend.
+
+A decode step replayed as a CUDA graph (engine/cuda_graph.py) runs a decode wrapper of that graph's
+batch size made with `use_cuda_graph=True`: its page table lives in buffers of fixed size that `plan`
+rewrites before each replay (`prepare_static_decode`), and `run` inside the graph reads them. The first
+plan needs the head counts, dtype and scale, which only a layer knows: the graph's warm-up forward (eager,
+before the capture) plans it, and every later replay is planned by the runner's call.
 """
 
 from __future__ import annotations
 
 import torch
 
+from engine.attention import static_decode
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend
 
@@ -35,9 +42,14 @@ class FlashInferBackend(AttentionBackend):
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.fallback = TorchAttentionBackend()
         self._planned = None  # (step state, shape key) the wrappers were last planned for
+        # CUDA-graph decode: a wrapper per captured batch size, the page table each was last given
+        # (its plan waits for the first forward's shape key), and that key once a graph's forward met it
+        self._graph_wrappers: dict[int, object] = {}
+        self._graph_tables: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = {}
+        self._graph_key: tuple | None = None
 
     def prepare(self, metadata: AttentionMetadata) -> None:
-        if _SCRATCH_KEY in metadata.scratch:
+        if _SCRATCH_KEY in metadata.scratch or static_decode.SCRATCH_KEY in metadata.scratch:
             return
         bs = metadata.block_size
         pages = [(c + bs - 1) // bs for c in metadata.context_lens]
@@ -69,10 +81,59 @@ class FlashInferBackend(AttentionBackend):
                               q_data_type=dtype, kv_data_type=dtype)
         self._planned = (state, key)
 
+    def prepare_static_decode(self, metadata: AttentionMetadata, static, batch: int) -> None:
+        """The graph of `batch` rows replays the step `metadata` describes: its pages, then one page (the
+        pad block, one key) per padding row, planned into that graph's wrapper."""
+        bs = metadata.block_size
+        pad = batch - metadata.num_seqs
+        pages = [(c + bs - 1) // bs for c in metadata.context_lens] + [1] * pad
+        indices = [b for table, n in zip(metadata.block_tables, pages) for b in table[:n]] + [static.pad_block] * pad
+        last = [c - (n - 1) * bs for c, n in zip(metadata.context_lens, pages)] + [1] * pad
+        self._graph_tables[batch] = (torch.tensor([0] + _cumsum(pages), dtype=torch.int32),
+                                     torch.tensor(indices, dtype=torch.int32, device=self.device),
+                                     torch.tensor(last, dtype=torch.int32), bs)
+        if self._graph_key is not None:
+            self._plan_graph(batch)
+
+    def _graph_wrapper(self, batch: int, max_pages: int):
+        wrapper = self._graph_wrappers.get(batch)
+        if wrapper is None:
+            import flashinfer
+
+            i32 = dict(dtype=torch.int32, device=self.device)
+            wrapper = self._graph_wrappers[batch] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True,
+                paged_kv_indptr_buffer=torch.zeros(batch + 1, **i32),
+                paged_kv_indices_buffer=torch.zeros(max_pages, **i32),
+                paged_kv_last_page_len_buffer=torch.zeros(batch, **i32))
+        return wrapper
+
+    def _plan_graph(self, batch: int) -> None:
+        indptr, indices, last, bs = self._graph_tables[batch]
+        num_heads, num_kv_heads, head_dim, dtype, scale, pages_per_row = self._graph_key
+        wrapper = self._graph_wrapper(batch, batch * pages_per_row)
+        wrapper.plan(indptr, indices, last, num_heads, num_kv_heads, head_dim, bs,
+                     q_data_type=dtype, kv_data_type=dtype, sm_scale=scale)
+
+    def _static_forward(self, q, k, v, k_cache, v_cache, static, slot_mapping, scale):
+        batch, num_heads, head_dim = q.shape
+        num_kv_heads = k.shape[1]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+        # the indices buffer has room for every row at the longest table: what any replay may plan
+        key = (num_heads, num_kv_heads, head_dim, q.dtype, scale, static.max_blocks)
+        if self._graph_key != key and not torch.cuda.is_current_stream_capturing():
+            self._graph_key = key  # the warm-up forward: plan with what the layers know
+            self._plan_graph(batch)
+        return self._graph_wrapper(batch, batch * static.max_blocks).run(q.contiguous(), (k_cache, v_cache))
+
     def forward(self, q, k, v, k_cache, v_cache, metadata, scale):
         head_dim = q.shape[-1]
         if q.dtype not in SUPPORTED_DTYPES or head_dim not in SUPPORTED_HEAD_DIMS:
             return self.fallback.forward(q, k, v, k_cache, v_cache, metadata, scale)
+        static = metadata.scratch.get(static_decode.SCRATCH_KEY)
+        if static is not None:
+            return self._static_forward(q, k, v, k_cache, v_cache, static, metadata.slot_mapping, scale)
         self.prepare(metadata)
         state = metadata.scratch[_SCRATCH_KEY]
         num_kv_heads = k.shape[1]

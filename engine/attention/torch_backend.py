@@ -19,7 +19,9 @@ and one SDPA call per group of sequences, with no Python loop over sequences:
 - other prefill chunks (a cached prefix before them) are grouped by the power of two of
   their length (so padding wastes at most half of a group), each group one masked SDPA call;
 - under compile_decode (inductor, a CPU with AVX2) a decode step's group attends the pool
-  in place instead of gathering it: paged_decode.py, its block lists built here by `prepare`.
+  in place instead of gathering it: paged_decode.py, its block lists built here by `prepare`;
+- a decode step replayed as a CUDA graph (engine/cuda_graph.py) plans nothing here: its metadata
+  carries the graph's fixed-shape buffers and static_decode.py attends through them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.attention import paged_decode
+from engine.attention import paged_decode, static_decode
 from engine.attention.base import AttentionBackend, AttentionMetadata
 
 _SCRATCH_KEY = "torch_plan"
@@ -294,8 +296,8 @@ class TorchAttentionBackend(AttentionBackend):
         return bufs
 
     def prepare(self, metadata: AttentionMetadata) -> None:
-        if _SCRATCH_KEY in metadata.scratch:
-            return  # idempotent: the model calls it too, in case the runner did not
+        if _SCRATCH_KEY in metadata.scratch or static_decode.SCRATCH_KEY in metadata.scratch:
+            return  # idempotent: the model calls it too, in case the runner did not (a graph's step: no plan)
         device = metadata.slot_mapping.device
         starts, total = [], 0
         for q in metadata.query_lens:
@@ -320,6 +322,9 @@ class TorchAttentionBackend(AttentionBackend):
         metadata.scratch[_SCRATCH_KEY] = _Plan(groups, identity)
 
     def forward(self, q, k, v, k_cache, v_cache, metadata, scale):
+        static = metadata.scratch.get(static_decode.SCRATCH_KEY)
+        if static is not None:  # a CUDA graph's decode step (engine/cuda_graph.py)
+            return static_decode.attend(q, k, v, k_cache, v_cache, metadata.slot_mapping, static, scale)
         self.prepare(metadata)
         plan: _Plan = metadata.scratch[_SCRATCH_KEY]
         num_tokens, num_heads, head_dim = q.shape

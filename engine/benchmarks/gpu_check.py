@@ -9,7 +9,12 @@
 2. Model: a small random Llama run through prefill + decode on the CPU (float32,
    the reference) and on `--device` (float32 with the torch backend, bfloat16
    with the "auto" backend); prints the max abs logit difference and top-1
-   agreement. Exits 1 when a difference passes its tolerance.
+   agreement.
+3. CUDA graphs (EngineConfig.cuda_graphs, engine/cuda_graph.py): the same requests through an engine
+   with and without graphs (float32 on the torch backend, bfloat16 on "auto"); prints how many graphs
+   were captured, how many requests got the same tokens, and each side's output tokens/s. On the CPU
+   the graphs' buffers and padding run eagerly (nothing to capture).
+Exits 1 when a difference passes its tolerance.
 """
 
 from __future__ import annotations
@@ -84,6 +89,46 @@ def model_diff(device: str, dtype: str, backend_name: str, steps: int = 4) -> tu
     return (got - ref).abs().max().item(), (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
 
 
+def graphs_check(device: str, dtype: str, backend_name: str) -> dict:
+    """Greedy requests of a small random Llama through an engine without CUDA graphs and one with them."""
+    import time
+
+    from engine.engine import LLMEngine
+    from engine.models import allocate_kv_cache
+    from engine.sampling_params import SamplingParams
+    from engine.tiny_model import build_random_model
+
+    path = build_random_model(tempfile.mkdtemp(prefix="gpu_check_graphs_"), "llama", hidden_size=256, num_heads=4,
+                              num_kv_heads=2, intermediate_size=512, num_layers=2)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 500, (n,), generator=gen).tolist() for n in (3, 40, 17, 90, 8, 25, 61)]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (70, 12, 45, 33, 64, 5, 50)]
+    kw = dict(device=device, dtype=dtype, attention_backend=backend_name, num_kv_blocks=256)
+
+    def run(graphs: bool):
+        engine = LLMEngine(path, cuda_graphs=graphs and device.startswith("cuda"), **kw)
+        if graphs and not device.startswith("cuda"):  # the dry run: buffers and padding, eagerly
+            runner = engine.runner
+            runner.kv_caches[:] = allocate_kv_cache(engine.loaded, 257, runner.block_size)
+            runner.use_cuda_graphs(engine.config.max_num_seqs, engine.max_model_len, pad_block=256, capture=False)
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            engine.add_request(str(i), p, sp, stream=False)
+        done, t0 = {}, time.perf_counter()
+        while engine.has_unfinished():
+            done.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        tokens_per_s = sum(map(len, done.values())) / (time.perf_counter() - t0)
+        graphs_made = len(engine.runner.graphs._graphs) if engine.runner.graphs else 0
+        return done, graphs_made, tokens_per_s
+
+    run(False)  # warm-up: kernels loaded, allocator grown
+    plain, _, plain_tps = run(False)
+    graphed, made, graphed_tps = run(True)
+    same = sum(graphed[r] == plain[r] for r in plain)
+    return dict(graphs=made, same=same, requests=len(plain), plain_tps=plain_tps, graphed_tps=graphed_tps)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -122,6 +167,15 @@ def main(argv: list[str] | None = None) -> int:
         failures += [] if ok else [f"model {dtype}"]
         print(f"model {device} {dtype:8} {backend_name:10} vs cpu float32: max_abs_logit_diff={diff:.2e} "
               f"top1_agreement={agree:.3f} {'ok' if ok else 'FAIL'}")
+    for dtype, backend_name, min_same in (("float32", "torch", 1.0), ("bfloat16", "auto", 0.7)):
+        if dtype == "bfloat16" and not on_cuda:
+            continue
+        r = graphs_check(device, dtype, backend_name)
+        ok = r["graphs"] > 0 and r["same"] >= min_same * r["requests"]
+        failures += [] if ok else [f"cuda graphs {dtype}"]
+        print(f"cuda graphs {device} {dtype:8} {backend_name:6}: {r['graphs']} graphs, {r['same']}/{r['requests']} "
+              f"requests the same tokens, {r['plain_tps']:.0f} -> {r['graphed_tps']:.0f} tok/s "
+              f"{'ok' if ok else 'FAIL'}")
     print("FAILED: " + ", ".join(failures) if failures else "all checks passed")
     return 1 if failures else 0
 
