@@ -23,9 +23,9 @@ from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.token_evidence import divergence, tokens
 from engine.detokenizer import IncrementalDetokenizer
 from engine.tokenization import Tokenizer
+from engine.fleet.models import REFERENCE_MODEL as REFERENCE
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT / "evals" / "reference" / "models" / "target"
 # leading blanks, a tab and a newline, multi-byte characters split over byte-level tokens, and
 # special-token markers written as text (encoded as special tokens)
 TEXT = "<|user|>  Café 🚀 日本語\n\tx² ≤ 10<|assistant|> ok"

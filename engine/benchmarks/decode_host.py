@@ -30,11 +30,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO / "evals" / "reference" / "models" / "target"
+from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from telemetry.contract.hooks import EngineObserver
+
 SMOL_SPEC = dict(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, intermediate_size=1536,
                  vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True)
-from telemetry.contract.hooks import EngineObserver
 
 PARTS = ("schedule", "prepare", "forward", "sample", "postprocess")
 

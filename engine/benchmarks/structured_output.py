@@ -25,8 +25,8 @@ import statistics
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO / "evals" / "reference" / "models" / "target"
+from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 10},
     "age": {"type": "integer", "minimum": 0, "maximum": 150},

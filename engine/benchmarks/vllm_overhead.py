@@ -53,12 +53,12 @@ import httpx
 from engine.benchmarks.peers.models import resolve
 from engine.benchmarks.telemetry_overhead import DetachedSidecar, bootstrap_median_ci, round_order
 from engine.placement import format_cpulist, parse_cpulist
-from engine.vllm_adapter.launch import REPO, start_vllm_server
+from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from engine.vllm_adapter.launch import start_vllm_server
 from telemetry.contract import derived
 from telemetry.store import open_store
 
 GOAL_RATIO = 1.03
-REFERENCE = REPO / "evals" / "reference" / "models" / "target"
 REPLICA = "vllm-bench-on"
 
 

@@ -35,8 +35,8 @@ from engine.prompt import chat_prompt
 from engine.sampling_params import SamplingParams
 from evals.reference.corpus import stream
 from telemetry.recorder import Recorder
+from engine.fleet.models import REFERENCE_MODEL as REFERENCE
 
-REFERENCE = Path(__file__).resolve().parents[2] / "evals" / "reference" / "models" / "target"
 N = 300  # requests per replica
 NOISE = 0.5
 

@@ -7,7 +7,6 @@ the greedy output of the unconstrained ones in its batch unchanged; ignore_eos s
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -17,8 +16,8 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.structured_output import CACHE_LIMIT_BYTES, StructuredOutput, backend_identity, grammar_spec
+from engine.fleet.models import REFERENCE_MODEL as REFERENCE
 
-REFERENCE = Path(__file__).resolve().parents[2] / "evals" / "reference" / "models" / "target"
 JSON_OBJECT = {"type": "json_object"}
 # required string + integer + enum fields; bounded, so that even a random model must finish within max_tokens
 PERSON = {"type": "object", "properties": {

@@ -17,8 +17,7 @@ from engine.vllm_adapter.config_json import config_document, config_hash, jsonab
 from engine.vllm_adapter.identity import chat_template_argument, local_dir, model_name, weights_hash
 from engine.vllm_adapter.request_ids import proxy_request_id, vllm_request_id
 from engine.vllm_adapter.settings import SettingsError, read_settings
-
-REFERENCE = Path(__file__).resolve().parents[2] / "evals" / "reference" / "models" / "target"
+from engine.fleet.models import REFERENCE_MODEL as REFERENCE
 
 
 @pytest.mark.parametrize("shards", [None, "20KB"])

@@ -15,15 +15,15 @@ import pytest
 
 from engine.models import load_model
 from engine.tokenization import Tokenizer
-from engine.vllm_adapter.launch import REPO, start_vllm_server, vllm_missing
+from engine.vllm_adapter.launch import start_vllm_server, vllm_missing
 from engine.vllm_adapter.request_ids import vllm_request_id
 from telemetry.sidecar.process import start_sidecar
 from telemetry.store import open_store
+from engine.fleet.models import REFERENCE_MODEL as REFERENCE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(vllm_missing() is not None, reason=vllm_missing() or ""),
               pytest.mark.timeout(900)]
 
-REFERENCE = REPO / "evals" / "reference" / "models" / "target"
 REPLICA = "vllm-live-0"
 USER, PASSWORD = "writer", "pw-of-the-writer"
 ROWS_TIMEOUT = 90.0  # the recorder flushes every 2 s; after an outage its retry backs off up to 10 s

@@ -13,10 +13,9 @@ import pytest
 from engine.models import load_model
 from engine.tokenization import Tokenizer
 from engine.vllm_adapter.launch import REPO, vllm_missing, vllm_python
+from engine.fleet.models import REFERENCE_MODEL as REFERENCE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(vllm_missing() is not None, reason=vllm_missing() or "")]
-
-REFERENCE = REPO / "evals" / "reference" / "models" / "target"
 
 
 @pytest.fixture(scope="module")

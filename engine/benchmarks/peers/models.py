@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.benchmarks.peers.sides import REPO
+from engine.fleet.models import REFERENCE_MODEL as REFERENCE
 
 CACHE = Path.home() / ".cache" / "infersight" / "peers"
-REFERENCE = REPO / "evals" / "reference" / "models" / "target"
 SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
                     vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=2048, seed=0)
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 
 import httpx
 import jsonschema
 import pytest
 from store_polling import stored_request
+from engine.fleet.models import REFERENCE_MODEL as REFERENCE
 
-REFERENCE = Path(__file__).resolve().parents[3] / "evals" / "reference" / "models" / "target"
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 10},
     "age": {"type": "integer", "minimum": 0, "maximum": 150},
