@@ -82,11 +82,15 @@ class DecodeGraphs:
         self.key_positions = torch.arange(w * block_size, **long)
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None  # the graphs' shared memory pool (CUDA)
-        self.captures = 0  # graphs captured so far (the tests and gpu_check read it)
 
     @property
     def max_batch(self) -> int:
         return self.sizes[-1]
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """The (batch, width) of every graph made so far (captured, or with capture=False, planned)."""
+        return sorted(self._graphs)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
             metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,7 +159,6 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=self._pool):
             hidden, logits = self._forward(metadata)
         self._pool = graph.pool()
-        self.captures += 1
         # capture records without running: hand back the warm-up's outputs for this step
         hidden[:].copy_(warm_hidden)
         logits[:].copy_(warm_logits)

@@ -119,7 +119,7 @@ def graphs_check(device: str, dtype: str, backend_name: str) -> dict:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         tokens_per_s = sum(map(len, done.values())) / (time.perf_counter() - t0)
-        graphs_made = len(engine.runner.graphs._graphs) if engine.runner.graphs else 0
+        graphs_made = len(engine.runner.graphs.shapes) if engine.runner.graphs else 0
         return done, graphs_made, tokens_per_s
 
     run(False)  # warm-up: kernels loaded, allocator grown

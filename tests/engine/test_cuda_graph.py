@@ -81,6 +81,7 @@ def test_graphed_decode_gives_the_eager_engines_tokens_and_logprobs(model, tiny_
     assert rows == {5, 4, 3, 2, 1}, seen  # every decode step took a graph
     assert any(r < b for r, b, _ in seen) and {b for _, b, _ in seen} >= {8, 4, 2, 1}, seen  # padded
     assert len({w for _, _, w in seen}) >= 2, seen  # crossed a width bucket
+    assert engine.runner.graphs.shapes == sorted({(b, w) for _, b, w in seen})  # one graph per shape met
     engine.kv_cache.check_invariants()
     assert engine.kv_cache.num_used_blocks == 0
 
