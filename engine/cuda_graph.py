@@ -6,9 +6,9 @@ batch: the step waits on the host. A CUDA graph records the kernels of one step 
 them all with one call. The algorithm (as nano-vllm and SGLang do it):
 
 1. Fixed shapes. A graph replays the same kernels on the same memory, so a step of b rows runs the
-   graph of the smallest captured batch size B >= b (`BATCH_SIZES`: 1, 2, 4, 8, then multiples of 16,
-   up to max_num_seqs), and, since the attention reads each row's keys through a block table of fixed
-   width, of the smallest width W >= its longest table (powers of two of blocks, at least
+   graph of the smallest captured batch size B >= b (`batch_sizes`: 1, 2, 4, 8, then multiples of 16,
+   up to max_num_seqs), and, where the attention reads each row's keys through our block table of fixed
+   width, of the smallest width W >= its longest context (powers of two of blocks, at least
    `MIN_WIDTH_BLOCKS`, at most what max_model_len needs): one graph per (B, W) met, so a row reads under
    twice the keys it has (attention/static_decode.py).
 2. Static inputs. One set of buffers at the largest (B, W): input ids, positions, KV slots, block table,
@@ -18,9 +18,12 @@ them all with one call. The algorithm (as nano-vllm and SGLang do it):
    They compute and nothing reads them; no real sequence's cache is touched.
 4. Lazy capture. The first step of a (B, W) runs eagerly over the buffers (that is its result, and it
    warms cuBLAS and the allocator up), then the forward is captured into one memory pool shared by all
-   graphs; later steps of that (B, W) replay it.
-5. Outputs live in the graph's own memory and the next replay overwrites them: the step's rows are
-   copied out.
+   graphs; later steps of that (B, W) replay it. (A capture costs a synchronize and a garbage collection:
+   a stall the first time a shape is met. Capturing every shape at start, largest first, is the
+   alternative: it would pay them all before serving, most of them for shapes a deployment never meets.)
+5. Outputs: every graph writes its rows into one pair of [max batch, H] / [max batch, vocab] buffers,
+   and a step's rows are copied out of them before the next replay overwrites them. A backend that
+   attends through a page table of its own (flashinfer) does not read ours: one width, no table filled.
 
 Only single decode steps take graphs: prefills, mixed steps, prompt logprobs, speculative verification
 and multi-step sub-steps run as before. With `capture=False` the same buffers and padding run eagerly
@@ -56,8 +59,6 @@ def width_for(blocks: int, max_blocks: int) -> int:
 @dataclass
 class _Graph:
     metadata: AttentionMetadata  # the static metadata the graph was captured with
-    hidden: torch.Tensor  # [B, hidden] the captured outputs (graph memory)
-    logits: torch.Tensor  # [B, vocab]
     graph: object | None  # torch.cuda.CUDAGraph (None: capture=False)
 
 
@@ -71,15 +72,26 @@ class DecodeGraphs:
         self.block_size, self.pad_block, self.capture = block_size, pad_block, capture
         self.sizes = batch_sizes(max_batch)
         self.max_blocks = max(1, -(-max_model_len // block_size))
+        # a backend that attends through its own page table (flashinfer) reads neither the table nor its
+        # width: one width, nothing to fill
+        self.reads_table = backend.static_decode_reads_table(kv_caches[0][0])
         b, w = self.sizes[-1], width_for(self.max_blocks, self.max_blocks)
         long = dict(dtype=torch.long, device=device)
         self.input_ids = torch.zeros(b, **long)
         self.positions = torch.zeros(b, **long)
         self.slot_mapping = torch.full((b,), pad_block * block_size, **long)
-        self.block_table = torch.full((b, w), pad_block, **long)
         self.context_lens = torch.ones(b, **long)
+        # the table of a (B, W) graph is the first B * W entries, contiguous: one copy from the host's
+        self.block_table = torch.full((b * w,), pad_block, **long)
+        pinned = torch.device(device).type == "cuda"
+        self._host_table = torch.full((b * w,), pad_block, dtype=torch.long, pin_memory=pinned)
+        self._host_lens = torch.ones(b, dtype=torch.long, pin_memory=pinned)
         self.key_offsets = torch.arange(block_size, **long)
         self.key_positions = torch.arange(w * block_size, **long)
+        # every graph writes its rows of these (the first forward sizes them): outputs kept per graph
+        # would hold a [B, vocab] float32 tensor for each (batch, width) met
+        self.hidden_out: torch.Tensor | None = None
+        self.logits_out: torch.Tensor | None = None
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None  # the graphs' shared memory pool (CUDA)
 
@@ -97,69 +109,82 @@ class DecodeGraphs:
         """A pure decode step of b <= max_batch rows: (hidden [b, H], logits [b, V]), copies."""
         b = len(metadata.query_lens)
         size = next(s for s in self.sizes if s >= b)
-        width = width_for(-(-max(metadata.context_lens) // self.block_size), self.max_blocks)
+        width = MIN_WIDTH_BLOCKS
+        if self.reads_table:
+            width = width_for(-(-max(metadata.context_lens) // self.block_size), self.max_blocks)
         self._fill(input_ids, positions, metadata, b, size, width)
         key = (size, width)
         entry = self._graphs.get(key)
-        if entry is None:
+        if entry is None:  # its first step: run eagerly (this step's result), then capture
             entry = self._graphs[key] = self._capture(size, width, metadata)
-            return entry.hidden[:b].clone(), entry.logits[:b].clone()  # the warm-up run computed this step
-        self.backend.prepare_static_decode(metadata, entry.metadata.scratch[SCRATCH_KEY], size)
-        if entry.graph is None:
-            hidden, logits = self._forward(entry.metadata)
         else:
-            entry.graph.replay()
-            hidden, logits = entry.hidden, entry.logits
-        return hidden[:b].clone(), logits[:b].clone()
+            self.backend.prepare_static_decode(metadata, entry.metadata.scratch[SCRATCH_KEY], size)
+            if entry.graph is None:
+                self._forward(entry.metadata)
+            else:
+                entry.graph.replay()
+        return self.hidden_out[:b].clone(), self.logits_out[:b].clone()
 
     def _fill(self, input_ids, positions, metadata: AttentionMetadata, b: int, size: int, width: int) -> None:
-        """Copy the step's rows into the buffers; rows b..size become padding (see the module's 3.)."""
+        """Copy the step's rows into the buffers; rows b..size become padding (see the module's 3.).
+        The tables and lengths go through host buffers (pinned on CUDA, copied without waiting): the engine
+        reads each step's tokens back before it fills the next step, so a copy in flight is never overwritten."""
         self.input_ids[:b].copy_(input_ids)
         self.positions[:b].copy_(positions)
         self.slot_mapping[:b].copy_(metadata.slot_mapping)
-        # tables shorter than the width end in the pad block (masked: past the context length)
-        # (a table may run past its context: blocks held for tokens to come)
-        rows = [t[:width] + [self.pad_block] * (width - len(t)) for t in metadata.block_tables]
-        self.block_table[:b, :width].copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
-        self.context_lens[:b].copy_(torch.tensor(metadata.context_lens, dtype=torch.long), non_blocking=True)
+        lens = self._host_lens.numpy()
+        lens[:b] = metadata.context_lens
+        lens[b:size] = 1
+        self.context_lens[:size].copy_(self._host_lens[:size], non_blocking=True)
         if size > b:
             self.input_ids[b:size].zero_()
             self.positions[b:size].zero_()
             self.slot_mapping[b:size].fill_(self.pad_block * self.block_size)
-            self.block_table[b:size, :width].fill_(self.pad_block)
-            self.context_lens[b:size].fill_(1)
+        if self.reads_table:
+            # past a row's blocks (and in padding rows) the pad block: masked, past the context length.
+            # A row's own blocks are written each step (B rows of numpy, ~1 us + its length each); a table
+            # may run past its context (blocks held for tokens to come): cut at the width
+            table = self._host_table.numpy()[:size * width].reshape(size, width)
+            table.fill(self.pad_block)
+            for row, t in zip(table, metadata.block_tables):
+                n = min(len(t), width)
+                row[:n] = t[:n]
+            self.block_table[:size * width].copy_(self._host_table[:size * width], non_blocking=True)
 
     def _static_metadata(self, size: int, width: int) -> AttentionMetadata:
-        static = StaticDecode(self.block_table[:size, :width], self.context_lens[:size], self.key_offsets,
-                              self.key_positions[:width * self.block_size], self.pad_block, self.max_blocks)
+        static = StaticDecode(self.block_table[:size * width].view(size, width), self.context_lens[:size],
+                              self.key_offsets, self.key_positions[:width * self.block_size], self.pad_block,
+                              self.max_blocks)
         # the lists are what the shapes are planned from; the values the graph reads are the tensors
         return AttentionMetadata(query_lens=[1] * size, context_lens=[1] * size,
                                  block_tables=[[self.pad_block]] * size, block_size=self.block_size,
                                  slot_mapping=self.slot_mapping[:size], scratch={SCRATCH_KEY: static})
 
-    def _forward(self, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, metadata: AttentionMetadata) -> None:
+        """The step over the buffers, its rows written into the shared outputs."""
         size = metadata.num_seqs
         hidden = self.model(self.input_ids[:size], self.positions[:size], metadata, self.kv_caches, self.backend)
-        return hidden, self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden)
+        if self.logits_out is None:  # the first forward of all (eager: never inside a capture)
+            self.hidden_out = hidden.new_empty(self.max_batch, hidden.shape[1])
+            self.logits_out = logits.new_empty(self.max_batch, logits.shape[1])
+        self.hidden_out[:size].copy_(hidden)
+        self.logits_out[:size].copy_(logits)
 
     def _capture(self, size: int, width: int, step: AttentionMetadata) -> _Graph:
         metadata = self._static_metadata(size, width)
         self.backend.prepare_static_decode(step, metadata.scratch[SCRATCH_KEY], size)
         if not self.capture:
-            hidden, logits = self._forward(metadata)
-            return _Graph(metadata, hidden, logits, None)
-        # warm-up on a side stream (what torch.cuda.graphs asks): this step's real result
+            self._forward(metadata)
+            return _Graph(metadata, None)
+        # warm-up on a side stream (what torch.cuda.graph asks): it computes this step's outputs
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            warm_hidden, warm_logits = self._forward(metadata)
-            warm_hidden, warm_logits = warm_hidden.clone(), warm_logits.clone()
+            self._forward(metadata)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            hidden, logits = self._forward(metadata)
+        with torch.cuda.graph(graph, pool=self._pool):  # records, runs nothing: the outputs stay the warm-up's
+            self._forward(metadata)
         self._pool = graph.pool()
-        # capture records without running: hand back the warm-up's outputs for this step
-        hidden[:].copy_(warm_hidden)
-        logits[:].copy_(warm_logits)
-        return _Graph(metadata, hidden, logits, graph)
+        return _Graph(metadata, graph)

@@ -165,6 +165,8 @@ class ModelRunner:
         sub-step j reads one more cached position and writes the slot after it. Its input ids are the tokens
         the sub-step before chose, so `forward_steps` fills them in."""
         first = self.prepare(batch)
+        # multi-step sub-steps do not replay CUDA graphs: plan the first one too (prepare left it to the graph)
+        self.backend.prepare(first.metadata)
         steps, bs, md = [first], self.block_size, first.metadata
         for j in range(1, batch.num_steps):
             slots = []

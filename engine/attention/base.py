@@ -58,6 +58,12 @@ class AttentionBackend(ABC):
         keeps per-step state in buffers shared across steps puts this step's there (the torch backend's
         in-place decode block lists). A no-op for the others: flashinfer plans in its forward."""
 
+    def static_decode_reads_table(self, k_cache: torch.Tensor) -> bool:
+        """Does a captured decode graph's attention on this cache (its dtype, head size) read the runner's block
+        table (engine/cuda_graph.py fills it per step and captures a graph per table width), or a page table of
+        the backend's own (flashinfer's kernels)?"""
+        return True
+
     def prepare_static_decode(self, metadata: AttentionMetadata, static, batch: int) -> None:
         """A captured decode graph (engine/cuda_graph.py) of `batch` rows is about to replay, or to be captured,
         for the step `metadata` describes (its real rows; the graph's metadata carries `static`, an

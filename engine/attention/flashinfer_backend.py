@@ -81,6 +81,10 @@ class FlashInferBackend(AttentionBackend):
                               q_data_type=dtype, kv_data_type=dtype)
         self._planned = (state, key)
 
+    def static_decode_reads_table(self, k_cache: torch.Tensor) -> bool:
+        # its kernels read the page table planned below; what they do not cover falls back to the torch path
+        return not (k_cache.dtype in SUPPORTED_DTYPES and k_cache.shape[-1] in SUPPORTED_HEAD_DIMS)
+
     def prepare_static_decode(self, metadata: AttentionMetadata, static, batch: int) -> None:
         """The graph of `batch` rows replays the step `metadata` describes: its pages, then one page (the
         pad block, one key) per padding row, planned into that graph's wrapper."""

@@ -12,7 +12,8 @@
    agreement.
 3. CUDA graphs (EngineConfig.cuda_graphs, engine/cuda_graph.py): the same requests through an engine
    with and without graphs (float32 on the torch backend, bfloat16 on "auto"); prints how many graphs
-   were captured, how many requests got the same tokens, and each side's output tokens/s. On the CPU
+   were captured, how many requests got the same tokens (and the share of tokens before a first
+   difference), and each side's output tokens/s in a second round (the first captures). On the CPU
    the graphs' buffers and padding run eagerly (nothing to capture).
 Exits 1 when a difference passes its tolerance.
 """
@@ -90,7 +91,10 @@ def model_diff(device: str, dtype: str, backend_name: str, steps: int = 4) -> tu
 
 
 def graphs_check(device: str, dtype: str, backend_name: str) -> dict:
-    """Greedy requests of a small random Llama through an engine without CUDA graphs and one with them."""
+    """Greedy requests of a small random Llama through an engine without CUDA graphs and one with them, twice
+    each on the same engine (the first round captures the graphs; the second, timed, replays them). `match`:
+    the mean share of each request's tokens before its first difference (a wrong graph differs from the
+    first tokens; near-ties in the logits of a random model, late)."""
     import time
 
     from engine.engine import LLMEngine
@@ -111,22 +115,28 @@ def graphs_check(device: str, dtype: str, backend_name: str) -> dict:
             runner = engine.runner
             runner.kv_caches[:] = allocate_kv_cache(engine.loaded, 257, runner.block_size)
             runner.use_cuda_graphs(engine.config.max_num_seqs, engine.max_model_len, pad_block=256, capture=False)
-        for i, (p, sp) in enumerate(zip(prompts, params)):
-            engine.add_request(str(i), p, sp, stream=False)
-        done, t0 = {}, time.perf_counter()
-        while engine.has_unfinished():
-            done.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        tokens_per_s = sum(map(len, done.values())) / (time.perf_counter() - t0)
+        for round_ in range(2):
+            engine.kv_cache.reset_prefix_cache()
+            for i, (p, sp) in enumerate(zip(prompts, params)):
+                engine.add_request(f"{round_}-{i}", p, sp, stream=False)
+            done, t0 = {}, time.perf_counter()
+            while engine.has_unfinished():
+                done.update((o.request_id[2:], o.token_ids) for o in engine.step() if o.finished)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            tokens_per_s = sum(map(len, done.values())) / (time.perf_counter() - t0)
         graphs_made = len(engine.runner.graphs.shapes) if engine.runner.graphs else 0
         return done, graphs_made, tokens_per_s
 
-    run(False)  # warm-up: kernels loaded, allocator grown
+    def matched(a: list[int], b: list[int]) -> float:
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return n / max(len(a), 1)
+
     plain, _, plain_tps = run(False)
     graphed, made, graphed_tps = run(True)
-    same = sum(graphed[r] == plain[r] for r in plain)
-    return dict(graphs=made, same=same, requests=len(plain), plain_tps=plain_tps, graphed_tps=graphed_tps)
+    return dict(graphs=made, same=sum(graphed[r] == plain[r] for r in plain), requests=len(plain),
+                match=sum(matched(graphed[r], plain[r]) for r in plain) / len(plain),
+                plain_tps=plain_tps, graphed_tps=graphed_tps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,14 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         failures += [] if ok else [f"model {dtype}"]
         print(f"model {device} {dtype:8} {backend_name:10} vs cpu float32: max_abs_logit_diff={diff:.2e} "
               f"top1_agreement={agree:.3f} {'ok' if ok else 'FAIL'}")
-    for dtype, backend_name, min_same in (("float32", "torch", 1.0), ("bfloat16", "auto", 0.7)):
+    for dtype, backend_name, min_match in (("float32", "torch", 0.95), ("bfloat16", "auto", 0.8)):
         if dtype == "bfloat16" and not on_cuda:
             continue
         r = graphs_check(device, dtype, backend_name)
-        ok = r["graphs"] > 0 and r["same"] >= min_same * r["requests"]
+        ok = r["graphs"] > 0 and r["match"] >= min_match
         failures += [] if ok else [f"cuda graphs {dtype}"]
         print(f"cuda graphs {device} {dtype:8} {backend_name:6}: {r['graphs']} graphs, {r['same']}/{r['requests']} "
-              f"requests the same tokens, {r['plain_tps']:.0f} -> {r['graphed_tps']:.0f} tok/s "
+              f"requests the same tokens, {r['match']:.3f} matched before a difference, {r['plain_tps']:.0f} -> {r['graphed_tps']:.0f} tok/s "
               f"{'ok' if ok else 'FAIL'}")
     print("FAILED: " + ", ".join(failures) if failures else "all checks passed")
     return 1 if failures else 0
