@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from engine.structured_output import grammar_spec
 
@@ -75,7 +75,9 @@ class SamplingParams:
         grammar_spec(self.response_format)  # engine/structured_output.py: the type, the schema, xgrammar parses it
 
     def to_json(self) -> str:
-        d = asdict(self)
+        # a shallow dict: asdict deep-copies every list and dict first (21 us against 2.6 us a request, paid by
+        # the engine thread in each finished request's record)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in ("tools_hash", "tool_choice"):
             if d[name] is None:
                 del d[name]
