@@ -109,9 +109,8 @@ class DecodeGraphs:
         """A pure decode step of b <= max_batch rows: (hidden [b, H], logits [b, V]), copies."""
         b = len(metadata.query_lens)
         size = next(s for s in self.sizes if s >= b)
-        width = MIN_WIDTH_BLOCKS
-        if self.reads_table:
-            width = width_for(-(-max(metadata.context_lens) // self.block_size), self.max_blocks)
+        blocks = -(-max(metadata.context_lens) // self.block_size) if self.reads_table else 1
+        width = width_for(blocks, self.max_blocks)
         self._fill(input_ids, positions, metadata, b, size, width)
         key = (size, width)
         entry = self._graphs.get(key)
