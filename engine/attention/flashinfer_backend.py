@@ -51,18 +51,23 @@ class FlashInferBackend(AttentionBackend):
     def prepare(self, metadata: AttentionMetadata) -> None:
         if _SCRATCH_KEY in metadata.scratch or static_decode.SCRATCH_KEY in metadata.scratch:
             return
-        bs = metadata.block_size
-        pages = [(c + bs - 1) // bs for c in metadata.context_lens]
-        indices = [b for table, n in zip(metadata.block_tables, pages) for b in table[:n]]
+        kv_indptr, kv_indices, kv_last_page_len = self._page_table(metadata)
         metadata.scratch[_SCRATCH_KEY] = {
             "is_decode": all(q == 1 for q in metadata.query_lens),
-            # indptrs stay on the host: plan() reads them there
             "qo_indptr": torch.tensor([0] + _cumsum(metadata.query_lens), dtype=torch.int32),
-            "kv_indptr": torch.tensor([0] + _cumsum(pages), dtype=torch.int32),
-            "kv_indices": torch.tensor(indices, dtype=torch.int32, device=self.device),
-            "kv_last_page_len": torch.tensor([c - (n - 1) * bs for c, n in zip(metadata.context_lens, pages)],
-                                             dtype=torch.int32),
+            "kv_indptr": kv_indptr, "kv_indices": kv_indices, "kv_last_page_len": kv_last_page_len,
         }
+
+    def _page_table(self, metadata: AttentionMetadata, pad_rows: int = 0, pad_block: int = 0):
+        """flashinfer's CSR page table of the step: (indptr, page ids, last page lengths), int32; the indptr and
+        lengths stay on the host (plan() reads them there). `pad_rows` more rows of one page each (`pad_block`,
+        one key): a CUDA graph's padding."""
+        bs = metadata.block_size
+        pages = [(c + bs - 1) // bs for c in metadata.context_lens]
+        indices = [b for table, n in zip(metadata.block_tables, pages) for b in table[:n]] + [pad_block] * pad_rows
+        last = [c - (n - 1) * bs for c, n in zip(metadata.context_lens, pages)] + [1] * pad_rows
+        return (torch.tensor([0] + _cumsum(pages + [1] * pad_rows), dtype=torch.int32),
+                torch.tensor(indices, dtype=torch.int32, device=self.device), torch.tensor(last, dtype=torch.int32))
 
     def _plan(self, state: dict, metadata: AttentionMetadata, num_heads: int, num_kv_heads: int,
               head_dim: int, dtype: torch.dtype, scale: float) -> None:
@@ -88,14 +93,8 @@ class FlashInferBackend(AttentionBackend):
     def prepare_static_decode(self, metadata: AttentionMetadata, static, batch: int) -> None:
         """The graph of `batch` rows replays the step `metadata` describes: its pages, then one page (the
         pad block, one key) per padding row, planned into that graph's wrapper."""
-        bs = metadata.block_size
-        pad = batch - metadata.num_seqs
-        pages = [(c + bs - 1) // bs for c in metadata.context_lens] + [1] * pad
-        indices = [b for table, n in zip(metadata.block_tables, pages) for b in table[:n]] + [static.pad_block] * pad
-        last = [c - (n - 1) * bs for c, n in zip(metadata.context_lens, pages)] + [1] * pad
-        self._graph_tables[batch] = (torch.tensor([0] + _cumsum(pages), dtype=torch.int32),
-                                     torch.tensor(indices, dtype=torch.int32, device=self.device),
-                                     torch.tensor(last, dtype=torch.int32), bs)
+        self._graph_tables[batch] = (*self._page_table(metadata, batch - metadata.num_seqs, static.pad_block),
+                                     metadata.block_size)
         if self._graph_key is not None:
             self._plan_graph(batch)
 
