@@ -67,7 +67,7 @@ class DecodeGraphs:
                  backend: AttentionBackend, block_size: int, max_batch: int, max_model_len: int,
                  pad_block: int, device: torch.device, capture: bool = True):
         if capture and torch.device(device).type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA device, not {device}")
+            raise ValueError(f"cuda_graphs needs a CUDA device, not {str(device)!r}")
         self.model, self.kv_caches, self.backend = model, kv_caches, backend
         self.block_size, self.pad_block, self.capture = block_size, pad_block, capture
         self.sizes = batch_sizes(max_batch)

@@ -86,8 +86,6 @@ class LLMEngine:
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} is smaller than one "
                              f"KV block ({kv_bytes_per_block(self.loaded, block_size)} bytes)")
-        if config.cuda_graphs and self.device.type != "cuda":
-            raise ValueError(f"cuda_graphs needs a CUDA device, not {config.device!r}")
         self.kv_cache = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,

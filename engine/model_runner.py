@@ -114,10 +114,15 @@ class ModelRunner:
         self.graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.block_size, max_batch,
                                    max_model_len, pad_block, self.device, capture)
 
+    @staticmethod
+    def _pure_decode(num_rows: int, sample_rows: list[int], query_lens: list[int], spans) -> bool:
+        """Every row one new token that samples, no prompt logprobs: the steps compile_decode and CUDA graphs take."""
+        return num_rows == len(sample_rows) == len(query_lens) and not spans
+
     def _graphed(self, num_rows: int, sample_rows: list[int], query_lens: list[int], spans) -> bool:
-        """Does this step replay a decode graph: every row one new token that samples, no prompt logprobs."""
-        return (self.graphs is not None and num_rows == len(sample_rows) == len(query_lens)
-                and num_rows <= self.graphs.max_batch and not spans)
+        """Does this step replay a decode graph: a pure decode step of a captured batch size."""
+        return (self.graphs is not None and num_rows <= self.graphs.max_batch
+                and self._pure_decode(num_rows, sample_rows, query_lens, spans))
 
     def prepare(self, batch: ScheduledBatch) -> ModelInputs:
         bs = self.block_size
@@ -248,8 +253,8 @@ class ModelRunner:
         if self._graphed(len(inputs.input_ids), rows, inputs.metadata.query_lens, inputs.prompt_logprob_spans):
             hidden, logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
             return ModelOutputs(logits, {}, hidden)
-        if (self.compile_decode and max(inputs.metadata.query_lens) == 1 and len(rows) == len(inputs.input_ids)
-                and not inputs.prompt_logprob_spans):
+        if self.compile_decode and self._pure_decode(len(inputs.input_ids), rows, inputs.metadata.query_lens,
+                                                     inputs.prompt_logprob_spans):
             hidden, logits = self._decode_forward(inputs)
             return ModelOutputs(logits, {}, hidden)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches, self.backend)
