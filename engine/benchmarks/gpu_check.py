@@ -90,6 +90,19 @@ def model_diff(device: str, dtype: str, backend_name: str, steps: int = 4) -> tu
     return (got - ref).abs().max().item(), (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
 
 
+def eager_graphs_engine(path, num_kv_blocks: int, **engine_kw):
+    """An engine whose pure decode steps go through engine/cuda_graph.py with the capture left out (a CPU has
+    nothing to capture): what `cuda_graphs` sets up on CUDA, a pad block past the block manager's included."""
+    from engine.engine import LLMEngine
+    from engine.models import allocate_kv_cache
+
+    engine = LLMEngine(path, num_kv_blocks=num_kv_blocks, **engine_kw)
+    runner = engine.runner
+    runner.kv_caches[:] = allocate_kv_cache(engine.loaded, num_kv_blocks + 1, runner.block_size)
+    runner.use_cuda_graphs(engine.config.max_num_seqs, engine.max_model_len, pad_block=num_kv_blocks, capture=False)
+    return engine
+
+
 def graphs_check(device: str, dtype: str, backend_name: str) -> dict:
     """Greedy requests of a small random Llama through an engine without CUDA graphs and one with them, twice
     each on the same engine (the first round captures the graphs; the second, timed, replays them). `match`:
@@ -98,7 +111,6 @@ def graphs_check(device: str, dtype: str, backend_name: str) -> dict:
     import time
 
     from engine.engine import LLMEngine
-    from engine.models import allocate_kv_cache
     from engine.sampling_params import SamplingParams
     from engine.tiny_model import build_random_model
 
@@ -107,14 +119,13 @@ def graphs_check(device: str, dtype: str, backend_name: str) -> dict:
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 500, (n,), generator=gen).tolist() for n in (3, 40, 17, 90, 8, 25, 61)]
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (70, 12, 45, 33, 64, 5, 50)]
-    kw = dict(device=device, dtype=dtype, attention_backend=backend_name, num_kv_blocks=256)
+    kw = dict(device=device, dtype=dtype, attention_backend=backend_name)
 
     def run(graphs: bool):
-        engine = LLMEngine(path, cuda_graphs=graphs and device.startswith("cuda"), **kw)
         if graphs and not device.startswith("cuda"):  # the dry run: buffers and padding, eagerly
-            runner = engine.runner
-            runner.kv_caches[:] = allocate_kv_cache(engine.loaded, 257, runner.block_size)
-            runner.use_cuda_graphs(engine.config.max_num_seqs, engine.max_model_len, pad_block=256, capture=False)
+            engine = eager_graphs_engine(path, 256, **kw)
+        else:
+            engine = LLMEngine(path, num_kv_blocks=256, cuda_graphs=graphs, **kw)
         for round_ in range(2):
             engine.kv_cache.reset_prefix_cache()
             for i, (p, sp) in enumerate(zip(prompts, params)):

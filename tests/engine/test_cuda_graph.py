@@ -10,23 +10,17 @@ import torch
 from engine.attention.simple_batch import SimplePagedBatcher
 from engine.attention.static_decode import SCRATCH_KEY, StaticDecode, attend
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.benchmarks.gpu_check import eager_graphs_engine
 from engine.cuda_graph import DecodeGraphs, batch_sizes, width_for
 from engine.engine import LLMEngine
 from engine.fleet.models import REFERENCE_MODEL
-from engine.models import allocate_kv_cache
 from engine.sampling_params import SamplingParams
 
 NUM_BLOCKS = 48
 
 
 def _graphed_engine(model, **kw) -> LLMEngine:
-    """An engine whose pure decode steps go through DecodeGraphs eagerly: what `cuda_graphs` sets up on CUDA
-    (a pad block past the block manager's), with the capture left out."""
-    engine = LLMEngine(model, num_kv_blocks=NUM_BLOCKS, **kw)
-    runner = engine.runner
-    runner.kv_caches[:] = allocate_kv_cache(engine.loaded, NUM_BLOCKS + 1, runner.block_size)
-    runner.use_cuda_graphs(engine.config.max_num_seqs, engine.max_model_len, pad_block=NUM_BLOCKS, capture=False)
-    return engine
+    return eager_graphs_engine(model, NUM_BLOCKS, **kw)
 
 
 def _run(engine, prompts, params) -> dict:
