@@ -35,7 +35,7 @@ from engine.sequence import Sequence
 from engine.structured_output import StructuredOutput, backend_identity
 from engine.tokenization import Tokenizer
 from telemetry.contract import derived
-from telemetry.contract.hooks import NOOP_OBSERVER, EngineObserver, ObserverGuard
+from telemetry.contract.hooks import EngineObserver, guarded
 
 log = logging.getLogger(__name__)
 perf_counter = time.perf_counter
@@ -52,7 +52,7 @@ class LLMEngine:
                  **config_overrides):
         config = make_config(config, config_overrides)
         self.config = config
-        self.observer = ObserverGuard(observer or NOOP_OBSERVER)
+        self.observer = guarded(observer)
         self.device = torch.device(config.device)
 
         self.loaded = load_model(config.model, config.dtype, config.device)

@@ -18,6 +18,8 @@ HOOKS = HOOK_NAMES
 
 
 class GuardedFanOut(MultiObserver):
+    guards_hooks = True  # the engine holds it unwrapped (contract.hooks.guarded)
+
     def __init__(self, parts: list[EngineObserver]):
         self.failures = 0
         self._logged: set[tuple[str, str]] = set()

@@ -29,8 +29,12 @@ class TelemetryParts:
     observer: GuardedFanOut = field(default_factory=lambda: GuardedFanOut([]))
 
     def failures(self) -> int:
-        """Exceptions swallowed so far, all parts together (span building fails on its own thread)."""
-        return self.observer.failures + (self.tracing.failures if self.tracing else 0)
+        """Exceptions swallowed so far, all parts together (span building fails on its own thread, a
+        deferred metrics record in the fold: folded first, so that none is missed)."""
+        if self.metrics is not None:
+            self.metrics.fold()
+        return (self.observer.failures + (self.tracing.failures if self.tracing else 0)
+                + (self.metrics.failures if self.metrics else 0))
 
     def close(self) -> None:
         """Flush and close every part (the recorder's final flush included); never raises."""

@@ -184,9 +184,9 @@ class Telemetry:
 
 def attach(engine, observer) -> None:
     """Swap the engine's observer between rounds (as LLMEngine.__init__ wires it)."""
-    from telemetry.contract.hooks import NOOP_OBSERVER, ObserverGuard
+    from telemetry.contract.hooks import guarded
 
-    engine.observer = ObserverGuard(observer or NOOP_OBSERVER)
+    engine.observer = guarded(observer)
     engine.tokenizer.observer = engine.observer
 
 

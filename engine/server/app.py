@@ -221,6 +221,7 @@ class Server:
         if self.metrics_observer is None:
             return
         with contextlib.suppress(Exception):  # a monitoring read must never fail the scrape
+            self.metrics_observer.fold()  # else the collection's fold would set an older step's state over it
             state, kv = self.served.engine_state(), self.served.kv_state()
             self.metrics_observer.set_engine_state(state["running"], state["waiting"], kv["used"], kv["free"],
                                                    kv["cached"], kv["total"])

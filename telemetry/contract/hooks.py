@@ -105,12 +105,22 @@ class MultiObserver(EngineObserver):
         return fan_out
 
 
+def guarded(observer: EngineObserver | None) -> EngineObserver:
+    """The observer as the engine holds it: one that guards its own hooks (`guards_hooks`: an
+    ObserverGuard, telemetry's GuardedFanOut) as it is, since a second guard would only add a call
+    to every hook of every step; any other wrapped in an ObserverGuard."""
+    observer = observer or NOOP_OBSERVER
+    return observer if getattr(observer, "guards_hooks", False) else ObserverGuard(observer)
+
+
 class ObserverGuard(EngineObserver):
     """Wraps an observer so that an exception in a hook never reaches the engine.
 
     Failures are logged once per hook and counted in `failures`. The guarded hooks
     are built once (instance attributes), not per call: the engine calls them every step.
     """
+
+    guards_hooks = True
 
     def __init__(self, inner: EngineObserver):
         self.inner = inner

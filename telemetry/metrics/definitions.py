@@ -64,6 +64,9 @@ class EngineMetrics:
 
     def __init__(self, registry: CollectorRegistry):
         self.registry = registry
+        # registered before every family, so a scrape folds what observers deferred before it reads them
+        self.before_collect = FoldDeferred()
+        registry.register(self.before_collect)
 
         def histogram(name, doc, bounds):
             return EngineHistogram(name, doc, LABELS, bounds, registry)  # lock-free: see engine_histogram.py
@@ -133,6 +136,23 @@ class EngineMetrics:
                                             "Prompts looked up in the tokenization cache")
         self.tokenization_hits = counter("infersight_tokenization_cache_hits_total",
                                          "Prompts served from the tokenization cache")
+
+
+class FoldDeferred:
+    """A collector that exports nothing: at each collection it first runs every observer's `fold`
+    (MetricsObserver defers its per-step work to a batch; see observer.py), so what a scrape reads
+    includes every step and request hooked so far."""
+
+    def __init__(self):
+        self.folds: list = []
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> list:
+        for fold in list(self.folds):
+            fold()
+        return []
 
 
 def engine_families() -> dict[str, str]:

@@ -14,16 +14,22 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
+
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 
+VECTORIZE_FROM = 16  # observe_many: numpy from this many values (a request's 255 ITLs: its hook 40 -> 27 us)
+
+
 class EngineHistogramChild:
-    __slots__ = ("bounds", "counts", "sum")
+    __slots__ = ("bounds", "_bounds_array", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...]):
         self.bounds = bounds
+        self._bounds_array = np.asarray(bounds, dtype=np.float64)
         self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is +Inf
         self.sum = 0.0
 
@@ -32,9 +38,16 @@ class EngineHistogramChild:
         self.sum += value
 
     def observe_many(self, values: Sequence[float]) -> None:
-        counts, bounds = self.counts, self.bounds
-        for value in values:
-            counts[bisect_left(bounds, value)] += 1
+        counts = self.counts
+        if len(values) >= VECTORIZE_FROM:
+            # searchsorted(side="left") is bisect_left: the first bound >= value
+            per_bucket = np.bincount(np.searchsorted(self._bounds_array, values), minlength=len(counts))
+            for i in np.flatnonzero(per_bucket).tolist():
+                counts[i] += int(per_bucket[i])
+        else:
+            bounds = self.bounds
+            for value in values:
+                counts[bisect_left(bounds, value)] += 1
         self.sum += sum(values)
 
 

@@ -275,10 +275,12 @@ def test_engine_histogram_exposes_exactly_what_prometheus_clients_histogram_woul
     ours, theirs = CollectorRegistry(), CollectorRegistry()
     a = EngineHistogram("x_seconds", "doc", ("replica",), bounds, ours).labels("r0")
     b = Histogram("x_seconds", "doc", ("replica",), buckets=bounds, registry=theirs).labels("r0")
+    many = values * 3  # past VECTORIZE_FROM: the numpy path, bounds and values equal to a bound included
     a.observe_many(values[:5])
+    a.observe_many(many)
     for v in values[5:]:
         a.observe(v)
-    for v in values:
+    for v in values + many:
         b.observe(v)
     got, want = scrape(ours), scrape(theirs)
     for sample in ("x_seconds_bucket", "x_seconds_count"):
@@ -313,6 +315,37 @@ def test_scraping_while_the_engine_thread_writes_is_safe():
     assert errors == [] and scrapes[0] > 0
     s = scrape(registry)
     assert value(s, "infersight_inter_token_latency_seconds_count", replica="r0", model="m") == 150 * 20
+
+
+def test_steps_and_finished_requests_are_deferred_then_folded_in_batches_or_by_a_scrape():
+    from telemetry.metrics.observer import FOLD_EVERY
+
+    registry = CollectorRegistry()
+    observer = MetricsObserver("r0", "m", registry=registry)
+    child = observer._step_duration
+    for i in range(FOLD_EVERY - 1):
+        observer.on_step(step_record(i, duration=0.01, forward=0.008))
+    assert sum(child.counts) == 0  # deferred: the hook only queued them
+    observer.on_step(step_record(FOLD_EVERY, duration=0.01, forward=0.008))
+    assert sum(child.counts) == FOLD_EVERY  # the batch folded on the hook's own thread
+    observer.on_step(step_record(FOLD_EVERY + 1, duration=0.01, forward=0.008, running=9))
+    replay_request(observer, request_record("a", itls=(0.01, 0.02)))
+    s = scrape(registry)  # the collection folds first: nothing hooked is missing from a scrape
+    assert value(s, "infersight_step_duration_seconds_count", replica="r0", model="m") == FOLD_EVERY + 1
+    assert value(s, "infersight_num_requests_running", replica="r0", model="m") == 9
+    assert value(s, "infersight_inter_token_latency_seconds_count", replica="r0", model="m") == 2
+
+
+def test_a_malformed_deferred_record_is_counted_and_the_others_still_fold():
+    import dataclasses
+
+    registry = CollectorRegistry()
+    observer = MetricsObserver("r0", "m", registry=registry)
+    observer.on_step(dataclasses.replace(step_record(0), duration_seconds="slow"))  # cannot be compared
+    observer.on_step(step_record(1, duration=0.01, forward=0.008))
+    s = scrape(registry)
+    assert observer.failures == 1
+    assert value(s, "infersight_step_duration_seconds_count", replica="r0", model="m") == 1
 
 
 def test_metrics_md_documents_every_metric_and_the_buckets_in_use():

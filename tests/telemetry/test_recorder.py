@@ -71,6 +71,25 @@ def test_batches_flush_by_size_and_by_interval(store, spool_dir):
         assert rec.stats()["steps"]["written"] == 1
 
 
+def test_appends_racing_with_flushes_are_each_stored_once(store, spool_dir):
+    # the hooks append without a lock while the flusher takes batches: none lost, none twice
+    import threading
+
+    with Recorder(store, "r-race", spool_dir=spool_dir, flush_interval=0.01, max_batch_rows=37) as rec:
+        def flusher():
+            for _ in range(40):
+                rec.flush()
+
+        t = threading.Thread(target=flusher)
+        t.start()
+        for i in range(2000):
+            rec.on_step(synthetic.step(i, "r-race"))
+        t.join()
+    assert rec.stats()["steps"] == {"written": 2000, "spooled": 0, "replayed": 0, "dropped": 0}
+    ids = store.query_df("SELECT step_id FROM steps WHERE replica_id = 'r-race'")["step_id"]
+    assert sorted(ids) == list(range(2000))
+
+
 def test_text_is_stored_only_when_allowed(store, spool_dir):
     for store_text in (False, True):
         rid = f"r-text-{store_text}"
