@@ -24,7 +24,7 @@ from engine.benchmarks.peers.sides import PEERS, availability
 
 def add_arguments(parser) -> None:
     parser.add_argument("--models", default="reference,135m", help="reference, 135m, or model directories")
-    parser.add_argument("--workloads", default=",".join(workloads.NAMES), help=f"of {','.join(workloads.NAMES)}")
+    parser.add_argument("--workloads", default=",".join(workloads.NAMES), help=f"of {','.join(workloads.NAMES + workloads.OPTIONAL)} (prefill: prompt tokens/s)")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"of {','.join(PEERS)}")
     parser.add_argument("--variants", default="fp32,int8,compile,int8-compile,compile-steps,int8-compile-steps",
                         help="fp32, int8 (for the peers that have it), compile and int8-compile (infersight's "
@@ -114,9 +114,9 @@ def _summarize(wls, runs: dict[str, list]) -> list[dict]:
                 continue
             res = [s.result["results"][w.name] for s in good]
             exact = all(x["output_counts"] == w.output_lens for x in res)
-            tps = statistics.median(w.output_tokens / x["seconds"] for x in res)
+            tps = statistics.median(w.rated_tokens / x["seconds"] for x in res)
             row = dict(workload=w.name, side=key, ok=exact, tokens_per_s=tps, rounds=len(res),
-                       all_tokens_per_s=[w.output_tokens / x["seconds"] for x in res],
+                       all_tokens_per_s=[w.rated_tokens / x["seconds"] for x in res],
                        peak_rss_mib=max(s.peak_rss_mib for s in good), version=good[0].result.get("version"),
                        first_tokens=res[0]["first_tokens"],
                        note="" if exact else "WRONG output token counts: numbers invalid")

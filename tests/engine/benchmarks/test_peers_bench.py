@@ -38,6 +38,14 @@ def test_workloads_are_deterministic_and_fit_the_context():
     assert workloads.build(["decode"], 49152, 2048)[0].prompts == full["decode"].prompts
 
 
+def test_the_prefill_workload_is_mixeds_prompts_with_one_output_each_rated_in_prompt_tokens():
+    for context, quick in ((2048, False), (256, False), (256, True)):
+        mixed, prefill = workloads.build(["mixed", "prefill"], 49152, context, quick=quick)
+        assert prefill.prompts == mixed.prompts  # the same token IDs, fitted to the same context
+        assert prefill.output_lens == [1] * len(mixed.prompts)
+        assert prefill.rated_tokens == mixed.prompt_tokens and mixed.rated_tokens == mixed.output_tokens
+
+
 def test_every_side_gets_the_same_token_ids(monkeypatch, tmp_path):
     seen = []
 
