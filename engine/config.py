@@ -6,6 +6,10 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+# tokens per KV block where the attention backend has no better size for the step it runs
+# (AttentionBackend.default_block_size)
+DEFAULT_BLOCK_SIZE = 16
+
 
 @dataclass
 class EngineConfig:
@@ -14,8 +18,10 @@ class EngineConfig:
     device: str = "cpu"
     attention_backend: str = "auto"  # "auto" | "torch" | "flashinfer"
     seed: int = 0
-    # KV cache
-    block_size: int = 16
+    # KV cache. block_size: tokens per KV block; None: the attention backend's choice for this model and
+    # config (AttentionBackend.default_block_size: 16, or 64 where the torch backend's compile_decode attends
+    # the pool in place on a CPU), written back into the replica's config at start
+    block_size: int | None = None
     kv_cache_memory_bytes: int = 256 * 1024**2  # memory budget for the KV pool
     num_kv_blocks: int | None = None  # overrides the memory budget when set (tests)
     enable_prefix_caching: bool = True

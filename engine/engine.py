@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import get_backend
+from engine.attention import block_size_for, get_backend
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_records import build_replica_record, build_request_record, build_step_record
@@ -80,6 +80,10 @@ class LLMEngine:
                              f"max_position_embeddings ({model_len})")
         self.max_model_len = config.max_model_len or model_len
 
+        self.backend = get_backend(config.attention_backend, config.device)
+        if config.block_size is None:  # the backend's choice, written into the replica's identity
+            row_bytes = kv_bytes_per_block(self.loaded, 1) // self.loaded.num_layers
+            self.config = config = dataclasses.replace(config, block_size=block_size_for(config, row_bytes))
         block_size = config.block_size
         num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // kv_bytes_per_block(
             self.loaded, block_size)
@@ -92,7 +96,6 @@ class LLMEngine:
                                    max_model_len=self.max_model_len,
                                    enable_chunked_prefill=config.enable_chunked_prefill,
                                    num_scheduler_steps=config.num_scheduler_steps)
-        self.backend = get_backend(config.attention_backend, config.device)
         # CUDA graphs pad their batches into one block past the manager's (engine/cuda_graph.py)
         kv = allocate_kv_cache(self.loaded, num_blocks + int(config.cuda_graphs), block_size)
         self.runner = ModelRunner(self.loaded.model, kv, self.backend, block_size, self.device, config.compile_decode)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.config import DEFAULT_BLOCK_SIZE
+
 
 @dataclass
 class AttentionMetadata:
@@ -43,6 +45,12 @@ class AttentionBackend(ABC):
     # can torch.compile trace forward() (its plan built by prepare() before the forward)?
     # If not, compile_decode keeps its calls eager, between compiled parts
     traceable: bool = False
+
+    @classmethod
+    def default_block_size(cls, kv_row_bytes: int, device: torch.device, compiled: bool) -> int:
+        """Tokens per KV block when the config leaves it open. `kv_row_bytes`: one token's keys and values
+        in one layer; `compiled`: compile_decode is on and inductor compiles the decode steps."""
+        return DEFAULT_BLOCK_SIZE
 
     def for_compiled_decode(self, k_cache: torch.Tensor, inductor: bool) -> None:
         """compile_decode is on and this backend is traceable: the runner says so once, with a layer's

@@ -219,6 +219,18 @@ PAGED_DECODE = True
 # Per model, not per step: batch 1 gathering while larger batches read in place made dynamo recompile the
 # step again and again in the middle of the 135M mixed run (its guard on the plan's `paged`, ~100 s each)
 PAGED_MIN_ROW_BYTES = 1024
+# the KV block size where decodes attend the pool in place and the config leaves it open: the template reads a
+# block per tile. One layer's decode attention, 9/3 heads of 64, contexts 100-768
+# (engine/benchmarks/paged_decode_blocks.py), ms at blocks of 16 / 32 / 64 / 128: batch 48 1.76-1.95 / 1.42-1.48 /
+# 1.22-1.60 / 1.21-1.51, batch 16 0.83 / 0.59 / 0.51 / 0.46. 64, not 128: a sequence's last block is half empty
+# on average, and the prefix cache shares whole blocks
+PAGED_BLOCK_SIZE = 64
+
+
+def attends_in_place(kv_row_bytes: int, device: torch.device, inductor: bool) -> bool:
+    """Do compiled decodes attend the pool in place (paged_decode.py) for KV rows of this size?"""
+    return (PAGED_DECODE and inductor and kv_row_bytes >= PAGED_MIN_ROW_BYTES
+            and paged_decode.unavailable_reason(device) is None)
 
 
 def split_by_length(seq_ids: list[int], lengths: list[int], depth: int = 2) -> list[list[int]]:
@@ -271,15 +283,19 @@ class TorchAttentionBackend(AttentionBackend):
         self.split_decodes = True
         self._paged: paged_decode.BlockLists | None = None  # see for_compiled_decode
 
+    @classmethod
+    def default_block_size(cls, kv_row_bytes: int, device: torch.device, compiled: bool) -> int:
+        if compiled and attends_in_place(kv_row_bytes, device, inductor=True):
+            return PAGED_BLOCK_SIZE
+        return super().default_block_size(kv_row_bytes, device, compiled)
+
     def for_compiled_decode(self, k_cache: torch.Tensor, inductor: bool) -> None:
         """compile_decode is on: decodes stay one group (split_decodes), and where inductor compiles them,
         its flex attention template runs (PAGED_DECODE, a CPU with AVX2) and the gather it saves is worth
         the template's fixed cost (`PAGED_MIN_ROW_BYTES`), decodes attend the pool in place."""
         self.split_decodes = False
         num_blocks, _, kv_heads, head_dim = k_cache.shape
-        row_bytes = 2 * kv_heads * head_dim * k_cache.element_size()
-        if (PAGED_DECODE and inductor and row_bytes >= PAGED_MIN_ROW_BYTES
-                and paged_decode.unavailable_reason(k_cache.device) is None):
+        if attends_in_place(2 * kv_heads * head_dim * k_cache.element_size(), k_cache.device, inductor):
             self._paged = paged_decode.BlockLists(num_blocks, k_cache.device)
 
     def activate(self, metadata: AttentionMetadata) -> None:

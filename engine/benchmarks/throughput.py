@@ -196,7 +196,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=None, help="tokens per KV block (default: the engine's choice)")
     parser.add_argument("--kv-cache-mib", type=int, default=512)
     parser.add_argument("--json", help="also write the results to this file")
 

@@ -55,10 +55,13 @@ def _model_config(model_dir: str):
 
 def kv_plan(config: EngineConfig, model_cfg) -> KVPlan:
     """The KV pool the engine will allocate (as engine.models.kv_bytes_per_block sizes it)."""
+    from engine.attention import block_size_for
+
     elem = _ELEMENT_BYTES.get(config.dtype, 4)
-    per_block = 2 * model_cfg.num_layers * config.block_size * model_cfg.num_kv_heads * model_cfg.head_dim * elem
+    block_size = block_size_for(config, 2 * model_cfg.num_kv_heads * model_cfg.head_dim * elem)
+    per_block = 2 * model_cfg.num_layers * block_size * model_cfg.num_kv_heads * model_cfg.head_dim * elem
     blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // per_block
-    return KVPlan(int(blocks), config.block_size, per_block)
+    return KVPlan(int(blocks), block_size, per_block)
 
 
 def fit_context(config: EngineConfig, model_cfg) -> EngineConfig:

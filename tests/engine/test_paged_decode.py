@@ -123,6 +123,33 @@ def test_in_place_only_for_rows_worth_it_and_with_inductor(tiny_llama, monkeypat
     assert LLMEngine(tiny_llama, **kw).backend._paged is None
 
 
+def test_an_open_block_size_is_the_in_place_tile_only_where_decodes_attend_in_place(tiny_llama, monkeypatch):
+    """block_size left open: PAGED_BLOCK_SIZE where compiled decodes read the pool in place (the template reads
+    a block per tile), the default elsewhere; the replica's config says which, and the server's preflight plans
+    the same pool; an explicit block size always wins."""
+    import engine.attention.torch_backend as torch_backend
+    import engine.model_runner as model_runner
+    from engine.config import DEFAULT_BLOCK_SIZE, EngineConfig
+    from engine.engine import LLMEngine
+    from engine.server.preflight import _model_config, kv_plan
+
+    def chosen(**kw):
+        engine = LLMEngine(tiny_llama, num_kv_blocks=8, **kw)
+        plan = kv_plan(EngineConfig(model=str(tiny_llama), num_kv_blocks=8, **kw), _model_config(str(tiny_llama)))
+        assert engine.kv_cache.block_size == engine.config.block_size == plan.block_size
+        return engine.config.block_size
+
+    assert torch_backend.PAGED_BLOCK_SIZE != DEFAULT_BLOCK_SIZE
+    assert chosen() == DEFAULT_BLOCK_SIZE
+    assert chosen(compile_decode=True) == DEFAULT_BLOCK_SIZE  # 256-byte rows: decodes gather, not in place
+    monkeypatch.setattr(torch_backend, "PAGED_MIN_ROW_BYTES", 256)
+    assert chosen(compile_decode=True) == torch_backend.PAGED_BLOCK_SIZE
+    assert chosen(compile_decode=True, block_size=8) == 8
+    assert chosen() == DEFAULT_BLOCK_SIZE  # eager decodes
+    monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "eager")
+    assert chosen(compile_decode=True) == DEFAULT_BLOCK_SIZE
+
+
 def _generate(engine, prompts, params) -> list[list[int]]:
     for i, (p, sp) in enumerate(zip(prompts, params)):
         engine.add_request(str(i), p, sp, stream=False)
