@@ -57,9 +57,9 @@ def kv_plan(config: EngineConfig, model_cfg) -> KVPlan:
     """The KV pool the engine will allocate (as engine.models.kv_bytes_per_block sizes it)."""
     from engine.attention import block_size_for
 
-    elem = _ELEMENT_BYTES.get(config.dtype, 4)
-    block_size = block_size_for(config, 2 * model_cfg.num_kv_heads * model_cfg.head_dim * elem)
-    per_block = 2 * model_cfg.num_layers * block_size * model_cfg.num_kv_heads * model_cfg.head_dim * elem
+    row_bytes = 2 * model_cfg.num_kv_heads * model_cfg.head_dim * _ELEMENT_BYTES.get(config.dtype, 4)  # a token, a layer
+    block_size = block_size_for(config, row_bytes)
+    per_block = model_cfg.num_layers * block_size * row_bytes
     blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // per_block
     return KVPlan(int(blocks), block_size, per_block)
 
