@@ -102,12 +102,13 @@ class MetricsObserver(EngineObserver):
     # steps and finished requests: deferred (module docstring)
 
     def on_step(self, r: StepRecord) -> None:
-        self._deferred.append(r)
-        if len(self._deferred) >= FOLD_EVERY:
-            self.fold()
+        self._defer(r)
 
     def on_request_finished(self, r: RequestRecord) -> None:
         self._arrivals.pop(r.request_id, None)  # finished before its first token (aborted, or an error)
+        self._defer(r)
+
+    def _defer(self, r: StepRecord | RequestRecord) -> None:
         self._deferred.append(r)
         if len(self._deferred) >= FOLD_EVERY:
             self.fold()
