@@ -15,9 +15,14 @@ weights cycled out of cache, F.linear / packed):
 
 The reference model's projections (at most 98K weights each, all 4 layers): 0.52x at 8 rows, 0.64x at 64,
 0.96x at 2048. All 30 layers of the 135M model at 34 rows: 74.9 -> 64.0 ms compiled, 79.1 -> 69.8 eager; 17 rows
-61.2 -> 48.6 compiled. So the packed product is taken from `PACKED_MIN_ROWS` rows up and for weights
-of at least `PACKED_MIN_NUMEL` (below, oneDNN's ~25 us a call costs more than the repacking saves);
-fewer rows go to F.linear on the plain weight, one row to models/gemv.py as before.
+61.2 -> 48.6 compiled. More shapes at 2 / 3 / 4 / 8 rows (F.linear / packed): 960x576 0.99 / 0.84 / 1.25 / 1.08,
+3072x576 0.96 / 0.95 / 1.40 / 1.70, 576x1536 0.90 / 0.80 / 1.04 / 0.85 (1.74 at 16), 2048x2048 0.89 / 0.91 /
+1.60 / 1.78: MKL keeps 2-3 rows, packing pays from 4. The whole 135M model decoding (compile_decode, 8 scheduler
+steps, A/B in one process, medians of 3), threshold 16 -> 4: batch 4 61.2 -> 78.2 tok/s, 6 75.4 -> 99.0, 8 85.4
+-> 124.3, 12 99.9 -> 154.4 (1.28-1.55x); a threshold of 2 lost at batch 2 and 3 (0.81x, 0.86x). So the packed
+product is taken from `PACKED_MIN_ROWS` rows up and for weights of at least `PACKED_MIN_NUMEL` (below,
+oneDNN's ~25 us a call costs more than the repacking saves); fewer rows go to F.linear on the plain weight,
+one row to models/gemv.py as before.
 
 The row rule is decided inside the call, not by Python around it: under compile_decode a branch on the
 batch size would be one more guard, and a graph per side of it (a new one met mid-run costs 10-100 s).
@@ -40,8 +45,8 @@ from torch import nn
 from engine.models.gemv import linear
 from engine.opaque_matmul import OpaqueMatmul, tensor_version
 
-# from this many rows the packed product pays (the table above: 8 rows is a toss-up by shape)
-PACKED_MIN_ROWS = 16
+# from this many rows the packed product pays (the module docstring; it was 16, which left batches of 4-15 to MKL)
+PACKED_MIN_ROWS = 4
 # below this many weights (1 MiB of float32) oneDNN's fixed cost a call exceeds what the packing saves
 PACKED_MIN_NUMEL = 1 << 18
 # the batch size oneDNN is told to expect when it picks its blocking (32 and 256 measured alike)
