@@ -42,8 +42,9 @@ class EngineConfig:
     ngram_max: int = 4
     # torch.compile the forward of pure decode steps (engine/model_runner.py); off: see there
     compile_decode: bool = False
-    # float32 projections of 16+ rows on the CPU through oneDNN's packed weights (engine/models/packed_linear.py:
-    # a decode batch's matmuls 12-20% faster); off by default: a second copy of those weights, made at start
+    # float32 projections of PACKED_MIN_ROWS (4)+ rows on the CPU through oneDNN's packed weights
+    # (engine/models/packed_linear.py: a 135M model's decode at batch 4-12 1.28-1.55x); off by default: a second
+    # copy of those weights, made at start
     pack_weights: bool = False
     # CUDA only: pure decode steps replay CUDA graphs captured per batch size (engine/cuda_graph.py); they take
     # those steps from compile_decode. Off by default until engine/benchmarks/gpu_check.py has passed on a GPU

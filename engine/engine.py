@@ -26,6 +26,7 @@ from engine.engine_records import build_replica_record, build_request_record, bu
 from engine.kv_cache import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
+from engine.models.packed_linear import PACKED_MIN_ROWS
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, is_token_ids, text_prompt
 from engine.sampler import Sampler, SamplerOutput, token_logprobs
@@ -67,7 +68,7 @@ class LLMEngine:
             pack = getattr(self.loaded.model, "pack_weights", None)
             if pack is None:
                 raise ValueError(f"pack_weights: {type(self.loaded.model).__name__} has no packed projections")
-            log.info("pack_weights: %d projections take oneDNN's packed weights for 16+ rows", pack())
+            log.info("pack_weights: %d projections take oneDNN's packed weights for %d+ rows", pack(), PACKED_MIN_ROWS)
         self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, self.observer)
         self.model_name = config.served_model_name or self.loaded.model_name
         self.vocab_size = self.loaded.vocab_size
