@@ -52,10 +52,11 @@ SIDECAR_ERRORS = "infersight_sidecar_errors_total"
 SIDECAR_REQUEST_DURATION = "infersight_sidecar_request_duration_seconds"
 SIDECAR_REJECTED = "infersight_sidecar_rejected_total"
 SIDECAR_STORE_DAMAGE = "infersight_sidecar_store_damage"
+SIDECAR_FAILED_WRITES = "infersight_sidecar_failed_writes_total"
 SIDECAR_FAMILIES = {  # name -> type
     FINDING_ACTIVE: "gauge", FINDING_SEVERITY_LEVEL: "gauge", FINDINGS: "counter", SIDECAR_INSERT_ROWS: "counter",
     SIDECAR_QUERIES: "counter", SIDECAR_ERRORS: "counter", SIDECAR_REQUEST_DURATION: "histogram",
-    SIDECAR_REJECTED: "counter", SIDECAR_STORE_DAMAGE: "gauge",
+    SIDECAR_REJECTED: "counter", SIDECAR_STORE_DAMAGE: "gauge", SIDECAR_FAILED_WRITES: "counter",
 }
 
 
