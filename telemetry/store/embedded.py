@@ -49,8 +49,12 @@ def _failed_inserts(session) -> int:
 
 
 def _chdb_error(e: Exception) -> StoreError:
-    # the insert stream's wrapper words before ClickHouse's own ("Code: N. DB::Exception: ...")
-    return StoreError(re.sub(r"^Streaming insert \w+ failed: ", "", str(e).strip()))
+    undecodable = e if isinstance(e, UnicodeDecodeError) else e.__cause__
+    if isinstance(undecodable, UnicodeDecodeError):  # ClickHouse's message quoted bytes that are not UTF-8
+        message = undecodable.object.decode("utf-8", "replace")  # (a query's or its data's): its own words
+    else:  # the insert stream's wrapper words before ClickHouse's own ("Code: N. DB::Exception: ...")
+        message = re.sub(r"^Streaming insert \w+ failed: ", "", str(e).strip())
+    return StoreError(message.strip())
 
 
 class EmbeddedStore(Store):
