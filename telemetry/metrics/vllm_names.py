@@ -39,6 +39,8 @@ FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 WAITING_REASONS = ("capacity", "deferred")  # infersight's scheduler defers nothing: all wait for capacity
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+# names vLLM renamed and no longer exports (0.32), which its example Grafana dashboard still queries
+FORMER_NAMES = {"vllm:time_per_output_token_seconds", "vllm:gpu_cache_usage_perc"}
 
 
 class Expanded:
