@@ -195,3 +195,10 @@ def test_request_params_read_the_top_level_keys_whatever_the_json(params, sort_k
 
     n = top("n") or 1
     assert request_params(text) == (n, top("max_tokens"), max(n, top("best_of") or n))
+
+
+def test_metrics_md_lists_every_vllm_family():
+    text = (Path(__file__).resolve().parents[2] / "telemetry" / "METRICS.md").read_text()
+    names = vllm_family_names()
+    assert len(names) > 30
+    assert [n for n in names if f"`{n}`" not in text] == []
