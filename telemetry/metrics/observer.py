@@ -90,6 +90,7 @@ class MetricsObserver(EngineObserver):
         self._spec_per_pos: list = []  # grown on demand: the draft length is the engine's config
         self._tok_queries = m.tokenization_queries.labels(*ids)
         self._tok_hits = m.tokenization_hits.labels(*ids)
+        self.vllm_names = vllm_names  # the server adds vLLM's http_* series too (http_metrics.py)
         self._vllm = self._vllm_fold(vllm_names)
 
     # -- hooks -------------------------------------------------------------------------

@@ -39,7 +39,11 @@ WORK = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 4,
                               "stream": True}),
 ]
-ENGINE_REQUESTS = sum(body.get("n", 1) for _, body in WORK)
+# sent before Prometheus's first scrape: a series the server creates at its first increment (http_*, a
+# finish reason) has no earlier sample to compute a rate from, on vLLM as here
+WARMUP = [WORK[0], WORK[3]]
+SENT = WARMUP + WORK
+ENGINE_REQUESTS = sum(body.get("n", 1) for _, body in SENT)
 
 
 def query(url: str, expr: str) -> dict:
@@ -83,13 +87,18 @@ def prometheus_with_replica(tmp_path_factory):
             target = server.url.split("://", 1)[1]
             jobs = [{"job_name": "vllm", "honor_labels": True,
                      "static_configs": [{"targets": [target], "labels": {"replica": "vq-r0"}}]}]
-            with running_prometheus(tmp_path_factory.mktemp("prometheus-vllm"), jobs) as url:
-                wait_for(url, 'count_over_time(up{job="vllm"}[1m])', 2)
-                for path, body in WORK:
+            def send(work):
+                for path, body in work:
                     r = client.post(path, json={"model": FIXTURE["model_name"], "temperature": 0.0, **body})
                     assert r.status_code == 200, r.text
+
+            send(WARMUP)
+            with running_prometheus(tmp_path_factory.mktemp("prometheus-vllm"), jobs) as url:
+                wait_for(url, 'count_over_time(up{job="vllm"}[1m])', 2)
+                send(WORK)
                 wait_for(url, f'sum(vllm:e2e_request_latency_seconds_count{{model_name="{FIXTURE["model_name"]}"}})',
                          ENGINE_REQUESTS)
+                wait_for(url, "sum(http_requests_total)", len(SENT))
                 yield url
     finally:
         parts.close()
@@ -99,7 +108,7 @@ def test_the_fixture_is_vllm_032s_names():
     """Every name the fixture queries is one a real vLLM 0.32 exports (its recorded scrape), but the two
     it renamed: the fixture tests vLLM's names, not ours."""
     exported = {name for name, _, _ in scrape_samples(RECORDED_SCRAPE.read_text())}
-    queried = {n for _, e in EXPRESSIONS for n in metric_names(e) if n.startswith("vllm:")}
+    queried = {n for _, e in EXPRESSIONS for n in metric_names(e) if n.startswith(("vllm:", "http_"))}
     assert len(queried) > 25
     missing = {n for n in queried - exported if not n.startswith("vllm:spec_decode_")}  # no drafts on vLLM's CPU
     assert {n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for n in missing} == FORMER_VLLM_NAMES
@@ -121,13 +130,14 @@ def test_every_vllm_expression_finds_live_series(prometheus_with_replica, where,
 
 
 def test_the_numbers_are_the_traffics(prometheus_with_replica):
-    """The series carry what was served: the requests, the n=2 one once, its max_tokens."""
+    """The series carry what was served: the requests, the n=2 one once, its max_tokens, the HTTP requests."""
     url, m = prometheus_with_replica, f'{{model_name="{FIXTURE["model_name"]}"}}'
     assert float(query(url, f"sum(vllm:e2e_request_latency_seconds_count{m})")["result"][0]["value"][1]) \
         == ENGINE_REQUESTS
-    assert float(query(url, f"sum(vllm:request_params_n_count{m})")["result"][0]["value"][1]) == len(WORK)
-    assert float(query(url, f"sum(vllm:request_params_n_sum{m})")["result"][0]["value"][1]) == len(WORK) + 1
+    assert float(query(url, f"sum(vllm:request_params_n_count{m})")["result"][0]["value"][1]) == len(SENT)
+    assert float(query(url, f"sum(vllm:request_params_n_sum{m})")["result"][0]["value"][1]) == len(SENT) + 1
     assert float(query(url, f"sum(vllm:request_params_max_tokens_sum{m})")["result"][0]["value"][1]) \
-        == sum(body["max_tokens"] * body.get("n", 1) for _, body in WORK)
+        == sum(body["max_tokens"] * body.get("n", 1) for _, body in SENT)
+    assert float(query(url, 'sum(http_requests_total{status="2xx"})')["result"][0]["value"][1]) == len(SENT)
     finished = query(url, f"sum(vllm:request_success_total{m})")["result"][0]["value"][1]
     assert float(finished) == ENGINE_REQUESTS
