@@ -4,7 +4,9 @@ A real replica (AsyncLLM serving the reference model behind the OpenAI server, t
 `infersight serve` wires it, vLLM's names on by default) serves completions and chats, some with
 n=2 and some sharing a prefix; a real Prometheus scrapes its /metrics. Every expression of vLLM's
 example Grafana dashboard, of its example alert rules and of the usual vLLM queries
-(fixtures/vllm_grafana_queries.yml) must find live series there, with numbers in them.
+(fixtures/vllm_grafana_queries.yml) must find live series there, with numbers in them. The same
+Prometheus loads the rules that map vLLM replicas' series the other way (vllm_mapping.yml), as a mixed
+fleet's does: they must leave the infersight replica alone.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import yaml
 from live_prometheus import running_prometheus
 
 from dashboards.promql import metric_names
-from dashboards.vllm_mapping import RECORDED_SCRAPE, scrape_samples
+from dashboards.vllm_mapping import RECORDED_SCRAPE, RULES_FILE, scrape_samples
 
 FIXTURE = yaml.safe_load((Path(__file__).parent / "fixtures" / "vllm_grafana_queries.yml").read_text())
 MODEL = Path(__file__).resolve().parents[2] / "evals" / "reference" / "models" / FIXTURE["model_name"]
@@ -93,7 +95,7 @@ def prometheus_with_replica(tmp_path_factory):
                     assert r.status_code == 200, r.text
 
             send(WARMUP)
-            with running_prometheus(tmp_path_factory.mktemp("prometheus-vllm"), jobs) as url:
+            with running_prometheus(tmp_path_factory.mktemp("prometheus-vllm"), jobs, [RULES_FILE]) as url:
                 wait_for(url, 'count_over_time(up{job="vllm"}[1m])', 2)
                 send(WORK)
                 wait_for(url, f'sum(vllm:e2e_request_latency_seconds_count{{model_name="{FIXTURE["model_name"]}"}})',
@@ -141,3 +143,23 @@ def test_the_numbers_are_the_traffics(prometheus_with_replica):
     assert float(query(url, 'sum(http_requests_total{status="2xx"})')["result"][0]["value"][1]) == len(SENT)
     finished = query(url, f"sum(vllm:request_success_total{m})")["result"][0]["value"][1]
     assert float(finished) == ENGINE_REQUESTS
+
+
+def test_the_vllm_mapping_rules_leave_an_infersight_replica_alone(prometheus_with_replica):
+    """A mixed fleet's Prometheus loads vllm_mapping.yml: its rules, evaluated, record nothing from this
+    replica's vLLM names (that would be a second, 'vllm' identity and infersight_* series over its own)."""
+    url = prometheus_with_replica
+    deadline = time.monotonic() + 60
+    while True:
+        groups = httpx.get(f"{url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        evaluated = rules and all(r["health"] == "ok" and not r["lastEvaluation"].startswith("0001") for r in rules)
+        if evaluated:
+            break
+        assert time.monotonic() < deadline, [(r["name"], r["health"], r.get("lastError")) for r in rules]
+        time.sleep(0.5)
+    assert len(rules) > 30
+    info = query(url, 'infersight_replica_info{replica="vq-r0"}')["result"]
+    assert [r["metric"]["version"] for r in info] != [] and all(r["metric"]["version"] != "vllm" for r in info)
+    # the replica's own series, once: nothing recorded beside them
+    assert len(query(url, 'infersight_num_requests_running{replica="vq-r0"}')["result"]) == 1
