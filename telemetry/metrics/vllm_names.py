@@ -28,6 +28,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from telemetry.metrics import vllm_buckets as vb
 from telemetry.metrics.definitions import EngineMetrics, engine_metrics
 from telemetry.metrics.engine_histogram import EngineHistogram, HistogramView
+from telemetry.metrics.observer import FINISH_REASONS as OBSERVER_FINISH_REASONS
 
 VLLM_LABELS = ("model_name", "engine")
 SOURCE_LABELS = ("replica", "model")  # the sources' children: keyed as the infersight families
@@ -37,8 +38,7 @@ DEFAULT_MAX_MODEL_LEN = 100_000  # token bounds until the replica's start says i
 # vLLM's reasons, all present from the start as in vLLM (a `sum by (finished_reason)` panel lists them)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 WAITING_REASONS = ("capacity", "deferred")  # infersight's scheduler defers nothing: all wait for capacity
-PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")  # infersight's queue limit counts requests
 # names vLLM renamed and no longer exports (0.32), which its example Grafana dashboard still queries
 FORMER_NAMES = {"vllm:time_per_output_token_seconds", "vllm:gpu_cache_usage_perc"}
 
@@ -158,8 +158,8 @@ class VllmFamilies:
         Expanded([m.waiting], "vllm:num_requests_waiting_by_reason",
                  "Number of waiting requests by reason. Sum of all reasons equals vllm:num_requests_waiting.",
                  "gauge", VLLM_LABELS + ("reason",),
-                 lambda labels, value: [(self.labels_of(labels) + ("capacity",), value),
-                                        (self.labels_of(labels) + ("deferred",), 0.0)], registry)
+                 lambda labels, value: [(self.labels_of(labels) + (reason,), value if reason == "capacity" else 0.0)
+                                        for reason in WAITING_REASONS], registry)
         same("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "gauge", m.kv_usage)
         # the name vLLM's example Grafana dashboard still queries (vLLM renamed it kv_cache_usage_perc)
         same("vllm:gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage (the former name of "
@@ -184,8 +184,8 @@ class VllmFamilies:
         Expanded([m.requests_shed], "vllm:admission_rejections_total",
                  "Number of admission attempts rejected by a queue limit, by reason.", "counter",
                  ("model_name", "reason"),
-                 lambda labels, value: [((labels["model"], "max_num_queued_reqs"), value),
-                                        ((labels["model"], "max_num_queued_tokens"), 0.0)], registry)
+                 lambda labels, value: [((labels["model"], reason), value if reason == "max_num_queued_reqs" else 0.0)
+                                        for reason in ADMISSION_REASONS], registry)
 
         # cached prompt tokens of finished requests (vllm_fold.py), and the prompt tokens by source from it
         self.prompt_tokens_cached = Counter("vllm:prompt_tokens_cached",
@@ -223,9 +223,9 @@ class VllmFamilies:
 
     def _finish_reasons(self, labels: dict, value: float):
         ours = [(self.labels_of(labels) + (labels["finished_reason"],), value)]
-        if labels["finished_reason"] == "stop":  # once per replica: the reasons infersight never gives, at 0
-            ours += [(self.labels_of(labels) + (reason,), 0.0) for reason in FINISH_REASONS
-                     if reason not in ("stop", "length", "abort", "error")]
+        if labels["finished_reason"] == "stop":  # once per replica (the stop child exists from the start): the
+            ours += [(self.labels_of(labels) + (reason,), 0.0) for reason in FINISH_REASONS  # reasons ours never has
+                     if reason not in OBSERVER_FINISH_REASONS]
         return ours
 
     def _by_source(self, labels: dict, value: float):
