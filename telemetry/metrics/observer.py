@@ -227,6 +227,12 @@ class MetricsObserver(EngineObserver):
 
         return VllmFold(vllm_families(self.registry), self.replica_id, self.model)
 
+    def set_max_model_len(self, max_model_len: int) -> None:
+        """The replica's context length (the engine's, resolved from the model when not configured): vLLM's
+        token-count histograms end their bounds there."""
+        if self._vllm is not None and max_model_len:
+            self._vllm.families.set_max_model_len(self.replica_id, self.model, int(max_model_len))
+
     # -- speculative decoding ----------------------------------------------------------
 
     def _on_spec(self, r: StepRecord) -> None:

@@ -78,7 +78,7 @@ def prometheus_with_replica(tmp_path_factory):
     from telemetry.replica_wiring import build_observer
 
     torch.set_num_threads(1)
-    config = EngineConfig(model=str(MODEL), max_model_len=256, num_kv_blocks=64, block_size=16, max_num_seqs=4,
+    config = EngineConfig(model=str(MODEL), num_kv_blocks=64, block_size=16, max_num_seqs=4,
                           replica_id="vq-r0")
     observer, parts = build_observer("vq-r0", FIXTURE["model_name"])  # as `infersight serve`: vLLM names on
     engine = AsyncLLM(config, observer)
@@ -163,3 +163,10 @@ def test_the_vllm_mapping_rules_leave_an_infersight_replica_alone(prometheus_wit
     assert [r["metric"]["version"] for r in info] != [] and all(r["metric"]["version"] != "vllm" for r in info)
     # the replica's own series, once: nothing recorded beside them
     assert len(query(url, 'infersight_num_requests_running{replica="vq-r0"}')["result"]) == 1
+
+
+def test_the_token_bounds_end_at_the_models_context_length(prometheus_with_replica):
+    """As vLLM's: 1, 2, 5 ... up to max_model_len (256 here), whether or not the replica was given one
+    (the server tells the metrics the engine's)."""
+    result = query(prometheus_with_replica, 'vllm:request_prompt_tokens_bucket{model_name="target"}')["result"]
+    assert sorted(float(r["metric"]["le"]) for r in result) == [1, 2, 5, 10, 20, 50, 100, 200, float("inf")]
