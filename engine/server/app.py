@@ -380,6 +380,11 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         register_process_collector(metrics_registry)  # process_resident_memory_bytes, process_cpu_seconds_total ...
+        if getattr(metrics_observer, "vllm_names", False):  # vLLM's http_* series too, its token bounds the model's
+            from telemetry.metrics.http_metrics import instrument_http
+
+            instrument_http(app, metrics_registry)
+            metrics_observer.set_max_model_len(served.max_model_len)
 
         @app.get("/metrics", response_class=Response, tags=["ops"],
                  responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})

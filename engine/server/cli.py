@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1/* (default: $INFERSIGHT_API_KEY)")
     parser.add_argument("--tracing", choices=("none", "console", "otlp"), default="none")
     parser.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP collector, e.g. http://localhost:4318")
+    parser.add_argument("--vllm-metrics", action=argparse.BooleanOptionalAction, default=True,
+                        help="/metrics also shows vLLM's names and labels (vllm:*), so that dashboards and alerts "
+                             "built for vLLM work on this replica (default: on)")
     parser.add_argument("--cpus", default=None, help="pin the replica to these CPUs, e.g. '0-3,8'")
     parser.add_argument("--numa-node", type=int, default=None, help="pin CPUs and memory to this NUMA node")
     parser.add_argument("--threads", type=int, default=None,
@@ -104,7 +107,8 @@ def build_server(args, placement=None):
              "spool_max_bytes": args.spool_max_bytes}
     observer, parts = build_observer(config.replica_id, model_name, store_target=args.store,
                                      store_text=args.store_text, tracing=args.tracing,
-                                     otlp_endpoint=args.otlp_endpoint, recorder_kwargs=spool)
+                                     otlp_endpoint=args.otlp_endpoint, recorder_kwargs=spool,
+                                     vllm_names=args.vllm_metrics)
     throughput = StepThroughput() if args.stats_interval > 0 else None
     if throughput is not None:  # the stats line counts tokens per step, as the engine computes them
         observer = MultiObserver([observer, throughput])
