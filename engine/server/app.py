@@ -47,6 +47,7 @@ from engine.server.protocol import (
     ErrorResponse,
     Health,
     ModelList,
+    ServerLoad,
     TokenizeRequest,
     TokenizeResponse,
     VersionResponse,
@@ -375,6 +376,16 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
     async def health():
         body = server.health()
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    # vLLM's (SageMaker's) liveness probe, GET or POST: the answer of /health
+    for method in ("GET", "POST"):
+        app.add_api_route("/ping", health, methods=[method], operation_id=f"ping_{method.lower()}",
+                          response_model=Health, responses={503: {"model": Health}}, tags=["ops"])
+
+    @app.get("/load", response_model=ServerLoad, tags=["ops"])
+    async def load():
+        """vLLM's: the generation requests this server holds now (admitting or in the engine)."""
+        return {"server_load": server.admitting + len(server.in_flight)}
 
     if metrics_registry is not None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
