@@ -63,9 +63,13 @@ def token_piece(served, token_id: int) -> str:
 
 
 def completion_top_logprobs(served, item) -> dict[str, float]:
-    """{piece: logprob} of the token itself, then of the top-n in rank order."""
+    """{piece: logprob} of the token itself, then of the top-n in rank order. Two tokens with one piece (byte
+    tokens of an incomplete character both read "\ufffd") keep the first: the token itself, or the higher."""
     ranked = sorted(item.top.items(), key=lambda kv: -kv[1]) if item.top else []
-    return {token_piece(served, t): lp for t, lp in [(item.token_id, item.logprob), *ranked]}
+    out: dict[str, float] = {}
+    for t, lp in [(item.token_id, item.logprob), *ranked]:
+        out.setdefault(token_piece(served, t), lp)
+    return out
 
 
 def echo_completion_logprobs(served, out: RequestOutput) -> dict:

@@ -145,10 +145,10 @@ def test_what_the_client_asked_for_it_keeps(clients, upstream):
 def test_upstream_errors_pass_through_unchanged(clients, upstream, proxy):
     direct, via = clients
     before = proxy.proxy.recorded
-    for path, body in (("/v1/completions", completion("no-such-model")),
-                       ("/v1/chat/completions", chat(upstream.model, temperature=-1))):
+    for path, body, status in (("/v1/completions", completion("no-such-model"), 404),
+                               ("/v1/chat/completions", chat(upstream.model, temperature=-1), 400)):
         a, b = direct.post(path, json=body), via.post(path, json=body)
-        assert b.status_code == a.status_code == 400
+        assert b.status_code == a.status_code == status
         assert b.json() == a.json()
     a = direct.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     b = via.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
