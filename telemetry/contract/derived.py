@@ -98,8 +98,10 @@ ITL_PER_GAP_QUANTILES_SQL = itl_per_gap_quantiles_sql()
 # duration columns (queue_seconds, prefill_seconds, ttft_seconds, e2e_seconds) are computed here.
 # A duration its writer could not measure is UNKNOWN (nan), never 0: a recording proxy sees neither
 # the upstream's queue nor its prefill, nor when the first token of a whole (non-streamed) response
-# came. Every percentile keeps such rows out (`known`, `known_sql`); the engine's own measure of a
-# proxied request, where its plugin wrote one, is `engine_timed_sql` below.
+# came. Every percentile keeps such rows out (`known`, `known_sql`: ClickHouse's quantile functions skip
+# nan as well, numpy's do not, and a comparison with nan is false, so a filter on a duration must say
+# what it does with them); the engine's own measure of a proxied request, where its plugin wrote one,
+# is `engine_timed_sql` below.
 
 UNKNOWN = math.nan
 
