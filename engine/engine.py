@@ -34,7 +34,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
 from engine.structured_output import StructuredOutput, backend_identity
-from engine.tokenization import Tokenizer
+from engine.tokenization import Tokenizer, load_chat_template
 from telemetry.contract import derived
 from telemetry.contract.hooks import EngineObserver, guarded
 
@@ -70,6 +70,8 @@ class LLMEngine:
                 raise ValueError(f"pack_weights: {type(self.loaded.model).__name__} has no packed projections")
             log.info("pack_weights: %d projections take oneDNN's packed weights for %d+ rows", pack(), PACKED_MIN_ROWS)
         self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, self.observer)
+        if config.chat_template is not None:
+            self.tokenizer.use_chat_template(load_chat_template(config.chat_template))
         self.model_name = config.served_model_name or self.loaded.model_name
         self.vocab_size = self.loaded.vocab_size
         self.eos_token_ids = set(self.loaded.eos_token_ids) or (

@@ -47,6 +47,7 @@ from engine.server.protocol import (
     ErrorResponse,
     Health,
     ModelList,
+    ServerLoad,
     TokenizeRequest,
     TokenizeResponse,
     VersionResponse,
@@ -64,7 +65,10 @@ SSE_DONE = "data: [DONE]\n\n"
 MAX_BODY_BYTES = 32 << 20  # a million-token prompt as JSON is about 7 MB
 _ERRORS = {400: {"model": ErrorResponse, "description": "invalid request"},
            401: {"model": ErrorResponse, "description": "missing or wrong API key"}}
-_GENERATION_ERRORS = {**_ERRORS,
+# the routes that name a model
+_MODEL_ERRORS = {**_ERRORS, 404: {"model": ErrorResponse, "description": "the model is not served here "
+                                                                         "(code model_not_found)"}}
+_GENERATION_ERRORS = {**_MODEL_ERRORS,
                       409: {"model": ErrorResponse, "description": "a request with this X-Request-Id is in flight"},
                       413: {"model": ErrorResponse, "description": "request body too large"},
                       429: {"model": ErrorResponse, "description": "the replica's queue is full (see Retry-After)",
@@ -351,12 +355,13 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
             return await server.generate_stream(ctx, admitted, opts)
         return await server.generate_full(request, ctx, admitted, opts)
 
-    @app.post("/tokenize", dependencies=auth, response_model=TokenizeResponse, responses=_ERRORS, tags=["extras"])
+    @app.post("/tokenize", dependencies=auth, response_model=TokenizeResponse, responses=_MODEL_ERRORS,
+              tags=["extras"])
     async def tokenize_route(body: TokenizeRequest):
         tokens = await anyio.to_thread.run_sync(tokenize, body, served)
         return {"count": len(tokens), "max_model_len": served.max_model_len, "tokens": tokens}
 
-    @app.post("/detokenize", dependencies=auth, response_model=DetokenizeResponse, responses=_ERRORS,
+    @app.post("/detokenize", dependencies=auth, response_model=DetokenizeResponse, responses=_MODEL_ERRORS,
               tags=["extras"])
     async def detokenize_route(body: DetokenizeRequest):
         return {"prompt": await anyio.to_thread.run_sync(detokenize, body, served)}
@@ -375,6 +380,18 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
     async def health():
         body = server.health()
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    # vLLM's (SageMaker's) liveness probe: the answer of /health; POST too, as vLLM takes it (not in the
+    # schema: a body-less POST has nothing a client could get wrong)
+    for method in ("GET", "POST"):
+        app.add_api_route("/ping", health, methods=[method], operation_id=f"ping_{method.lower()}",
+                          response_model=Health, responses={503: {"model": Health}}, tags=["ops"],
+                          include_in_schema=method == "GET")
+
+    @app.get("/load", response_model=ServerLoad, tags=["ops"])
+    async def load():
+        """vLLM's: the generation requests this server holds now (admitting or in the engine)."""
+        return {"server_load": server.admitting + len(server.in_flight)}
 
     if metrics_registry is not None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest

@@ -5,6 +5,7 @@ without the proxy, and every answered request is stored with the token IDs the u
 from __future__ import annotations
 
 import json
+import math
 import uuid
 
 import pytest
@@ -69,9 +70,11 @@ def test_a_whole_response_is_what_the_upstream_says_and_its_row_holds_the_upstre
         assert m[column] == t[column], column
     assert m["sampling_params_json"] == client_params(t["sampling_params_json"])
     assert m["trace_id"] == TRACEPARENT.split("-")[1] and m["workload"] == "chat"
-    # a whole response has no per-token times: it is kept out of the latency views, not faked
-    assert list(m["token_times"]) == [] and m["ttft_seconds"] == 0
-    assert m["e2e_seconds"] > 0
+    # a whole response has no per-token times: its TTFT is unknown (nan, kept out of the percentiles), not 0;
+    # nor does the proxy see the upstream's queue and prefill
+    assert list(m["token_times"]) == [] and math.isnan(m["ttft_seconds"])
+    assert math.isnan(m["queue_seconds"]) and math.isnan(m["prefill_seconds"])
+    assert m["first_token_time"].timestamp() == 0 and m["e2e_seconds"] > 0
 
 
 @pytest.mark.parametrize("path, make", [("/v1/completions", completion), ("/v1/chat/completions", chat)])
@@ -99,8 +102,34 @@ def test_a_stream_keeps_its_events_and_its_row_has_a_time_per_token(clients, ups
     assert m["output_tokens"] == len(m["token_times"]) == len(t["output_token_ids"]) == body["max_tokens"]
     assert list(m["token_times"]) == sorted(m["token_times"]) and m["token_times"][0] > 0
     assert m["ttft_seconds"] == pytest.approx(m["token_times"][0], abs=1e-5)
+    assert math.isnan(m["queue_seconds"]) and math.isnan(m["prefill_seconds"])  # the upstream's, unseen
     assert m["workload"] == "agent" and m["sampling_params_json"] == client_params(t["sampling_params_json"])
     assert m["finish_reason"] == t["finish_reason"] == "length"
+
+
+def test_the_ttft_percentiles_hold_only_the_requests_whose_first_token_was_seen(clients, upstream, proxy, store):
+    """Every request shape through the proxy: a stream's TTFT is measured, a whole response's is unknown,
+    and the TTFT quantiles every view shows (derived.TTFT_QUANTILES_SQL) are the measured ones alone."""
+    from telemetry.contract import derived
+
+    via = clients[1]
+    before = proxy.proxy.recorded
+    streamed = {}
+    for stream in (False, True):
+        for path, make in (("/v1/completions", completion), ("/v1/chat/completions", chat)):
+            request_id = rid()
+            assert via.post(path, json=make(upstream.model, stream=stream), headers=headers(request_id)).status_code == 200
+            streamed[request_id] = stream
+    proxy.wait_recorded(before + len(streamed))
+    proxy.flush()
+    stored = rows(store, "px", list(streamed))
+    assert {r: derived.known(row["ttft_seconds"]) for r, row in stored.items()} == streamed
+    measured = [row["ttft_seconds"] for r, row in stored.items() if streamed[r]]
+    assert all(t > 0 for t in measured)
+    got = store.query_df(f"SELECT {derived.TTFT_QUANTILES_SQL} AS q FROM requests "
+                         "WHERE replica_id = 'px' AND has({ids:Array(String)}, request_id)",
+                         {"ids": list(streamed)})["q"][0]
+    assert list(got) == pytest.approx(derived.quantiles(measured))
 
 
 def test_what_the_client_asked_for_it_keeps(clients, upstream):
@@ -116,10 +145,10 @@ def test_what_the_client_asked_for_it_keeps(clients, upstream):
 def test_upstream_errors_pass_through_unchanged(clients, upstream, proxy):
     direct, via = clients
     before = proxy.proxy.recorded
-    for path, body in (("/v1/completions", completion("no-such-model")),
-                       ("/v1/chat/completions", chat(upstream.model, temperature=-1))):
+    for path, body, status in (("/v1/completions", completion("no-such-model"), 404),
+                               ("/v1/chat/completions", chat(upstream.model, temperature=-1), 400)):
         a, b = direct.post(path, json=body), via.post(path, json=body)
-        assert b.status_code == a.status_code == 400
+        assert b.status_code == a.status_code == status
         assert b.json() == a.json()
     a = direct.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     b = via.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
