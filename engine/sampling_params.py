@@ -123,8 +123,9 @@ def _integer(name: str, value, low: int, high: int, *, note: str = "", what: str
 
 def _real(name: str, value, low: float, high: float, *, low_open: bool = False, what: str = "") -> None:
     """`value` a finite real number (not a bool) in [low, high] ((low, high] with `low_open`)."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) \
-            and (low < value if low_open else low <= value) and value <= high:
+    # an integer is finite however large (math.isfinite would overflow converting 10**400 to a float)
+    finite = isinstance(value, numbers.Integral) or math.isfinite(value) if isinstance(value, numbers.Real) else False
+    if finite and not isinstance(value, bool) and (low < value if low_open else low <= value) and value <= high:
         return
     field = f"{name} {what}" if what else name
     upper = f"{high:g}]" if math.isfinite(high) else "inf)"
