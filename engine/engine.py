@@ -5,6 +5,11 @@
     step()            schedule -> prepare -> forward -> sample -> postprocess
     abort(...)        drop a request wherever it is
 
+A request that fails on its own (parameters the sampler cannot hold, its grammar, a logits
+processor, detokenization or stop strings, its prompt logprobs) ends alone, with finish reason
+"error", its error text and its KV blocks freed; the rest of the batch goes on. A failure of the
+step itself (the forward pass) fails the step's requests.
+
 Each step is timed in five parts (time.perf_counter) and, when an observer
 listens, reported as one StepRecord; a finished request is reported as one
 RequestRecord. With nobody listening no record is built at all.
@@ -27,7 +32,7 @@ from engine.kv_cache import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
 from engine.models.packed_linear import PACKED_MIN_ROWS
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import RequestMetrics, RequestOutput, error_text
 from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, is_token_ids, text_prompt
 from engine.sampler import Sampler, SamplerOutput, token_logprobs
 from engine.sampling_params import SamplingParams
@@ -40,11 +45,6 @@ from telemetry.contract.hooks import EngineObserver, guarded
 
 log = logging.getLogger(__name__)
 perf_counter = time.perf_counter
-
-
-def _describe(e: Exception) -> str:
-    """An exception as a request's error text."""
-    return f"{type(e).__name__}: {e}"
 
 
 def make_config(config: EngineConfig | str | Path, overrides: dict) -> EngineConfig:
@@ -261,7 +261,7 @@ class LLMEngine:
             if self.speculator is not None:
                 self.speculator.discard(batch)  # unverified drafts must not become output tokens
             self.step_id += 1
-            return self._fail(batch.seqs, _describe(e))
+            return self._fail(batch.seqs, error_text(e))
         outputs, finished = self._postprocess(batch, out.prompt_logits, sampling, sampled)
         t5 = perf_counter()
         if self.observer.enabled:
@@ -287,7 +287,7 @@ class LLMEngine:
         except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep serving the others
             log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
             self.step_id += 1
-            return self._fail(batch.seqs, _describe(e))
+            return self._fail(batch.seqs, error_text(e))
         lengths = [len(s.token_ids) for s in sampling]
         outputs, finished = self._postprocess(batch, {}, sampling, sampled)
         t5 = perf_counter()
@@ -322,7 +322,7 @@ class LLMEngine:
             try:
                 self._add_prompt_logprobs(batch.seqs[i], batch.num_new_tokens[i], logits)
             except Exception as e:  # noqa: BLE001 - this request fails alone (and samples nothing below)
-                self._fail_alone(batch.seqs[i], _describe(e), outputs)
+                self._fail_alone(batch.seqs[i], error_text(e), outputs)
         finished: list[tuple[Sequence, RequestOutput]] = []
         if sampled is None:
             return outputs, finished
@@ -340,7 +340,7 @@ class LLMEngine:
                 self._append_tokens(seq, tokens, logprobs, sampled.sampled_logprobs[i] if batch.stepped else None,
                                     now, outputs, finished)
             except Exception as e:  # noqa: BLE001
-                self._fail_alone(seq, _describe(e), outputs)
+                self._fail_alone(seq, error_text(e), outputs)
         if finished:
             self.scheduler.remove_finished()
         return outputs, finished

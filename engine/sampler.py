@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.logits_processors import apply_min_p, apply_raw_processors
-from engine.outputs import TokenLogprob
+from engine.outputs import TokenLogprob, error_text
 from engine.sequence import Sequence
 
 
@@ -66,13 +66,13 @@ class Sampler:
             return self._sample_batch(logits, seqs)
         except Exception as e:  # noqa: BLE001 - find the rows that fail on their own
             if len(seqs) == 1:
-                return SamplerOutput([-1], [None], [float("nan")], {0: _describe(e)})
+                return SamplerOutput([-1], [None], [float("nan")], {0: error_text(e)})
         token_ids, logprobs, raw, errors = [], [], [], {}
         for i, seq in enumerate(seqs):
             try:
                 one = self._sample_batch(logits[i:i + 1], [seq])
             except Exception as e:  # noqa: BLE001
-                errors[i] = _describe(e)
+                errors[i] = error_text(e)
                 one = SamplerOutput([-1], [None], [float("nan")])
             token_ids += one.token_ids
             logprobs += one.logprobs
@@ -139,10 +139,6 @@ class Sampler:
                     noise[i].exponential_(generator=s.generator)
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(greedy, logits.argmax(dim=-1), sampled)
-
-
-def _describe(e: Exception) -> str:
-    return f"{type(e).__name__}: {e}"
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

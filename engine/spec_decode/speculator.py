@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.logits_processors import uses_processors
-from engine.outputs import TokenLogprob
+from engine.outputs import TokenLogprob, error_text
 from engine.sampler import Sampler, apply_top_k_top_p, sampled_logprobs, token_logprobs
 from engine.spec_decode.metrics import SpecDecodeStats
 from engine.spec_decode.ngram import NgramProposer
@@ -177,7 +177,7 @@ class Speculator:
                 try:  # a failure here is this request's alone (the engine ends it, the batch goes on)
                     token_ids[j], logprobs[j] = self._verify(seq, drafts, logits)
                 except Exception as e:  # noqa: BLE001
-                    errors[j] = f"{type(e).__name__}: {e}"
+                    errors[j] = error_text(e)
             self.total_stats.merge(self.step_stats)
         return SpecSampleOutput(token_ids, logprobs, errors or None)
 
