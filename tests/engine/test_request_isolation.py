@@ -87,19 +87,20 @@ def _failing_decode(engine):
     detok.decode = decode
 
 
-# (the bad request's params, how it goes wrong, when, words of its error)
+def _bad(**params) -> SamplingParams:
+    return SamplingParams(max_tokens=12, ignore_eos=True, **params)
+
+
+# (the bad request's params, how it goes wrong, after how many steps, words of its error)
 CASES = {
-    "sampler: top_k past int64": (SamplingParams(temperature=0.8, max_tokens=12, seed=1, ignore_eos=True),
-                                  _corrupt("top_k", 2**64), 1, "Overflow"),
-    "logits processor: logit_bias past the vocabulary": (SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
-                                                         _corrupt("logit_bias", {10**6: 5.0}), 1, "index"),
-    "grammar: a token it refuses": (SamplingParams(temperature=0.0, max_tokens=12,
-                                                   response_format={"type": "json_object"}),
-                                    _foreign_grammar, 2, "grammar"),
-    "prompt logprobs: more than the vocabulary": (SamplingParams(temperature=0.0, max_tokens=12, prompt_logprobs=1, ignore_eos=True),
-                                                  _corrupt("prompt_logprobs", 10**6), 0, ""),
-    "detokenizer and stop strings": (SamplingParams(temperature=0.0, max_tokens=12, stop=["zzz"], ignore_eos=True),
-                                     _failing_decode, 2, "UnicodeDecodeError"),
+    "sampler: top_k past int64": (_bad(temperature=0.8, seed=1), _corrupt("top_k", 2**64), 1, "Overflow"),
+    "logits processor: logit_bias past the vocabulary": (_bad(temperature=0.0), _corrupt("logit_bias", {10**6: 5.0}),
+                                                         1, "IndexError"),
+    "grammar: a token it refuses": (_bad(temperature=0.0, response_format={"type": "json_object"}),
+                                    _foreign_grammar, 2, "not allowed by the request's grammar"),
+    "prompt logprobs: more than the vocabulary": (_bad(temperature=0.0, prompt_logprobs=1),
+                                                  _corrupt("prompt_logprobs", 10**6), 0, "out of range"),
+    "detokenizer and stop strings": (_bad(temperature=0.0, stop=["zzz"]), _failing_decode, 2, "UnicodeDecodeError"),
 }
 
 

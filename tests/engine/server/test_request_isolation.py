@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -60,6 +61,15 @@ def replica(sidecar_url):
     parts.close()
 
 
+ENDPOINT_NAMES = ("/v1/completions", "/v1/chat/completions")
+
+
+def _prompt_of(endpoint: str) -> dict:
+    if endpoint == "/v1/completions":
+        return {"prompt": "hello"}
+    return {"messages": [{"role": "user", "content": "hello"}]}
+
+
 def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -91,8 +101,9 @@ def _prompt(vocab: int):
         isinstance(v, list) and bool(v) and all(token(t) for t in v))
 
 
-def endpoints(vocab: int, room: dict[str, int]) -> dict[str, dict]:
-    """endpoint -> field -> whether a value is valid there. `room`: the tokens that fit beside the prompt."""
+def valid_values(vocab: int, room: dict[str, int]) -> dict[str, dict]:
+    """endpoint -> field -> whether a value is valid there (the field's first word is the request's field, the
+    `param` of its 400). `room`: the tokens that fit beside the prompt."""
     common = {
         "temperature": lambda v: _real(v) and _in(v, 0, 100),
         "top_p": lambda v: _real(v) and 0 < v <= 1,
@@ -104,6 +115,8 @@ def endpoints(vocab: int, room: dict[str, int]) -> dict[str, dict]:
         "repetition_penalty": lambda v: _real(v) and v > 0,
         "min_p": lambda v: _real(v) and _in(v, 0, 1),
         "logit_bias": lambda v: _real(v) and _in(v, -100, 100),  # the bias of token 5
+        # the key str(value): a token ID written in decimal, as JSON writes an integer (no sign, no leading 0)
+        "logit_bias key": lambda v: re.fullmatch("0|[1-9][0-9]*", str(v)) is not None and int(str(v)) < vocab,
         "stop_token_ids": _token(vocab),  # a list of this one token ID
     }
     completion = {
@@ -125,14 +138,7 @@ def fields(replica) -> dict[str, dict]:
     url, served, _ = replica
     counts = {endpoint: httpx.post(url + "/tokenize", json={"model": served.name, **_prompt_of(endpoint)},
                                    timeout=30).json()["count"] for endpoint in ENDPOINT_NAMES}
-    return endpoints(served.vocab_size, {e: served.max_model_len - n for e, n in counts.items()})
-
-
-ENDPOINT_NAMES = ("/v1/completions", "/v1/chat/completions")
-
-
-def _prompt_of(endpoint: str) -> dict:
-    return {"prompt": "hello"} if endpoint == "/v1/completions" else {"messages": [{"role": "user", "content": "hello"}]}
+    return valid_values(served.vocab_size, {e: served.max_model_len - n for e, n in counts.items()})
 
 
 EXTREMES = [math.inf, -math.inf, math.nan, 2**63, 2**63 - 1, 2**64, 1e308, -1e308, -1, 0, -(2**63) - 1,
@@ -143,6 +149,8 @@ def _body(endpoint: str, model: str, field: str, value) -> dict:
     body = {"model": model, "max_tokens": 4, **_prompt_of(endpoint)}
     if field == "logit_bias":
         body["logit_bias"] = {"5": value}
+    elif field == "logit_bias key":
+        body["logit_bias"] = {str(value): 1.0}
     elif field in ("stop_token_ids", "prompt"):
         body[field] = [value]
     elif field == "max_completion_tokens":
@@ -229,7 +237,7 @@ def _check(fields: dict, cases, responses) -> None:
             assert r.json()["choices"][0]["finish_reason"] in ("stop", "length"), where
         else:
             assert 400 <= r.status_code < 500, where
-            assert r.json()["error"]["param"] == field, where
+            assert r.json()["error"]["param"] == field.split(" ")[0], where
 
 
 def _assert_idle(replica) -> None:
