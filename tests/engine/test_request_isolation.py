@@ -23,8 +23,11 @@ from telemetry.contract.hooks import EngineObserver
 
 torch.set_num_threads(1)  # a small model on a shared 2-core machine
 
-HEALTHY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-HEALTHY_PROMPTS = ["The capital of France is", "1 2 3 4", "Once upon a time"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+# greedy requests, and a seeded sampled one (its tokens depend only on its seed and its logits, never on the
+# batch: a failing row beside it must not change them either)
+HEALTHY = [("The capital of France is", GREEDY), ("1 2 3 4", GREEDY),
+           ("Once upon a time", SamplingParams(temperature=0.8, seed=7, max_tokens=12, ignore_eos=True))]
 
 
 class FinishedRecords(EngineObserver):
@@ -54,14 +57,23 @@ def _run(engine: LLMEngine, inject=None, after_steps: int = 1) -> dict:
     return finals
 
 
+SPECULATIVE = {"none": {}, "ngram": {"speculative_mode": "ngram", "num_speculative_tokens": 2}}
+
+
 @pytest.fixture(scope="module")
 def alone():
-    """Each healthy request's tokens when it runs by itself."""
-    engine = _engine()
-    tokens = []
-    for i, prompt in enumerate(HEALTHY_PROMPTS):
-        engine.add_request(f"alone-{i}", prompt, HEALTHY)
-        tokens.append(_run(engine)[f"alone-{i}"].token_ids)
+    """`alone(speculative)`: each healthy request's tokens when it runs by itself on that engine (a seeded
+    request's tokens depend on the speculative mode: rejection sampling draws differently)."""
+    cache = {}
+
+    def tokens(speculative: str = "none") -> list[list[int]]:
+        if speculative not in cache:
+            engine = _engine(**SPECULATIVE[speculative])
+            cache[speculative] = []
+            for i, (prompt, params) in enumerate(HEALTHY):
+                engine.add_request(f"alone-{i}", prompt, params)
+                cache[speculative].append(_run(engine)[f"alone-{i}"].token_ids)
+        return cache[speculative]
     return tokens
 
 
@@ -108,13 +120,12 @@ CASES = {
 @pytest.mark.parametrize("case, speculative", [(case, "none") for case in CASES]
                          + [("sampler: top_k past int64", "ngram")])
 def test_a_failing_request_ends_alone_and_the_others_keep_their_tokens(alone, case, speculative):
-    params, inject, after_steps, words = CASES[case]
+    bad_params, inject, after_steps, words = CASES[case]
     observer = FinishedRecords()
-    extra = {"speculative_mode": "ngram", "num_speculative_tokens": 2} if speculative == "ngram" else {}
-    engine = _engine(observer, **extra)
-    for i, prompt in enumerate(HEALTHY_PROMPTS):
-        engine.add_request(f"ok-{i}", prompt, HEALTHY)
-    engine.add_request("bad", "1 2 1 2 1 2 1 2 1 2", params)
+    engine = _engine(observer, **SPECULATIVE[speculative])
+    for i, (prompt, params) in enumerate(HEALTHY):
+        engine.add_request(f"ok-{i}", prompt, params)
+    engine.add_request("bad", "1 2 1 2 1 2 1 2 1 2", bad_params)
     if after_steps == 0:
         inject(engine)
     finals = _run(engine, inject, after_steps)
@@ -123,22 +134,22 @@ def test_a_failing_request_ends_alone_and_the_others_keep_their_tokens(alone, ca
     assert bad.finish_reason == "error" and words in bad.error, (bad.finish_reason, bad.error)
     record = observer.records["bad"]
     assert record.finish_reason == "error" and record.error == bad.error
-    for i, tokens in enumerate(alone):
+    for i, tokens in enumerate(alone(speculative)):
         out = finals[f"ok-{i}"]
         assert (out.finish_reason, out.error) == ("length", None)
         assert out.token_ids == tokens, f"healthy request {i} changed beside the failing one"
         assert observer.records[f"ok-{i}"].finish_reason == "length"
     assert engine.kv_cache.num_used_blocks == 0 and not engine.requests and not engine.has_unfinished()
     # and the engine goes on serving
-    engine.add_request("after", HEALTHY_PROMPTS[0], HEALTHY)
-    assert _run(engine)["after"].token_ids == alone[0]
+    engine.add_request("after", *HEALTHY[0])
+    assert _run(engine)["after"].token_ids == alone(speculative)[0]
 
 
-def test_a_batch_failure_no_row_causes_alone_fails_the_batch_once(alone, monkeypatch):
+def test_a_batch_failure_no_row_causes_alone_fails_the_batch_once(monkeypatch):
     """Rows that all fail alone too (a fault of the step, not of a request) all end with the error."""
     engine = _engine()
-    for i, prompt in enumerate(HEALTHY_PROMPTS):
-        engine.add_request(f"ok-{i}", prompt, HEALTHY)
+    for i, (prompt, params) in enumerate(HEALTHY):
+        engine.add_request(f"ok-{i}", prompt, params)
     calls = []
 
     def broken(self, logits, seqs):
