@@ -59,9 +59,9 @@ class Sampler:
         One request's parameters, grammar or processors must not fail the others: when the batched
         pass raises, each row is sampled alone, and the rows that raise alone are named in `errors`
         (their token is -1, never appended) while the others keep their tokens. Only that rare path pays;
-        the batched pass runs as before. A row sampled again draws new noise (its first draw may have
-        happened before the raise): a seeded request that shares a failing step may differ from its run
-        alone; greedy rows never do."""
+        the batched pass runs as before. A row sampled again gets the token it would have got: greedy rows
+        always, seeded rows whenever the batch raised before drawing their noise (parameters, processors
+        and grammars all come before it; a raise after it would give them a fresh draw)."""
         try:
             return self._sample_batch(logits, seqs)
         except Exception as e:  # noqa: BLE001 - find the rows that fail on their own
