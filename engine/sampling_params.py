@@ -123,14 +123,21 @@ def _integer(name: str, value, low: int, high: int, *, note: str = "", what: str
 
 def _real(name: str, value, low: float, high: float, *, low_open: bool = False, what: str = "") -> None:
     """`value` a finite real number (not a bool) in [low, high] ((low, high] with `low_open`)."""
-    # an integer is finite however large (math.isfinite would overflow converting 10**400 to a float)
-    finite = isinstance(value, numbers.Integral) or math.isfinite(value) if isinstance(value, numbers.Real) else False
-    if finite and not isinstance(value, bool) and (low < value if low_open else low <= value) and value <= high:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and _finite_float(value) \
+            and (low < value if low_open else low <= value) and value <= high:
         return
     field = f"{name} {what}" if what else name
     upper = f"{high:g}]" if math.isfinite(high) else "inf)"
     raise ValueError(f"{field} must be a finite number in {'(' if low_open else '['}{low:g}, {upper}, "
                      f"got {_shown(value)}")
+
+
+def _finite_float(value: numbers.Real) -> bool:
+    """A finite number as a float, as the sampler's tensors take it (the integer 10**400 is none)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _bound(n: int) -> str:

@@ -10,6 +10,7 @@ in range is accepted and then sampled, in a batch beside a default row, without 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Hashable
 
 import pytest
@@ -32,7 +33,8 @@ def _int(v) -> bool:
 
 
 def _real(v) -> bool:
-    return _int(v) or (isinstance(v, float) and math.isfinite(v))
+    """A finite float, or an integer that is one (the sampler's tensors take floats: 10**400 is none)."""
+    return (_int(v) and abs(v) <= sys.float_info.max) or (isinstance(v, float) and math.isfinite(v))
 
 
 # field -> (the SamplingParams keyword arguments for a value, whether the value is valid there)

@@ -142,7 +142,7 @@ def fields(replica) -> dict[str, dict]:
 
 
 EXTREMES = [math.inf, -math.inf, math.nan, 2**63, 2**63 - 1, 2**64, 1e308, -1e308, -1, 0, -(2**63) - 1,
-            -(2**64), 10**30, 1e-320, 0.5, "1", None, True, [1], {}]
+            -(2**64), 10**30, 10**400, 1e-320, 0.5, "1", None, True, [1], {}]
 
 
 def _body(endpoint: str, model: str, field: str, value) -> dict:
