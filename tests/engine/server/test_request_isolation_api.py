@@ -17,6 +17,7 @@ import asyncio
 import json
 import math
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -78,8 +79,8 @@ def _integral(v) -> bool:  # JSON Schema's integers: 5 and 5.0
     return _int(v) or (isinstance(v, float) and math.isfinite(v) and v.is_integer())
 
 
-def _real(v) -> bool:
-    return _int(v) or (isinstance(v, float) and math.isfinite(v))
+def _real(v) -> bool:  # a finite float, or an integer that is one (10**400 is none)
+    return (_int(v) and abs(v) <= sys.float_info.max) or (isinstance(v, float) and math.isfinite(v))
 
 
 def _in(v, low, high) -> bool:
