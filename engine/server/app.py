@@ -182,19 +182,26 @@ class Server:
                      else StreamFormatter(self.served, opts))
         if admitted.tools is not None:  # content deltas -> tool-call deltas (tool_stream.py)
             formatter = ToolStream(formatter, admitted.tools)
-        state = {"finished": first.finished, "last": first}
+        state = {"finished": first.finished, "last": first, "failed": False}
 
         async def events():
             try:
-                for event in formatter.events(first):
-                    yield event
-                if not state["finished"]:
-                    async for out in gen:
-                        for event in formatter.events(out):
-                            yield event
-                        state["finished"], state["last"] = out.finished, out
-                        if out.finished:
-                            break
+                out = first
+                if out.finish_reason != "error":
+                    for event in formatter.events(first):
+                        yield event
+                    if not state["finished"]:
+                        async for out in gen:
+                            state["finished"], state["last"] = out.finished, out
+                            if out.finish_reason == "error":
+                                break
+                            for event in formatter.events(out):
+                                yield event
+                            if out.finished:
+                                break
+                if out.finish_reason == "error":  # it failed in the engine, alone: in-band, as vLLM reports it
+                    state["failed"] = True
+                    yield sse_error(f"generation failed: {out.error}")
                 yield SSE_DONE
             except Exception as e:  # headers are gone: report in-band, as OpenAI does
                 log.exception("stream of %s failed", ctx.request_id)
@@ -206,7 +213,8 @@ class Server:
                 log.info("stream of %s ended early, aborting", ctx.request_id)
                 await self._abort(ctx.request_id, gen)
             self.in_flight.pop(ctx.request_id, None)
-            log_access(ctx.request_id, 200 if state["finished"] else 499, state["last"], started)
+            status = 500 if state["failed"] else 200 if state["finished"] else 499
+            log_access(ctx.request_id, status, state["last"], started)
 
         return _StreamWithCleanup(events(), cleanup, media_type="text/event-stream",
                                   headers={"Cache-Control": "no-cache"})

@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-MAX_LOGPROBS = 20
+from engine.sampling_params import INT64_MAX, MAX_LOGPROBS
 MAX_STOP_STRINGS = 16
 # OpenAI's rule for a function's name (tools, tool_choice) and a json_schema format's name
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -103,7 +103,9 @@ class _SamplingFields(_Request):
                                                     description="the served model name (see /v1/models)")
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 means greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: _int(Field(ge=-1)) = Field(-1, description="-1: off, else >= 1", json_schema_extra={"not": {"const": 0}})
+    # at most the sampler's int64 (SamplingParams checks it, naming the field); past the vocabulary it is off
+    top_k: _int(Field(ge=-1)) = Field(-1, description="-1: off, else >= 1",
+                                      json_schema_extra={"not": {"const": 0}, "maximum": INT64_MAX})
     seed: Seed | None = None
     stop: (StopString | Annotated[list[StopString], admitted(maxItems=MAX_STOP_STRINGS)] | None) = Field(
         None, description=f"stop strings (up to {MAX_STOP_STRINGS}, none empty)")
