@@ -103,7 +103,7 @@ def build_server(args, placement=None):
     config = preflight(engine_config_from_args(args.model, args))
     model_name = config.served_model_name or Path(config.model).resolve().name
     spool = {"spool_dir": args.spool_dir or replica_spool_dir(config.replica_id),  # a restart replays it
-             "spool_max_bytes": args.spool_max_bytes}
+             "spool_max_bytes": args.spool_max_bytes, "journal": True}  # answered requests survive a kill -9
     observer, parts = build_observer(config.replica_id, model_name, store_target=args.store,
                                      store_text=args.store_text, tracing=args.tracing,
                                      otlp_endpoint=args.otlp_endpoint, recorder_kwargs=spool)
@@ -120,6 +120,10 @@ def build_server(args, placement=None):
         logging.getLogger("infersight.access").setLevel(logging.WARNING)
     app = build_app(served, api_key=args.api_key, metrics_registry=parts.registry, max_queue=args.max_queue,
                     metrics_observer=parts.metrics, stats=stats)
+    if parts.recorder is not None:  # every record journaled before its response's bytes leave
+        from engine.server.journal_barrier import JournalBarrier
+
+        app = JournalBarrier(app, parts.recorder.sync_journal)
     connections = connection_limits_from_args(args)  # slow or idle clients cannot hold the server's sockets
     raise_open_files_limit(connections.max_connections + 256)  # + the model's files, the store's sockets
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
