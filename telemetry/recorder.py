@@ -78,6 +78,18 @@ TEXT_COLUMNS = ("prompt_text", "output_text")  # of `requests`: written empty un
 _REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestRecord))
 
 
+def _number_lists(table: str) -> dict[str, str]:
+    """{column: array typecode} of the table's list-of-number columns (int64 or float64: every value
+    the Arrow conversion takes fits, and comes back the same)."""
+    out = {}
+    for f in arrow_schema(table):
+        if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type):
+            out[f.name] = "q"
+        elif pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type):
+            out[f.name] = "d"
+    return out
+
+
 def _row_counts(counts) -> dict[str, int]:
     """{table: rows} from a marker, keeping only known tables and positive whole counts."""
     if not isinstance(counts, dict):
@@ -468,7 +480,8 @@ class Recorder(EngineObserver):
     def _open_journal(self) -> RequestJournal | None:
         try:
             return RequestJournal(self.spool.directory, self._token_prefix, self._buffers["requests"].names,
-                                  () if self.store_text else TEXT_COLUMNS, self._buffers["requests"].extend)
+                                  () if self.store_text else TEXT_COLUMNS, self._buffers["requests"].extend,
+                                  packed=_number_lists("requests"))
         except OSError as e:
             log.error("recorder: cannot keep a request journal in %s (%s): a kill of this process loses the "
                       "requests it holds in memory", self.spool.directory, e)

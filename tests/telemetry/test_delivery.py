@@ -289,6 +289,14 @@ def test_a_killed_journaling_recorder_loses_nothing_it_journaled_and_stores_noth
     assert rec.stats()["requests"]["dropped"] == 0
     assert _ids(sidecar, "journaled") == Counter({f"journaled-req-{i}": 1 for i in range(35)})  # batch 2 once
     assert list(spool_dir.glob("journal-*")) == [] and list(spool_dir.glob("*.arrow")) == []
+    with open_store(sidecar.store_url) as store:  # a journaled record comes back as it was recorded
+        row = store.query_df("SELECT prompt_token_ids, output_token_ids, token_times, e2e_seconds, prompt_text_hash "
+                             "FROM requests WHERE request_id = 'journaled-req-27'").iloc[0]
+    original = synthetic.request(27, "journaled")
+    assert list(row["prompt_token_ids"]) == original.prompt_token_ids
+    assert list(row["output_token_ids"]) == original.output_token_ids
+    assert list(row["token_times"]) == pytest.approx(original.token_times, rel=1e-6)  # Float32 in the store
+    assert row["e2e_seconds"] == original.e2e_seconds and row["prompt_text_hash"] == original.prompt_text_hash
 
 
 def test_what_the_engine_handed_over_and_the_journal_never_got_is_counted_exactly(sidecar, tmp_path):
