@@ -153,22 +153,18 @@ def guarded_protocol(header_timeout: float, max_connections: int,
             return self.conn.their_state is h11.SEND_BODY
 
         def _arm(self) -> None:
-            self._disarm()
+            _cancel(self._deadline)
             self._deadline = self.loop.call_later(header_timeout, self._header_timeout)
 
         def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+            self._deadline = _cancel(self._deadline)
 
         def _arm_body(self) -> None:
-            self._disarm_body()
+            _cancel(self._body_deadline)
             self._body_deadline = self.loop.call_later(body_timeout, self._body_timeout)
 
         def _disarm_body(self) -> None:
-            if self._body_deadline is not None:
-                self._body_deadline.cancel()
-                self._body_deadline = None
+            self._body_deadline = _cancel(self._body_deadline)
 
         def _header_timeout(self) -> None:
             self._deadline = None
@@ -207,3 +203,8 @@ def guarded_protocol(header_timeout: float, max_connections: int,
             on_drop(reason)
 
     return GuardedH11Protocol
+
+
+def _cancel(timer: asyncio.TimerHandle | None) -> None:
+    if timer is not None:
+        timer.cancel()

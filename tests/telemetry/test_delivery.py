@@ -372,6 +372,19 @@ def test_a_full_spool_logs_and_counts_its_drops(tmp_path, caplog):
 REFERENCE_MODEL = Path(__file__).resolve().parents[2] / "evals" / "reference" / "models" / "target"
 
 
+def _restart_after_kill(model, sidecar, replica_id: str, spool_dir, log_path) -> tuple[int, Counter]:
+    """A new replica on a killed one's spool directory, stopped cleanly: (the requests rows it
+    counted as lost by the killed run, the rows stored then)."""
+    replica = Replica(model, sidecar.store_url, replica_id, spool_dir, log_path)
+    try:
+        assert "ended without its final flush" in replica.log()
+        counted = replica.counters().get("dropped", {}).get("requests", 0)
+        assert replica.stop() == 0
+    finally:
+        replica.kill()
+    return counted, _ids(sidecar, replica_id)
+
+
 @pytest.mark.slow
 def test_a_replica_killed_mid_traffic_loses_no_answered_request(tmp_path):
     """kill -9 while three clients send: every request answered before the kill is stored once after
@@ -379,7 +392,7 @@ def test_a_replica_killed_mid_traffic_loses_no_answered_request(tmp_path):
     sidecar = start_sidecar(tmp_path / "store")
     spool_dir = tmp_path / "spool"
     first = Replica(REFERENCE_MODEL, sidecar.store_url, "kill-d", spool_dir, tmp_path / "first.log")
-    second, clients = None, []
+    clients = []
     try:
         clients = [Traffic(first, f"kill-d-{c}") for c in range(3)]
         wait_for(lambda: stored_request_ids(sidecar.store_url, "kill-d"), 120, "the first rows stored")
@@ -389,17 +402,11 @@ def test_a_replica_killed_mid_traffic_loses_no_answered_request(tmp_path):
         answered = [rid for c in clients for rid in c.stop()]
         unanswered = {rid for c in clients for rid in c.refused}
         before_restart = _ids(sidecar, "kill-d")
-        second = Replica(REFERENCE_MODEL, sidecar.store_url, "kill-d", spool_dir, tmp_path / "second.log")
-        assert "ended without its final flush" in second.log()
-        counted = second.counters().get("dropped", {}).get("requests", 0)
-        assert second.stop() == 0
-        stored = _ids(sidecar, "kill-d")
+        counted, stored = _restart_after_kill(REFERENCE_MODEL, sidecar, "kill-d", spool_dir, tmp_path / "second.log")
     finally:
         for c in clients:
             c.stop()
-        for replica in (first, second):
-            if replica is not None:
-                replica.kill()
+        first.kill()
         sidecar.stop()
     assert set(answered) - set(before_restart), "the kill should have caught answered requests in memory"
     assert set(stored.values()) == {1}, "nothing stored twice"
@@ -474,7 +481,7 @@ def test_a_replica_restarted_while_the_sidecar_is_down_delivers_its_spool(tiny_l
     sidecar = start_sidecar(tmp_path / "store")
     spool_dir = tmp_path / "spool"
     first = Replica(tiny_llama, sidecar.store_url, "restart-c", spool_dir, tmp_path / "first.log")
-    second = third = None
+    second = None
     try:
         sidecar.stop()
         answered = first.send([f"restart-c-{i}" for i in range(10)])
@@ -491,13 +498,9 @@ def test_a_replica_restarted_while_the_sidecar_is_down_delivers_its_spool(tiny_l
         # journal, and the next start stores it
         more = second.send([f"restart-c-killed-{i}" for i in range(6)])
         second.kill()
-        third = Replica(tiny_llama, sidecar.store_url, "restart-c", spool_dir, tmp_path / "third.log")
-        assert "ended without its final flush" in third.log()
-        counted = third.counters().get("dropped", {}).get("requests", 0)
-        assert third.stop() == 0
-        after_kill = _ids(sidecar, "restart-c")
+        counted, after_kill = _restart_after_kill(tiny_llama, sidecar, "restart-c", spool_dir, tmp_path / "third.log")
     finally:
-        for replica in (first, second, third):
+        for replica in (first, second):
             if replica is not None:
                 replica.kill()
         sidecar.stop()
