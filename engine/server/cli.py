@@ -91,6 +91,7 @@ def build_server(args, placement=None):
 
     from engine.async_engine import AsyncLLM
     from engine.server.app import build_app
+    from engine.server.journal_barrier import journaled
     from engine.server.model_info import ServedModel
     from engine.server.preflight import preflight
     from engine.server.server_log import StatsLogger, StepThroughput, start_summary
@@ -120,10 +121,7 @@ def build_server(args, placement=None):
         logging.getLogger("infersight.access").setLevel(logging.WARNING)
     app = build_app(served, api_key=args.api_key, metrics_registry=parts.registry, max_queue=args.max_queue,
                     metrics_observer=parts.metrics, stats=stats)
-    if parts.recorder is not None:  # every record journaled before its response's bytes leave
-        from engine.server.journal_barrier import JournalBarrier
-
-        app = JournalBarrier(app, parts.recorder.sync_journal)
+    app = journaled(app, parts.recorder)  # every finished request's record on disk before its answer leaves
     connections = connection_limits_from_args(args)  # slow or idle clients cannot hold the server's sockets
     raise_open_files_limit(connections.max_connections + 256)  # + the model's files, the store's sockets
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -30,3 +30,8 @@ class JournalBarrier:
             await send(message)
 
         return await self.app(scope, receive, send_after_journal)
+
+
+def journaled(app, recorder):
+    """`app` behind the barrier of `recorder`'s journal (`app` itself without a recorder)."""
+    return app if recorder is None else JournalBarrier(app, recorder.sync_journal)
