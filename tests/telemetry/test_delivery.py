@@ -336,6 +336,22 @@ def test_the_journal_keeps_only_what_is_not_yet_done(tmp_path):
     assert list(tmp_path.glob("journal-*")) == []  # a clean close leaves nothing to recover
 
 
+@pytest.mark.parametrize("store_text", [False, True])
+def test_the_journal_holds_text_only_where_the_store_may(tmp_path, store_text):
+    rec = Recorder(closed_port_url(), "redact", spool_dir=tmp_path, flush_interval=3600, checkpoint_interval=3600,
+                   journal=True, store_text=store_text)
+    try:
+        request = synthetic.request(0, "redact")
+        request.prompt_text, request.output_text = "a secret prompt", "a secret answer"
+        rec.on_request_finished(request)
+        rec.sync_journal()
+        journal = "".join(p.read_text() for p in tmp_path.glob("journal-*"))
+        assert "redact-req-0" in journal and request.prompt_text_hash in journal
+        assert ("a secret prompt" in journal, "a secret answer" in journal) == (store_text, store_text)
+    finally:
+        rec.close()
+
+
 def test_a_journal_written_by_an_older_version_is_recovered_by_name(sidecar, tmp_path):
     """The journal names its columns: a column this version added gets the record's default, one
     it dropped is ignored, whatever the order."""
