@@ -21,6 +21,7 @@ import sys
 from engine.proxy.extras import check_fraction
 from engine.server.engine_args import parse_size
 from engine.server.keep_alive import add_keep_alive_argument
+from telemetry.connections import add_connection_arguments, connection_limits_from_args, raise_open_files_limit
 
 log = logging.getLogger("infersight.proxy")
 
@@ -77,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(a vLLM upstream's own /metrics, passed through, has them already)")
     parser.add_argument("--drain-timeout", type=float, default=30.0)
     add_keep_alive_argument(parser)
+    add_connection_arguments(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -102,9 +104,11 @@ def build_proxy(args):
     proxy = RecordingProxy(args.upstream, observer, args.replica_id, tokenizer=tokenizer, unasked=args.unasked_fields,
                            replica_row=args.replica_row, upstream_api_key=args.upstream_api_key,
                            registry=parts.registry, logprobs_fraction=args.logprobs_fraction)
+    connections = connection_limits_from_args(args)  # slow or idle clients cannot hold the proxy's sockets
+    raise_open_files_limit(2 * connections.max_connections + 256)  # each client's request has its upstream socket
     config = uvicorn.Config(proxy.app(), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
-                            access_log=False)
+                            access_log=False, http=connections.protocol())
     return uvicorn.Server(config), parts, proxy
 
 
