@@ -21,8 +21,10 @@ sees no weights) is unknown, not different.
 
 Who is named, per field: with 3+ replicas whose value is known and one most common value held by 2+, every
 replica off it; otherwise (two replicas, or no plurality) each replica off the baseline's value
-(diagnostics.baseline.choose_baseline: pinned > requested > first_served), the baseline's rule and
-reason in the evidence. One finding per (replica, kind), its fields listed inside.
+(diagnostics.baseline.choose_baseline: pinned > requested > role > first_served), the baseline's rule and
+reason in the evidence. One finding per (replica, kind), its fields listed inside. Where no rule decides
+(replicas started together, no role, no pin) the split is ONE symmetric finding on the pair ("r0 vs r1"),
+both values side by side, at most a warning: no side is blamed.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
-from diagnostics.baseline import IDENTITY_FIELDS, choose_baseline, pinned_probes
+from diagnostics.baseline import IDENTITY_FIELDS, NO_BASELINE_HINT, choose_baseline, pinned_probes
 from diagnostics.findings import Finding
 from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.request import DiagnosticRequest
@@ -125,6 +127,11 @@ class Reference:
                 self._chosen.append(choose_baseline(self.store, self.model, self.group, self.request, {}))
         return self._chosen
 
+    def describe_undecided(self) -> dict:
+        """The baseline rule's word where it decided nothing (its reason says why and what to do)."""
+        b = next((b for b in self._baselines() if not b.decided), self._baselines()[-1])
+        return b.describe()
+
     def row_for(self, value) -> tuple[dict, dict] | None:
         for b in self._baselines():
             row = next((r for r in self.group if r["replica_id"] in b.replicas), None)
@@ -150,6 +157,26 @@ def odd_ones(group: list[dict], value, reference: Reference) -> list[tuple[dict,
         ref, how = value(chosen[0]), chosen[1]
     refs = [r for r in known if value(r) == ref]
     return [(r, refs, ref, how) for r in known if value(r) != ref]
+
+
+def undecided(group: list[dict], value, reference: Reference) -> list[list[dict]]:
+    """The sides of a split that neither a majority nor a baseline decides (one list of replicas per value,
+    the largest first), [] where one of them does or nothing differs."""
+    known = [r for r in group if value(r) is not None]
+    counts = Counter(value(r) for r in known)
+    if len(counts) < 2:
+        return []
+    (_, n), (_, second) = counts.most_common(2)
+    if (len(known) >= 3 and n >= 2 and second < n) or reference.row_for(value) is not None:
+        return []
+    sides: dict = {}
+    for r in sorted(known, key=lambda r: r["replica_id"]):
+        sides.setdefault(value(r), []).append(r)
+    return sorted(sides.values(), key=lambda side: (-len(side), side[0]["replica_id"]))
+
+
+def _names(side: list[dict]) -> str:
+    return ", ".join(r["replica_id"] for r in side)
 
 
 def _who(refs: list[dict], how: dict) -> str:
@@ -319,6 +346,37 @@ def engine_findings(scope, model, group, reference) -> list[Finding]:
     return findings
 
 
+def symmetric_findings(scope, model, group, reference, fields) -> list[Finding]:
+    """One finding per field whose split no rule decides: the sides and their values (config: the keys)."""
+    findings = []
+    for field in fields:
+        sides = undecided(group, VALUES[field], reference)
+        if not sides:
+            continue
+        kind, what = ((HASHES[field][0], HASHES[field][2]) if field in HASHES else
+                      ("config_mismatch", "other options") if field == "config_json" else
+                      ("engine_version_mismatch", "another engine version"))
+        first = sides[0][0]
+        subject = " vs ".join(_names(side) for side in sides)
+        ev = {"model_name": model, "field": field, "symmetric": True,
+              "sides": [{"replicas": [r["replica_id"] for r in side], "value": VALUES[field](side[0])
+                         if field != "config_json" else None} for side in sides],
+              "baseline": reference.describe_undecided()}
+        if field == "config_json":
+            diffs = [{"key": d["key"], first["replica_id"]: d["replica"], side[0]["replica_id"]: d["reference"]}
+                     for side in sides[1:] for d in config_differences(behaviour(first), behaviour(side[0]))]
+            ev.update(differences=diffs, keys=sorted({d["key"] for d in diffs}))
+            other = sides[1][0]["replica_id"]
+            detail = ", ".join(f"{d['key']} {d[first['replica_id']]!r} vs {d[other]!r}" for d in diffs[:4]) + (
+                f" and {len(diffs) - 4} more" if len(diffs) > 4 else "")
+        else:
+            detail = f"{field} " + " vs ".join(_short(VALUES[field](side[0])) for side in sides)
+        summary = (f"{' and '.join(_names(side) for side in sides)} serve {model} with {what} ({detail}); "
+                   f"no baseline: {NO_BASELINE_HINT}")
+        findings.append(Finding(kind, "warning", subject, summary, DIAGNOSTIC, scope, ev))
+    return findings
+
+
 def run(store, request: DiagnosticRequest) -> list[Finding]:
     scope = request.scope
     source = TokenizerSource(dict(request.model_dirs))
@@ -330,12 +388,15 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
         if len(group) < 2:
             continue
         pins = pinned_probes(store, model)
-        findings += hash_findings(store, scope, model, group, Reference(store, model, group, request, pins), source)
+        reference = Reference(store, model, group, request, pins)
+        findings += hash_findings(store, scope, model, group, reference, source)
+        findings += symmetric_findings(scope, model, group, reference, HASHES)
         by_engine: dict[str, list[dict]] = {}
         for r in group:
             by_engine.setdefault(engine_of(r), []).append(r)
         for same_engine in by_engine.values():
             if len(same_engine) > 1:
-                findings += engine_findings(scope, model, same_engine,
-                                            Reference(store, model, same_engine, request, pins))
+                reference = Reference(store, model, same_engine, request, pins)
+                findings += engine_findings(scope, model, same_engine, reference)
+                findings += symmetric_findings(scope, model, same_engine, reference, ("engine_version", "config_json"))
     return findings

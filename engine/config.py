@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 # tokens per KV block where the attention backend has no better size for the step it runs
 # (AttentionBackend.default_block_size)
 DEFAULT_BLOCK_SIZE = 16
+ROLES = ("", "baseline", "candidate")
+DEPLOY_LABELS = ("role", "deploy_time")  # recorded in columns of their own (ReplicaRecord)
 
 
 @dataclass
@@ -57,13 +59,28 @@ class EngineConfig:
     # identity
     replica_id: str = "replica-0"
     served_model_name: str | None = None  # defaults to the model directory's name
+    # the deploy, as the baseline rule reads it (diagnostics/baseline.py): "baseline" | "candidate" | ""
+    # (not given), and when it was deployed (epoch seconds; None: this process's launch). Labels, not
+    # behaviour: columns of the replica row of their own, in neither the config document nor its hash
+    role: str = ""
+    deploy_time: float | None = None
     # (whether prompt / output text may be stored is the Recorder's decision, not the engine's:
     # `infersight serve --store-text`, telemetry.recorder.Recorder(store_text=...))
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(repr(r) for r in ROLES)}, got {self.role!r}")
+
+    def _document(self) -> dict:
+        d = asdict(self)
+        for label in DEPLOY_LABELS:
+            d.pop(label)
+        return d
 
     def to_json(self, generation: dict | None = None) -> str:
         """The config as JSON; `generation` (what the model directory says about generation: eos
         and bos ids) is added under "generation" for the replica's identity."""
-        d = asdict(self)
+        d = self._document()
         if generation:
             d["generation"] = generation
         return json.dumps(d, sort_keys=True)
@@ -75,7 +92,7 @@ class EngineConfig:
         so that identical replicas share a config hash. `generation` is included: a
         generation_config.json with other eos ids changes where every answer stops.
         """
-        d = asdict(self)
+        d = self._document()
         for label in ("replica_id", "served_model_name"):
             d.pop(label)
         if generation:

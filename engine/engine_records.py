@@ -58,6 +58,17 @@ def _placement(device: str) -> dict:
                     numa_mismatch=False)
 
 
+def process_launch_time(pid: int | str = "self") -> float:
+    """When the process started (epoch seconds), before it loaded anything; 0.0 where /proc cannot say."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        ticks = int(stat[stat.rindex(")") + 2:].split()[19])  # field 22: start time, clock ticks after boot
+        boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return 0.0
+
+
 def build_replica_record(config: EngineConfig, *, model_name: str, weights_hash: str, tokenizer_hash: str,
                          chat_template_hash: str, quantization: str, attention_backend: str,
                          generation: dict | None = None) -> ReplicaRecord:
@@ -67,7 +78,9 @@ def build_replica_record(config: EngineConfig, *, model_name: str, weights_hash:
         tokenizer_hash=tokenizer_hash, chat_template_hash=chat_template_hash,
         config_json=config.to_json(generation), config_hash=config.config_hash(generation), dtype=config.dtype,
         quantization=quantization, speculative_mode=config.speculative_mode,
-        attention_backend=attention_backend, device=config.device, **_placement(config.device))
+        attention_backend=attention_backend, device=config.device, role=config.role,
+        deploy_time=config.deploy_time if config.deploy_time is not None else process_launch_time(),
+        **_placement(config.device))
 
 
 def trace_id_of(trace_context: dict | None) -> str:

@@ -73,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also export infersight_* request metrics at /infersight/metrics (the recorder's "
                              "counters are always there)")
     parser.add_argument("--drain-timeout", type=float, default=30.0)
+    parser.add_argument("--role", default="", choices=("", "baseline", "candidate"),
+                        help="the upstream's role in a deploy, in its replica row: a recorded role decides which "
+                             "side of a disagreement is the baseline (default: none)")
+    parser.add_argument("--deploy-time", type=float, default=None, metavar="EPOCH",
+                        help="when the upstream was deployed (epoch seconds; default: the proxy's launch)")
     add_keep_alive_argument(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
@@ -97,7 +102,8 @@ def build_proxy(args):
                                      metrics=args.metrics, recorder_kwargs=spool if args.store else None)
     proxy = RecordingProxy(args.upstream, observer, args.replica_id, tokenizer=tokenizer, unasked=args.unasked_fields,
                            replica_row=args.replica_row, upstream_api_key=args.upstream_api_key,
-                           registry=parts.registry, logprobs_fraction=args.logprobs_fraction)
+                           registry=parts.registry, logprobs_fraction=args.logprobs_fraction,
+                           deploy={"role": args.role, "deploy_time": args.deploy_time})
     config = uvicorn.Config(proxy.app(), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
                             access_log=False)

@@ -134,4 +134,18 @@ def replica_record(vllm_config, *, replica_id: str, engine_version: str, chat_te
         dtype=str(mc.dtype).removeprefix("torch."), quantization=str(mc.quantization or "none"),
         speculative_mode=str(getattr(spec, "method", None) or "none") if spec is not None else "none",
         attention_backend=f"vllm:{_backend_name(vllm_config)}",
-        device=device_type, labels_json=json.dumps(labels or {}, sort_keys=True), **_placement(device_type))
+        device=device_type, labels_json=json.dumps(labels or {}, sort_keys=True), **deploy_fields(labels or {}),
+        **_placement(device_type))
+
+
+def deploy_fields(labels: dict) -> dict:
+    """role and deploy_time of the replica row from the operator's labels (`fleet up` puts them there, as
+    INFERSIGHT_LABELS); the deploy time, where none is given, is this process's launch."""
+    from engine.engine_records import process_launch_time
+
+    role = str(labels.get("role") or "")
+    try:
+        deploy_time = float(labels["deploy_time"]) if labels.get("deploy_time") is not None else process_launch_time()
+    except (TypeError, ValueError):
+        deploy_time = process_launch_time()
+    return {"role": role if role in ("baseline", "candidate") else "", "deploy_time": deploy_time}

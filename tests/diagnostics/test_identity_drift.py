@@ -211,3 +211,31 @@ def test_a_changed_chat_template_shows_the_diff_and_the_first_divergent_rendered
     assert mine["text"] == canary_tok.piece(ex["replica_token_ids"][pos]) and "\n" in mine["text"]
     assert theirs["text"] == base_tok.piece(ex["reference_token_ids"][pos])
     assert f"token {pos}: {mine['id']} {mine['text']!r} vs {theirs['id']} {theirs['text']!r}" in f.summary
+
+
+# -- who is named when the replicas started together ------------------------------------------------
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_two_replicas_started_together_get_one_symmetric_finding(clean, kind):
+    t0 = time.time() - 600
+    # one fleet start; the faulty one's row came first (it loaded faster): start order decides nothing
+    clean.insert_records("replicas", [rep("r0", t0 - 99.9, deploy_time=t0 - 130),
+                                      rep("r1", t0 - 100, deploy_time=t0 - 130, **FAULTS[kind])])
+    found = loud(diagnose(clean, t0))
+    assert set(found) == {("r0 vs r1", kind)}  # one finding on the pair, none on either side
+    f = found["r0 vs r1", kind]
+    assert f.severity == "warning" and "no baseline" in f.summary and "`role`" in f.summary
+    assert f.evidence["symmetric"] and f.evidence["baseline"]["rule"] == "none"
+    assert [s["replicas"] for s in f.evidence["sides"]] == [["r0"], ["r1"]]
+    if kind == "config_mismatch":
+        assert "max_num_batched_tokens 2048 vs 512" in f.summary
+
+
+def test_a_recorded_role_names_the_candidate_when_started_together(clean):
+    t0 = time.time() - 600
+    clean.insert_records("replicas", [rep("r0", t0 - 99.9, deploy_time=t0 - 130),
+                                      rep("r1", t0 - 100, deploy_time=t0 - 130, role="candidate",
+                                          **FAULTS["config_mismatch"])])
+    found = loud(diagnose(clean, t0))
+    assert set(found) == {("r1", "config_mismatch")}
+    assert found["r1", "config_mismatch"].evidence["reference"]["rule"] == "role"
