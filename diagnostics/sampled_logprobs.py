@@ -17,7 +17,8 @@ Algorithm:
    bucket (how many of the K tokens exist); per (model, replica, stratum): counts, means and a
    uniform sample of at most CAP requests.
 2. Per model, the subject against its peers: 2 replicas: the canary against the baseline
-   (diagnostics.baseline: a pin, the requested side, or the first-served identity); 3+: each
+   (diagnostics.baseline: a pin, the requested side, a role, or the first-deployed identity; where none
+   decides, the finding is on the pair, "r0 vs r1", a warning at most); 3+: each
    replica against the pooled others, peeling: the most shifted significant replica leaves the
    pool and all are compared again (one damaged replica in the pool must not make its healthy
    peers look shifted). Only strata where both sides have >= MIN_PER_STRATUM requests.
@@ -352,6 +353,12 @@ def _finding(store, scope, model, subject, results, identity, baseline) -> Findi
     summary += ("; exact-token evidence exists (" + ", ".join(f"{e['diagnostic']}: {e['kind']}" for e in exact)
                 + ") and is the stronger evidence" if exact else
                 "; confirm with exact tokens: `infersight diagnose probe` / `drift` (golden probes, greedy replays)")
+    if len(peers) == 1 and baseline is not None and not baseline.decided:
+        # started together, no role, no pin: the difference is the pair's, neither side is named
+        pair = " vs ".join(sorted((subject, *peers)))
+        evidence["symmetric"] = True
+        return Finding(KIND, "warning", pair, f"{pair}: {summary}; no baseline: {baseline.reason}", DIAGNOSTIC,
+                       scope, evidence)
     return Finding(KIND, "critical" if critical else "warning", subject, summary, DIAGNOSTIC, scope, evidence)
 
 

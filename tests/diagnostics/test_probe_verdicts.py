@@ -245,3 +245,29 @@ def test_too_few_replicas_or_probes_say_what_is_missing(clean, tiny_llama, tok):
     assert above_info(findings) == []
     (f,) = [f for f in findings if f.subject == "r1"]
     assert f.insufficient and "r1 answered 3 probes" in f.summary and "need 5" in f.summary
+
+
+def test_a_pair_started_together_gets_one_symmetric_finding_never_a_critical_on_one_side(clean, tiny_llama, tok):
+    # one fleet start (one deploy instant); the faulty r1's row came 88 ms before r0's
+    t0 = time.time() - 3600
+    fleet(clean, tok, t0, ("r0", 0.088, {"deploy_time": t0 - 20}),
+          ("r1", 0, {"deploy_time": t0 - 20, "weights_hash": "w-rope", "config_hash": "cfg-rope"}))
+    clean.insert_records("requests", [probe("r0", 0, i, t0) for i in range(N)]
+                         + [probe("r1", 0, i, t0, output=bad(i)) for i in range(N)])
+    findings = diagnose(clean, tiny_llama, t0)
+    assert not [f for f in findings if f.severity == "critical"]
+    (f,) = above_info(findings)
+    assert (f.kind, f.severity, f.subject) == ("probe_drift", "warning", "r0 vs r1")
+    assert "r0 and r1 disagree on 40 of 40 probes" in f.summary and "no baseline" in f.summary
+    assert "`role`" in f.summary and f.evidence["symmetric"] and f.evidence["baseline"]["rule"] == "none"
+
+
+def test_a_recorded_role_names_the_candidate_of_a_pair_started_together(clean, tiny_llama, tok):
+    t0 = time.time() - 3600
+    fleet(clean, tok, t0, ("r0", 0.088, {"deploy_time": t0 - 20}),
+          ("r1", 0, {"deploy_time": t0 - 20, "weights_hash": "w-rope", "role": "candidate"}))
+    clean.insert_records("requests", [probe("r0", 0, i, t0) for i in range(N)]
+                         + [probe("r1", 0, i, t0, output=bad(i)) for i in range(N)])
+    (f,) = above_info(diagnose(clean, tiny_llama, t0))
+    assert (f.kind, f.severity, f.subject) == ("probe_drift", "critical", "r1")
+    assert f.evidence["baseline"]["rule"] == "role"
