@@ -227,3 +227,23 @@ def test_eos_ids_from_generation_config_are_part_of_the_identity(tiny_llama, tmp
     base, cand = (json.loads(r.config_json)["generation"] for r in records)
     assert cand["eos_token_ids"] == [7] and base["eos_token_ids"] != [7]
     assert records[0].config_hash != records[1].config_hash
+
+
+def test_the_role_and_the_deploy_time_are_in_the_replica_row_not_in_its_config(tiny_llama):
+    """A role is who a replica is in a deploy, not how it computes: its own column, the config hash unchanged;
+    without a deploy time given, the process's launch (before the model loaded) is recorded."""
+    import time
+
+    rows = []
+    for kw in ({}, {"role": "candidate", "deploy_time": 1_700_000_000.5}):
+        observer = Recording()
+        LLMEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=10, **kw), observer)
+        (replica,), = observer.of("on_replica_start")
+        rows.append(replica)
+    plain, candidate = rows
+    assert (candidate.role, candidate.deploy_time) == ("candidate", 1_700_000_000.5)
+    assert plain.role == "" and 0 < plain.deploy_time <= plain.start_time <= time.time()
+    assert plain.config_hash == candidate.config_hash and plain.config_json == candidate.config_json
+    assert "role" not in json.loads(candidate.config_json)
+    with pytest.raises(ValueError, match="role must be one of"):
+        EngineConfig(model=str(tiny_llama), role="canary")
