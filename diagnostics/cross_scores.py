@@ -38,7 +38,7 @@ from scipy import stats
 from diagnostics.baseline import baselines_by_model
 from diagnostics.findings import Finding, insufficient
 from diagnostics.hypothesis_tests import holm
-from diagnostics.replicas import identity_differences
+from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import replicas_in, requests_in
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL, RESCORE_ORIGINAL_SQL, RESCORE_WORKLOAD
@@ -246,7 +246,7 @@ def _model_findings(model, replicas, pairs, identity, baseline, scope) -> list[F
                f"over {lead['n']} requests, Wilcoxon signed-rank p_holm={lead['p_holm']:.2g}; "
                f"{len(mine)} of {len(pairs)} pairs differ")
     if diffs:
-        summary += "; differs in " + ", ".join(d["field"] for d in diffs[:4])
+        summary += "; differs in " + differs_in(diffs, 4)
     severity = "critical" if lead["ci"][0] >= CRITICAL else "warning"
     if len(replicas) == 2 and baseline is not None and not baseline.decided:
         # started together, no role, no pin: which side is off is not known; one finding on the pair

@@ -33,9 +33,9 @@ import difflib
 import json
 import re
 from collections import Counter
-from functools import lru_cache
 from pathlib import Path
 
+from diagnostics import config_keys
 from diagnostics.baseline import IDENTITY_FIELDS, NO_BASELINE_HINT, choose_baseline, pinned_probes
 from diagnostics.findings import Finding
 from diagnostics.replica_tokenizers import TokenizerSource
@@ -44,7 +44,8 @@ from diagnostics.scope import Scope, replicas_in
 from diagnostics.token_evidence import divergence
 from diagnostics.tokenizer_divergence import file_differences
 from engine.tokenization import hash_tokenizer_files
-from engine.vllm_adapter.config_json import VOLATILE_KEYS
+from engine.model_files import SECTION as MODEL_FILES
+from engine.model_files import hash_column
 from telemetry.contract.derived import window_sql
 
 DIAGNOSTIC = "identity"
@@ -52,8 +53,6 @@ DIAGNOSTIC = "identity"
 HASHES = {"weights_hash": ("weights_mismatch", "critical", "other weights"),
           "tokenizer_hash": ("tokenizer_hash_mismatch", "warning", "another tokenizer"),
           "chat_template_hash": ("chat_template_mismatch", "warning", "another chat template")}
-NOT_BEHAVIOUR = frozenset({"replica_id", "served_model_name", "upstream", *VOLATILE_KEYS})
-PATH_KEYS = ("model", "tokenizer")  # top-level config paths: where the content came from
 MAX_VALUE_CHARS = 500
 MAX_EXAMPLES = 3
 
@@ -61,16 +60,7 @@ MAX_EXAMPLES = 3
 # -- reading an identity row ------------------------------------------------------------------------
 
 def _config(r: dict) -> dict:
-    return _parsed(r.get("config_json") or "{}")
-
-
-@lru_cache(maxsize=256)  # a row is read once per field and per comparison; vLLM's documents are large
-def _parsed(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    return config_keys.document(r.get("config_json") or "{}")
 
 
 def engine_of(r: dict) -> str:
@@ -79,22 +69,19 @@ def engine_of(r: dict) -> str:
     return str(c.get("engine") or c.get("recorded_by") or "infersight")
 
 
-def flat(value, prefix: str = "") -> dict:
-    """Nested config as {dotted key: value}, without the keys that are not behaviour."""
-    if not isinstance(value, dict) or not value:
-        return {prefix[:-1]: value} if prefix else {}
-    out = {}
-    for k, v in value.items():
-        if k in NOT_BEHAVIOUR or str(k).startswith("_"):
-            continue
-        if k == "device" and isinstance(v, str):
-            v = v.split(":")[0]  # cuda:3 vs cuda:5 is which GPU, not how it computes
-        out.update(flat(v, f"{prefix}{k}."))
-    return out
+def _hash_of(key: str) -> str | None:
+    """The hash column whose own finding reports this model file's keys (None: config_mismatch reports it)."""
+    if config_keys.section(key) != MODEL_FILES:
+        return None
+    return hash_column(key.split(".")[1])
 
 
-def behaviour(r: dict) -> dict:
-    return {k: v for k, v in flat(_config(r)).items() if k not in PATH_KEYS}
+def behaviour(r: dict, field: str = "config_json") -> dict:
+    """The behaviour keys of a row (config_keys.behaviour) that `field`'s finding reports: config_mismatch
+    all but the model files a hash column covers; a hash field those files' keys."""
+    keys = config_keys.behaviour(r.get("config_json"))
+    wanted = None if field == "config_json" else field
+    return {k: v for k, v in keys.items() if _hash_of(k) == wanted}
 
 
 def _canonical(d: dict) -> str | None:
@@ -106,7 +93,7 @@ VALUES = {
     **{f: (lambda r, f=f: r.get(f) or None) for f in HASHES},
     "engine_version": lambda r: r.get("engine_version") or None,
     "config_json": lambda r: _canonical(behaviour(r)) if r.get("config_json") else None,
-    "model_path": lambda r: _canonical({k: _config(r)[k] for k in PATH_KEYS if k in _config(r)}),
+    "model_path": lambda r: _canonical({k: _config(r)[k] for k in config_keys.PATH_KEYS if k in _config(r)}),
 }
 
 
@@ -198,8 +185,25 @@ def _shown(value):
 
 
 def config_differences(mine: dict, theirs: dict) -> list[dict]:
+    """Every differing key with both values, most specific first (config_keys.rank)."""
     return [{"key": k, "replica": _shown(mine.get(k)), "reference": _shown(theirs.get(k))}
-            for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+            for k in sorted(set(mine) | set(theirs), key=config_keys.rank) if mine.get(k) != theirs.get(k)]
+
+
+def _finest(field: str, me: dict, ref: dict | None, ev: dict, mine, theirs) -> str:
+    """A hash field's difference said by the model files' keys under it where they differ (`add_bos_token
+    true vs false in tokenizer_config.json`), by the hash only where nothing finer does."""
+    diffs = config_differences(behaviour(me, field), behaviour(ref, field)) if ref is not None else []
+    if diffs and any(not _is_digest(d["key"]) for d in diffs):
+        diffs = [d for d in diffs if not _is_digest(d["key"])]  # a file's hash where its keys say more
+    if diffs:
+        ev["file_keys"] = diffs
+        return config_keys.explain(diffs)
+    return f"{field} {_short(mine)} vs {_short(theirs)}"
+
+
+def _is_digest(key: str) -> bool:
+    return key.endswith((".sha256", ".bytes"))
 
 
 def _tokenizer_dirs(source: TokenizerSource, me: dict, ref: dict | None) -> dict:
@@ -291,7 +295,7 @@ def hash_findings(store, scope, model, group, reference, source) -> list[Finding
             ev = _evidence(model, field, group, me, refs, ref_value, how)
             ref = refs[0] if refs else None
             summary = (f"{me['replica_id']} serves {model} with {what} than {_who(refs, how)}: "
-                       f"{field} {_short(me[field])} vs {_short(ref_value)}")
+                       + _finest(field, me, ref, ev, me[field], ref_value))
             if field == "weights_hash":
                 same = ref is not None and ref["config_hash"] == me["config_hash"]
                 ev.update(config_hash={"replica": me["config_hash"], "reference": ref and ref["config_hash"]},
@@ -333,9 +337,9 @@ def engine_findings(scope, model, group, reference) -> list[Finding]:
         ev = {"model_name": model, "field": "config_json", "replica": me["replica_id"], **_reference(refs, how),
               "differences": diffs, "keys": [d["key"] for d in diffs],
               "config_hash": {"replica": me["config_hash"], "reference": refs[0]["config_hash"] if refs else None}}
-        keys = ", ".join(f"{d['key']} {d['replica']!r} vs {d['reference']!r}" for d in diffs[:4])
-        more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
-        summary = f"{me['replica_id']} serves {model} with other options than {_who(refs, how)}: {keys}{more}"
+        summary = (f"{me['replica_id']} serves {model} with other options than {_who(refs, how)}: "
+                   + (config_keys.explain(diffs) or "config hash " f"{_short(me['config_hash'])} vs "
+                      f"{_short(refs[0]['config_hash'] if refs else None)}"))
         findings.append(Finding("config_mismatch", "warning", me["replica_id"], summary, DIAGNOSTIC, scope, ev))
     for me, refs, ref_value, how in odd_ones(group, VALUES["model_path"], reference):
         ev = _evidence(model, "model_path", group, me, refs, ref_value, how)
@@ -362,15 +366,16 @@ def symmetric_findings(scope, model, group, reference, fields) -> list[Finding]:
               "sides": [{"replicas": [r["replica_id"] for r in side], "value": VALUES[field](side[0])
                          if field != "config_json" else None} for side in sides],
               "baseline": reference.describe_undecided()}
+        other = sides[1][0]
         if field == "config_json":
-            diffs = [{"key": d["key"], first["replica_id"]: d["replica"], side[0]["replica_id"]: d["reference"]}
-                     for side in sides[1:] for d in config_differences(behaviour(first), behaviour(side[0]))]
-            ev.update(differences=diffs, keys=sorted({d["key"] for d in diffs}))
-            other = sides[1][0]["replica_id"]
-            detail = ", ".join(f"{d['key']} {d[first['replica_id']]!r} vs {d[other]!r}" for d in diffs[:4]) + (
-                f" and {len(diffs) - 4} more" if len(diffs) > 4 else "")
+            diffs = config_differences(behaviour(first), behaviour(other))
+            ev.update(differences=[{"key": d["key"], first["replica_id"]: d["replica"],
+                                    other["replica_id"]: d["reference"]} for d in diffs],
+                      keys=[d["key"] for d in diffs])
+            detail = config_keys.explain(diffs) or f"config_hash {_short(first['config_hash'])} vs " \
+                                                   f"{_short(other['config_hash'])}"
         else:
-            detail = f"{field} " + " vs ".join(_short(VALUES[field](side[0])) for side in sides)
+            detail = _finest(field, first, other, ev, VALUES[field](first), VALUES[field](other))
         summary = (f"{' and '.join(_names(side) for side in sides)} serve {model} with {what} ({detail}); "
                    f"no baseline: {NO_BASELINE_HINT}")
         findings.append(Finding(kind, "warning", subject, summary, DIAGNOSTIC, scope, ev))

@@ -26,7 +26,7 @@ from collections import Counter
 from diagnostics.baseline import Baseline, baselines_by_model
 from diagnostics.findings import Finding, insufficient
 from diagnostics.replica_tokenizers import TokenizerSource
-from diagnostics.replicas import identity_differences
+from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence
@@ -292,7 +292,7 @@ def _disagreement(store, scope, model, t, identity, source, params, baseline: Ba
     summary = (f"{' and '.join(names)} disagree on {k} of {n} identical greedy prompts ({k / n:.0%}, "
                f"95% CI {low:.0%}-{high:.0%})"
                + (f"; first divergence at output token {first}" if first is not None else "")
-               + (f"; they differ in " + ", ".join(f"{d['field']}={d['replica']}" for d in diffs[:3]) if diffs else "")
+               + (f"; {a} vs {b}: {differs_in(diffs)}" if diffs else "")
                + f"; no baseline: {baseline.reason}")
     evidence = {"replicas": names, "model_name": model, "compared": n, "disagree": k, "rate": k / n,
                 "rate_ci": [low, high], "symmetric": True, "baseline": baseline.describe(),
@@ -347,8 +347,7 @@ def _replica_drift(scope, rid, s, identity, source, outputs, permille: int,
                + (f", {s['by_baseline']} of them decided by the baseline (no majority)" if s["by_baseline"] else "")
                + (f", {s['tied']} of them ties no baseline replica took part in" if s["tied"] else "")
                + (f"; first divergence at output token {first}" if first is not None else "")
-               + (f"; {rid} differs in " + ", ".join(f"{d['field']}={d['replica']}" for d in diffs[:3])
-                  if diffs else "")
+               + (f"; {rid} differs in {differs_in(diffs)}" if diffs else "")
                + (f"; baseline: {baseline.label()}" if baseline is not None else ""))
     evidence = {"replica": rid, "model_name": s["model"], "compared": s["compared"], "differ": s["differ"],
                 "tied": s["tied"], "decided_by_baseline": s["by_baseline"], "rate": rate, "rate_ci": [low, high],

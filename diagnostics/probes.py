@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from diagnostics.baseline import IDENTITY_FIELDS, Baseline, choose_baseline, identity_key
 from diagnostics.findings import Finding, insufficient
 from diagnostics.replica_tokenizers import TokenizerSource
-from diagnostics.replicas import identity_differences
+from diagnostics import config_keys
+from diagnostics.replicas import IDENTITY, differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence
@@ -237,6 +238,13 @@ def _identity_diffs(me: Side, ref: Side) -> list[dict]:
     return identity_differences(me.row, [ref.row])
 
 
+def _answer_key(field: str) -> bool:
+    """A config key that can change a greedy answer: the model's files, generation defaults, engine options
+    (not the serve flags nor the placement; not a replica-row column)."""
+    return field not in IDENTITY and field != "cpus_shared_with" and \
+        config_keys.section(field) not in ("serve_options", "placement")
+
+
 def verdict(scope: Scope, kind: str, me: Side, ref: Side, b: Baseline, c: dict, how: str = "") -> Finding | None:
     """`how`: "" (against the baseline or pin), "majority" (no baseline; most replicas' identity), or
     "symmetric" (no side decides: one finding on the pair, at most a warning)."""
@@ -268,9 +276,9 @@ def verdict(scope: Scope, kind: str, me: Side, ref: Side, b: Baseline, c: dict, 
     if output_ex:
         notes.append(_at(output_ex, "output", me.name, ref.name) + f" (probe {output_ex['probe_id']})")
     diffs = _identity_diffs(me, ref)
-    named = [d for d in diffs if d["field"] in ANSWER_FIELDS]
+    named = [d for d in diffs if d["field"] in ANSWER_FIELDS or _answer_key(d["field"])]
     if named:
-        notes.append(f"{me.name} differs in " + ", ".join(f"{d['field']}={d['replica']}" for d in named[:3]))
+        notes.append(f"{me.name} differs in {differs_in(named)}")
     said = (f"no baseline: {b.reason}" if symmetric else
             f"baseline: majority ({ref.name}'s identity; {b.label()})" if how == "majority" else f"baseline: {b.label()}")
     summary = (f"{subject}: {what} on {k} of {n} probes ({k / n:.0%}, 95% CI {low:.0%}-{high:.0%}, "

@@ -40,7 +40,7 @@ from scipy import stats
 from diagnostics.baseline import baselines_by_model
 from diagnostics.findings import Finding, insufficient
 from diagnostics.hypothesis_tests import holm
-from diagnostics.replicas import identity_differences
+from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
@@ -349,7 +349,7 @@ def _finding(store, scope, model, subject, results, identity, baseline) -> Findi
                f"van Elteren p_holm={lead['p_holm']:.2g}, {lead['n']} vs {lead['n_peers']} requests in "
                f"{len(lead['pairs'])} strata (workload x sampling x length)")
     if diffs:
-        summary += "; differs in " + ", ".join(d["field"] for d in diffs[:4])
+        summary += "; differs in " + differs_in(diffs, 4)
     summary += ("; exact-token evidence exists (" + ", ".join(f"{e['diagnostic']}: {e['kind']}" for e in exact)
                 + ") and is the stronger evidence" if exact else
                 "; confirm with exact tokens: `infersight diagnose probe` / `drift` (golden probes, greedy replays)")

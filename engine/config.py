@@ -64,6 +64,9 @@ class EngineConfig:
     # behaviour: columns of the replica row of their own, in neither the config document nor its hash
     role: str = ""
     deploy_time: float | None = None
+    # how the server in front of the engine serves (`infersight serve`'s own flags and limits: max queue,
+    # timeouts, API options; engine/server/cli.py fills it): behaviour, so part of the identity; {} offline
+    serve_options: dict = field(default_factory=dict)
     # (whether prompt / output text may be stored is the Recorder's decision, not the engine's:
     # `infersight serve --store-text`, telemetry.recorder.Recorder(store_text=...))
 
@@ -77,24 +80,21 @@ class EngineConfig:
             d.pop(label)
         return d
 
-    def to_json(self, generation: dict | None = None) -> str:
-        """The config as JSON; `generation` (what the model directory says about generation: eos
-        and bos ids) is added under "generation" for the replica's identity."""
-        d = self._document()
-        if generation:
-            d["generation"] = generation
-        return json.dumps(d, sort_keys=True)
+    def to_json(self, sections: dict | None = None) -> str:
+        """The config as JSON; `sections` (what the model directory says: "generation" eos and bos ids,
+        "model_files" ...) are added under their names for the replica's identity."""
+        return json.dumps({**self._document(), **(sections or {})}, sort_keys=True)
 
-    def config_hash(self, generation: dict | None = None) -> str:
+    def config_hash(self, sections: dict | None = None) -> str:
         """Hash of everything that can change what or how the engine computes.
 
         The replica id and the served name are labels, not behaviour: excluded,
-        so that identical replicas share a config hash. `generation` is included: a
-        generation_config.json with other eos ids changes where every answer stops.
+        so that identical replicas share a config hash. `sections` are included: a
+        generation_config.json with other eos ids, a config.json with another RoPE base,
+        change every answer even at the same path.
         """
         d = self._document()
         for label in ("replica_id", "served_model_name"):
             d.pop(label)
-        if generation:
-            d["generation"] = generation
+        d.update(sections or {})
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

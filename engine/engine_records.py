@@ -7,11 +7,14 @@ replica identity, built once at start).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 
+from engine import cgroup_limits
 from engine.config import EngineConfig
+from engine.model_files import SECTION, model_files
 from engine.placement import discover_placement
 from engine.sequence import Sequence
 from telemetry.contract.derived import e2e_seconds, ttft_split
@@ -72,11 +75,19 @@ def process_launch_time(pid: int | str = "self") -> float:
 def build_replica_record(config: EngineConfig, *, model_name: str, weights_hash: str, tokenizer_hash: str,
                          chat_template_hash: str, quantization: str, attention_backend: str,
                          generation: dict | None = None) -> ReplicaRecord:
+    """The replica's row. Its config document holds the engine options, the serve flags (config.serve_options),
+    `generation` and the model directory's files (engine/model_files.py), all hashed into config_hash, and its
+    cgroup limits under "placement" (engine/cgroup_limits.py): where it runs, not what it computes, so like the
+    CPU affinity columns outside the hash; the throttling counters at start are under "_start" (not compared)."""
+    sections = {"generation": generation or {}, SECTION: model_files(config.model)}
+    document = json.loads(config.to_json(sections))
+    document["placement"] = {"cgroup": cgroup_limits.limits()}
+    document["_start"] = {"cgroup_throttling": cgroup_limits.throttling()}
     return ReplicaRecord(
         replica_id=config.replica_id, host=socket.gethostname(), pid=os.getpid(), start_time=time.time(),
         engine_version=engine_version(), model_name=model_name, weights_hash=weights_hash,
         tokenizer_hash=tokenizer_hash, chat_template_hash=chat_template_hash,
-        config_json=config.to_json(generation), config_hash=config.config_hash(generation), dtype=config.dtype,
+        config_json=json.dumps(document, sort_keys=True), config_hash=config.config_hash(sections), dtype=config.dtype,
         quantization=quantization, speculative_mode=config.speculative_mode,
         attention_backend=attention_backend, device=config.device, role=config.role,
         deploy_time=config.deploy_time if config.deploy_time is not None else process_launch_time(),

@@ -239,3 +239,71 @@ def test_a_recorded_role_names_the_candidate_when_started_together(clean):
     found = loud(diagnose(clean, t0))
     assert set(found) == {("r1", "config_mismatch")}
     assert found["r1", "config_mismatch"].evidence["reference"]["rule"] == "role"
+
+
+# -- the whole identity, from real engines ---------------------------------------------------------
+
+def _engine_row(model_dir, replica_id: str, start: float, **config):
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from telemetry.contract.hooks import EngineObserver
+
+    class Rows(EngineObserver):
+        enabled, rows = True, []
+
+        def on_replica_start(self, record):
+            self.rows.append(record)
+
+    observer = Rows()
+    LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=10, replica_id=replica_id, **config), observer)
+    return dataclasses.replace(observer.rows[-1], start_time=start, deploy_time=start - 30)
+
+
+def _set_rope(model_dir, theta: float) -> str:
+    """RoPE base changed in config.json in place; -> the dotted key it lives under."""
+    path = model_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    if isinstance(cfg.get("rope_parameters"), dict):
+        cfg["rope_parameters"]["rope_theta"] = theta
+        key = "rope_parameters.rope_theta"
+    else:
+        cfg["rope_theta"] = theta
+        key = "rope_theta"
+    path.write_text(json.dumps(cfg))
+    return key
+
+
+def test_a_rope_base_changed_in_config_json_at_the_same_path_is_named_with_both_values(clean, tiny_llama, tmp_path):
+    import shutil
+
+    model = shutil.copytree(tiny_llama, tmp_path / "tiny")
+    t0 = time.time() - 600
+    _set_rope(model, 10000.0)
+    base = _engine_row(model, "r0", t0 - 100)
+    key = _set_rope(model, 100000.0)  # the same directory: only the file's content says it
+    canary = _engine_row(model, "r1", t0 - 10, serve_options={"max_queue": 8})
+    assert base.weights_hash == canary.weights_hash and base.config_hash != canary.config_hash
+    clean.insert_records("replicas", [base, canary])
+    found = loud(diagnose(clean, t0))
+    assert set(found) == {("r1", "config_mismatch")}
+    f = found["r1", "config_mismatch"]
+    # the most specific first: the model file's key, then the serve flag; no hash where keys say it
+    assert f"{key} 100000.0 vs 10000.0 in config.json" in f.summary
+    assert f.summary.index("config.json") < f.summary.index("max_queue 8 vs unset in serve flags")
+    assert "config_hash" not in f.summary
+    assert f"model_files.config_json.{key}" in f.evidence["keys"]
+
+
+def test_a_cpu_quota_is_named_and_cpus_every_replica_shares_are_not():
+    from diagnostics.replicas import identity_differences
+
+    def row(rid, quota):
+        doc = {"max_num_seqs": 16, "placement": {"cgroup": {"version": "v2", "cpu_quota_cpus": quota}}}
+        return {"replica_id": rid, "config_json": json.dumps(doc), "cpu_affinity": [0, 1], "config_hash": "c"}
+
+    diffs = identity_differences(row("r1", 0.3), [row("r0", "max")])
+    assert [d["said"] for d in diffs] == ["cgroup.cpu_quota_cpus 0.3 vs max in placement"]
+    # a replica alone on shared CPUs while its peers are not: that is a difference of its own
+    crowded = identity_differences(row("r1", "max"), [row("r0", "max"), {**row("r2", "max"), "cpu_affinity": [2]},
+                                                      {**row("r3", "max"), "cpu_affinity": [3]}])
+    assert [d["field"] for d in crowded] == ["cpus_shared_with"]
