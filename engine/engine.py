@@ -22,7 +22,7 @@ import torch
 from engine.attention import block_size_for, get_backend
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.engine_records import build_replica_record, build_request_record, build_step_record
+from engine.engine_records import build_replica_record, build_request_record, build_step_record, identity_sections
 from engine.kv_cache import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
@@ -124,7 +124,7 @@ class LLMEngine:
             config, model_name=self.model_name, weights_hash=self.loaded.weights_hash,
             tokenizer_hash=self.tokenizer.tokenizer_hash, chat_template_hash=self.tokenizer.chat_template_hash,
             quantization=self.quantization, attention_backend=self.backend.name,
-            generation=self.generation_identity())
+            sections=identity_sections(config, self.generation_identity()))
         if self.observer.enabled:
             self._notify("on_replica_start", self.replica_record)
 

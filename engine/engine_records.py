@@ -72,14 +72,21 @@ def process_launch_time(pid: int | str = "self") -> float:
         return 0.0
 
 
+def identity_sections(config: EngineConfig, generation: dict) -> dict:
+    """What the model directory says, for the identity: `generation` (eos / bos ids as the engine reads them)
+    and every behaviour file (engine/model_files.py)."""
+    return {"generation": generation, SECTION: model_files(config.model)}
+
+
 def build_replica_record(config: EngineConfig, *, model_name: str, weights_hash: str, tokenizer_hash: str,
                          chat_template_hash: str, quantization: str, attention_backend: str,
-                         generation: dict | None = None) -> ReplicaRecord:
-    """The replica's row. Its config document holds the engine options, the serve flags (config.serve_options),
-    `generation` and the model directory's files (engine/model_files.py), all hashed into config_hash, and its
-    cgroup limits under "placement" (engine/cgroup_limits.py): where it runs, not what it computes, so like the
-    CPU affinity columns outside the hash; the throttling counters at start are under "_start" (not compared)."""
-    sections = {"generation": generation or {}, SECTION: model_files(config.model)}
+                         sections: dict | None = None) -> ReplicaRecord:
+    """The replica's row. Its config document holds the engine options, the serve flags (config.serve_options)
+    and `sections` (identity_sections: generation ids, the model directory's files), all hashed into
+    config_hash, and its cgroup limits under "placement" (engine/cgroup_limits.py): where it runs, not what it
+    computes, so like the CPU affinity columns outside the hash; the throttling counters at start are under
+    "_start" (not compared)."""
+    sections = sections or {}
     document = json.loads(config.to_json(sections))
     document["placement"] = {"cgroup": cgroup_limits.limits()}
     document["_start"] = {"cgroup_throttling": cgroup_limits.throttling()}

@@ -10,6 +10,7 @@ import torch
 import engine.engine as engine_module
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.engine_records import identity_sections
 from telemetry.contract.hooks import EngineObserver
 from engine.sampling_params import SamplingParams
 from telemetry.contract.records import canonical_chat_json, chat_messages_hash, text_sha256
@@ -47,7 +48,10 @@ def test_replica_request_and_step_records(tiny_llama):
                                     max_num_batched_tokens=16, replica_id="rep-7"), observer)
     (replica,), = observer.of("on_replica_start")
     assert replica is engine.replica_record and replica.replica_id == "rep-7"
-    assert replica.config_hash == engine.config.config_hash(engine.generation_identity())
+    sections = identity_sections(engine.config, engine.generation_identity())
+    assert replica.config_hash == engine.config.config_hash(sections)
+    assert json.loads(replica.config_json)["model_files"]["config_json"] == json.loads(
+        (engine.loaded.model_dir / "config.json").read_text())
     assert json.loads(replica.config_json)["block_size"] == 4
     assert replica.tokenizer_hash == engine.tokenizer.tokenizer_hash != ""
     assert replica.chat_template_hash == engine.tokenizer.chat_template_hash != ""
