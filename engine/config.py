@@ -54,6 +54,9 @@ class EngineConfig:
     # multi-step decode (engine/multi_step.py): up to this many decode steps per schedule, when the
     # batch is decodes only, nothing waits and every sequence is greedy without logits processors
     num_scheduler_steps: int = 1
+    # the model's sampling defaults for requests that leave them unset (engine/generation_defaults.py), vLLM's
+    # --generation-config: "auto" (the model directory's generation_config.json), "vllm" (none), or a directory
+    generation_config: str = "auto"
     # tokenization
     tokenization_cache_size: int = 4096
     # identity

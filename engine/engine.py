@@ -22,6 +22,7 @@ import torch
 from engine.attention import block_size_for, get_backend
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.generation_defaults import generation_defaults
 from engine.engine_records import build_replica_record, build_request_record, build_step_record, identity_sections
 from engine.kv_cache import KVCacheManager
 from engine.model_runner import ModelRunner
@@ -72,6 +73,7 @@ class LLMEngine:
         self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, self.observer)
         self.model_name = config.served_model_name or self.loaded.model_name
         self.vocab_size = self.loaded.vocab_size
+        self.generation_defaults = generation_defaults(config.model, config.generation_config)
         self.eos_token_ids = set(self.loaded.eos_token_ids) or (
             {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set())
 
@@ -134,7 +136,8 @@ class LLMEngine:
         """What the model directory says about where answers start and stop (its generation_config /
         config eos and bos ids): part of the replica's identity, as the diagnostics compare it."""
         return {"eos_token_ids": sorted(self.eos_token_ids), "bos_token_id": self.loaded.config.bos_token_id,
-                "structured_output": backend_identity()}  # response_format's backend: "xgrammar 0.2.9"
+                "structured_output": backend_identity(),  # response_format's backend: "xgrammar 0.2.9"
+                "sampling_defaults": self.generation_defaults.identity()}  # what unset request fields get
 
     def prepare_prompt(self, prompt: str | list[int] | Prompt) -> Prompt:
         """Any prompt as a `Prompt`, checked: text is tokenized (once, through the tokenization cache),

@@ -307,3 +307,18 @@ def test_a_cpu_quota_is_named_and_cpus_every_replica_shares_are_not():
     crowded = identity_differences(row("r1", "max"), [row("r0", "max"), {**row("r2", "max"), "cpu_affinity": [2]},
                                                       {**row("r3", "max"), "cpu_affinity": [3]}])
     assert [d["field"] for d in crowded] == ["cpus_shared_with"]
+
+
+def test_a_changed_generation_default_is_named_with_both_values(clean, tiny_llama, tmp_path):
+    import shutil
+
+    model = shutil.copytree(tiny_llama, tmp_path / "tiny")
+    t0 = time.time() - 600
+    base = _engine_row(model, "g0", t0 - 100)
+    path = model / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "repetition_penalty": 1.3}))
+    canary = _engine_row(model, "g1", t0 - 10)  # the same path: the file changed, and what unset requests get
+    clean.insert_records("replicas", [base, canary])
+    f = loud(diagnose(clean, t0))["g1", "config_mismatch"]
+    assert f.summary.index("repetition_penalty 1.3 vs unset in generation_config.json") < \
+        f.summary.index("sampling_defaults.values.repetition_penalty 1.3 vs unset")
