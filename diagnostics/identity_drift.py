@@ -15,6 +15,8 @@ in the scope (diagnostics.scope.replicas_in):
   or per-host keys (replica_id, served_model_name, ports, a proxy's upstream URL) and the GPU index of
   `device` are placement, not behaviour: skipped. The model / tokenizer path alone says where, not what
   (the content is in the hashes): a path-only difference is the info `model_path_differs`.
+A replica whose identity changed across a restart is an `identity_changed` info finding with the time and
+the keys, before and after (diagnostics.identity_events); the other diagnostics' findings on it cite it.
 Versions and configs are compared only among replicas of one engine (infersight, vllm, a recording
 proxy): two engines' versions and options do not compare, their hashes do. An empty value (a proxy
 sees no weights) is unknown, not different.
@@ -35,7 +37,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from diagnostics import config_keys
+from diagnostics import config_keys, identity_events
 from diagnostics.baseline import IDENTITY_FIELDS, NO_BASELINE_HINT, choose_baseline, pinned_probes
 from diagnostics.findings import Finding
 from diagnostics.replica_tokenizers import TokenizerSource
@@ -388,7 +390,7 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
     by_model: dict[str, list[dict]] = {}
     for r in replicas_in(store, scope):
         by_model.setdefault(r["model_name"], []).append(r)
-    findings: list[Finding] = []
+    findings: list[Finding] = identity_events.findings(scope, identity_events.events(store, scope))
     for model, group in by_model.items():
         if len(group) < 2:
             continue

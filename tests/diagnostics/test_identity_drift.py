@@ -322,3 +322,29 @@ def test_a_changed_generation_default_is_named_with_both_values(clean, tiny_llam
     f = loud(diagnose(clean, t0))["g1", "config_mismatch"]
     assert f.summary.index("repetition_penalty 1.3 vs unset in generation_config.json") < \
         f.summary.index("sampling_defaults.values.repetition_penalty 1.3 vs unset")
+
+
+# -- changes in time ---------------------------------------------------------------------------------
+
+def test_a_restart_with_another_config_is_an_event_that_findings_on_the_replica_cite(clean):
+    import diagnostics
+
+    t0 = time.time() - 600
+    restarted = t0 - 50
+    clean.insert_records("replicas", [rep("e0", t0 - 200), rep("e1", t0 - 200, {"max_num_seqs": 16}),
+                                      rep("e1", restarted, {"max_num_seqs": 2}, config_hash="cfg-2")])
+    request = DiagnosticRequest(Scope(start=t0 - 300, replicas=("e0", "e1")))
+    found = diagnostics.run(["identity"], clean, request, write=False)
+    (event,) = [f for f in found if f.kind == "identity_changed"]
+    assert event.subject == "e1" and event.severity == "info"
+    assert "max_num_seqs went 16 → 2" in event.summary
+    assert event.evidence["changes"] == [{"key": "max_num_seqs", "before": 16, "after": 2}]
+    # the difference from its peer now cites when it began and from what
+    mismatch = next(f for f in found if f.kind == "config_mismatch")
+    clock = time.strftime("%H:%M:%S", time.gmtime(restarted))
+    assert f"e1 since {clock} UTC, when max_num_seqs went 16 → 2" in mismatch.summary
+    assert mismatch.evidence["identity_events"][0]["time"] == pytest.approx(restarted)
+    # a restart with the same identity is no event
+    clean.insert_records("replicas", [rep("e0", t0 - 20)])
+    found = diagnostics.run(["identity"], clean, request, write=False)
+    assert [f.subject for f in found if f.kind == "identity_changed"] == ["e1"]
