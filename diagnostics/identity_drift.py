@@ -394,6 +394,7 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
     for model, group in by_model.items():
         if len(group) < 2:
             continue
+        before = len(findings)
         pins = pinned_probes(store, model)
         reference = Reference(store, model, group, request, pins)
         findings += hash_findings(store, scope, model, group, reference, source)
@@ -406,4 +407,11 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
                 reference = Reference(store, model, same_engine, request, pins)
                 findings += engine_findings(scope, model, same_engine, reference)
                 findings += symmetric_findings(scope, model, same_engine, reference, ("engine_version", "config_json"))
+        if len(findings) == before:  # the check ran and found nothing: say so
+            ids = sorted(r["replica_id"] for r in group)
+            findings.append(Finding("identity_consistent", "info", model,
+                                    f"{model}: {', '.join(ids)} share one identity (weights, tokenizer, chat "
+                                    f"template, engine version, config keys)", DIAGNOSTIC, scope,
+                                    {"model_name": model, "replicas": ids,
+                                     "fields": [*HASHES, "engine_version", "config_json"]}))
     return findings

@@ -34,6 +34,10 @@ not compared, nor are aborted or failed probes. Per model:
 6. What cannot be decided is an insufficient_data finding that says what is missing: fewer than
    two replicas answering (and no pin), no baseline-side answers, no candidate identity, fewer than
    MIN_PROBES comparable probes, no probe answered in both modes.
+7. A check that ran and found nothing says so: `probe_agreement` (the replicas whose answers matched,
+   on how many probes, in which round) and `batch_invariant` (the solo/batched pairs all identical),
+   both info. Only settled rounds are read: a round whose last answer finished within
+   ROUND_SETTLE_SECONDS of the window's end may still be arriving, and is left out (an info says so).
 
 The store hands over hashes of the token IDs for every round; the IDs themselves are read only for
 the rounds compared and the examples shown.
@@ -41,13 +45,14 @@ the rounds compared and the examples shown.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from diagnostics import config_keys
 from diagnostics.baseline import IDENTITY_FIELDS, Baseline, choose_baseline, identity_key
 from diagnostics.findings import Finding, insufficient
 from diagnostics.replica_tokenizers import TokenizerSource
-from diagnostics import config_keys
 from diagnostics.replicas import IDENTITY, differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
@@ -57,6 +62,10 @@ from telemetry.contract.probes import FILLER_PREFIX, PROBE_ID_REGEX_SQL, PROBE_W
 
 DIAGNOSTIC = "probe"
 DRIFT, NONDETERMINISM, BATCH = "probe_drift", "probe_nondeterminism", "batch_variance"
+AGREE, BATCH_CLEAN = "probe_agreement", "batch_invariant"  # the info a clean check leaves
+# a round whose last answer finished this close to the window's end may still be arriving (the recorders flush
+# every second or so; a store that was away replays its spool later): it is left out until it has settled
+ROUND_SETTLE_SECONDS = 30.0
 MIN_PROBES = 5  # comparable probes a replica needs before a verdict
 CRITICAL_RATE, CRITICAL_LOW = 0.5, 0.20
 WARNING_MIN, WARNING_LOW = 2, 0.02
@@ -379,12 +388,22 @@ def drift(store, scope: Scope, model: str, by: dict, identity: dict, b: Baseline
     wanted = [a for _, rid, round_, ref, _ in plans for who in ((rid,) if ref == "pin" else (rid, ref))
               for a in by[who]["solo"][round_].values()]
     ids = token_ids(store, scope, wanted)
+    agreeing = []  # (replica, reference, round, probes compared) of the comparisons that found no difference
     for kind, rid, round_, ref, how in plans:
         me = _side(rid, round_, by[rid]["solo"][round_], ids, identity.get(rid))
         other = _pin_side(b) if ref == "pin" else _side(ref, round_, by[ref]["solo"][round_], ids, identity.get(ref))
-        f = verdict(scope, kind, me, other, b, compare(me, other, source), how)
+        c = compare(me, other, source)
+        f = verdict(scope, kind, me, other, b, c, how)
         if f is not None:
             out.append(f)
+        elif len(c["compared"]) >= MIN_PROBES:
+            agreeing.append((rid, ref, round_, len(c["compared"])))
+    if agreeing:  # the check ran and these agreed: say so
+        pairs = "; ".join(f"{rid} = {ref} on {n} of {n} probes (round {round_})" for rid, ref, round_, n in agreeing)
+        out.append(Finding(AGREE, "info", model, f"{model}: greedy probe answers agree: {pairs}", DIAGNOSTIC, scope,
+                           {"model_name": model, "baseline": b.describe(),
+                            "agreeing": [{"replica": rid, "reference": ref, "round_id": round_, "compared": n}
+                                         for rid, ref, round_, n in agreeing]}))
     return out
 
 
@@ -414,6 +433,14 @@ def batch_variance(store, scope: Scope, model: str, by: dict, identity: dict,
     for rid, (pairs, hits) in found.items():
         if hits:
             out.append(_batch_finding(store, scope, model, rid, pairs, hits, ids, identity.get(rid), source))
+    clean = sorted(rid for rid, (_, hits) in found.items() if not hits)
+    if clean:  # the check ran and found nothing: say so (silence would not tell it from not running)
+        n = sum(found[rid][0] for rid in clean)
+        out.append(Finding(BATCH_CLEAN, "info", model,
+                           f"{model}: batch-invariant on {', '.join(clean)}: {n} of {n} solo/batched probe pairs "
+                           f"identical", DIAGNOSTIC, scope,
+                           {"model_name": model, "replicas": clean, "pairs_compared": n,
+                            "pairs_by_replica": {rid: found[rid][0] for rid in clean}}))
     return out
 
 
@@ -449,12 +476,38 @@ def _batch_finding(store, scope, model, rid, pairs, hits, ids, row, source) -> F
     return Finding(BATCH, sev, rid, summary, DIAGNOSTIC, scope, evidence)
 
 
+def settled(by_model: dict, end: float) -> tuple[dict, dict[str, list[str]]]:
+    """The answers without the rounds still arriving (last answer finished within ROUND_SETTLE_SECONDS of `end`):
+    (answers, model -> the rounds left out)."""
+    left_out: dict[str, list[str]] = {}
+    for model, by in by_model.items():
+        last: dict[str, float] = {}
+        for modes in by.values():
+            for rounds in modes.values():
+                for round_, probes_ in rounds.items():
+                    last[round_] = max([last.get(round_, 0.0), *(a.finished for a in probes_.values())])
+        fresh = sorted(r for r, t in last.items() if t > end - ROUND_SETTLE_SECONDS)
+        if fresh:
+            left_out[model] = fresh
+            for modes in by.values():
+                for rounds in modes.values():
+                    for r in fresh:
+                        rounds.pop(r, None)
+    return by_model, left_out
+
+
 def run(store, request: DiagnosticRequest) -> list[Finding]:
     scope = request.scope
     source = TokenizerSource(dict(request.model_dirs))
     rows = replicas_in(store, scope)
     findings: list[Finding] = []
-    for model, by in sorted(answers(store, scope).items()):
+    by_model, arriving = settled(answers(store, scope), min(scope.bounds()[1], time.time()))
+    for model, rounds in sorted(arriving.items()):
+        findings.append(Finding("probe_round_arriving", "info", model,
+                                f"{model}: probe round(s) {', '.join(rounds)} still arriving: left out until they "
+                                f"settle ({ROUND_SETTLE_SECONDS:g} s after their last answer)", DIAGNOSTIC, scope,
+                                {"model_name": model, "rounds": rounds}))
+    for model, by in sorted(by_model.items()):
         mine = [r for r in rows if r["model_name"] == model]
         identity = {r["replica_id"]: r for r in mine}
         b = choose_baseline(store, model, mine, request)

@@ -106,7 +106,10 @@ def test_labels_and_placement_are_not_a_finding(clean):
         rep("r0", t0 - 100, {"device": "cuda:0", "served_model_name": "a"}, host="h1", cpus=(0, 1), config_hash="c0"),
         rep("r1", t0 - 10, {"device": "cuda:1", "served_model_name": "b"}, host="h2", cpus=(2, 3), config_hash="c1",
             gpu_numa_node=1, labels_json='{"zone": "b"}')])
-    assert diagnose(clean, t0) == []
+    found = diagnose(clean, t0)
+    # the check ran and says so, once, as info
+    assert [(f.kind, f.severity, f.subject) for f in found] == [("identity_consistent", "info", "tiny")]
+    assert "r0, r1 share one identity" in found[0].summary
 
 
 def test_a_path_difference_alone_is_info(clean):
