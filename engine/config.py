@@ -63,7 +63,8 @@ class EngineConfig:
     replica_id: str = "replica-0"
     served_model_name: str | None = None  # defaults to the model directory's name
     # the deploy, as the baseline rule reads it (diagnostics/baseline.py): "baseline" | "candidate" | ""
-    # (not given), and when it was deployed (epoch seconds; None: this process's launch). Labels, not
+    # (not given), and when it was deployed (epoch seconds; None: when the engine starts building, before its
+    # model loads). Labels, not
     # behaviour: columns of the replica row of their own, in neither the config document nor its hash
     role: str = ""
     deploy_time: float | None = None

@@ -53,6 +53,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig | str | Path, observer: EngineObserver | None = None,
                  **config_overrides):
         config = make_config(config, config_overrides)
+        if config.deploy_time is None:  # deployed now, before the model loads (a label: not in the config hash)
+            config = dataclasses.replace(config, deploy_time=time.time())
         self.config = config
         self.observer = guarded(observer)
         self.device = torch.device(config.device)

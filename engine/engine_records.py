@@ -97,7 +97,7 @@ def build_replica_record(config: EngineConfig, *, model_name: str, weights_hash:
         config_json=json.dumps(document, sort_keys=True), config_hash=config.config_hash(sections), dtype=config.dtype,
         quantization=quantization, speculative_mode=config.speculative_mode,
         attention_backend=attention_backend, device=config.device, role=config.role,
-        deploy_time=config.deploy_time if config.deploy_time is not None else process_launch_time(),
+        deploy_time=config.deploy_time if config.deploy_time is not None else time.time(),
         **_placement(config.device))
 
 

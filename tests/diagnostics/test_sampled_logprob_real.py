@@ -53,9 +53,8 @@ def serve(store, model: Path, replica_id: str, seed: int, seen: set[str]) -> Non
     """One replica serving N sampled chat prompts no other replica got."""
     torch.set_num_threads(1)
     recorder = Recorder(store, replica_id, flush_interval=0.1)
-    # deployed now (not at this process's launch): the canary, built after the baseline served, is a later deploy
     engine = LLMEngine(EngineConfig(model=str(model), max_num_seqs=128, num_kv_blocks=1024, block_size=16,
-                                    replica_id=replica_id, seed=seed, deploy_time=time.time()), recorder)
+                                    replica_id=replica_id, seed=seed), recorder)
     examples = [ex for ex in itertools.islice(stream(seed=seed), 3 * N) if ex.prompt not in seen][:N]
     seen.update(ex.prompt for ex in examples)
     params = SamplingParams(temperature=1.0, max_tokens=24)  # answers end at <|eos|>, as real traffic does

@@ -235,7 +235,7 @@ def test_eos_ids_from_generation_config_are_part_of_the_identity(tiny_llama, tmp
 
 def test_the_role_and_the_deploy_time_are_in_the_replica_row_not_in_its_config(tiny_llama):
     """A role is who a replica is in a deploy, not how it computes: its own column, the config hash unchanged;
-    without a deploy time given, the process's launch (before the model loaded) is recorded."""
+    without a deploy time given, when the engine started building (before the model loaded) is recorded."""
     import time
 
     rows = []
