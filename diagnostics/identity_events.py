@@ -43,7 +43,8 @@ class Event:
 
     def said(self) -> str:
         """`max_num_seqs went 16 → 2` (the first few changes)."""
-        parts = [f"{_name(c['key'])} went {_value(c['before'])} → {_value(c['after'])}" for c in self.changes[:MAX_SAID]]
+        parts = [f"{_name(c['key'])} went {_value(c['before'])} → {_value(c['after'])}"
+                 for c in self.changes[:MAX_SAID]]
         more = len(self.changes) - MAX_SAID
         return ", ".join(parts) + (f" and {more} more" if more > 0 else "")
 

@@ -289,7 +289,8 @@ def verdict(scope: Scope, kind: str, me: Side, ref: Side, b: Baseline, c: dict, 
     if named:
         notes.append(f"{me.name} differs in {differs_in(named)}")
     said = (f"no baseline: {b.reason}" if symmetric else
-            f"baseline: majority ({ref.name}'s identity; {b.label()})" if how == "majority" else f"baseline: {b.label()}")
+            f"baseline: majority ({ref.name}'s identity; {b.label()})" if how == "majority" else
+            f"baseline: {b.label()}")
     summary = (f"{subject}: {what} on {k} of {n} probes ({k / n:.0%}, 95% CI {low:.0%}-{high:.0%}, "
                f"round {me.round_id})" + "".join(f"; {x}" for x in notes) + f"; {said}")
     evidence = {"replica": me.name, "reference": ref.name, "model_name": b.model_name, "round_id": me.round_id,
@@ -325,7 +326,10 @@ def stand_in(answering: list[str], identity: dict) -> tuple[list[str], str]:
     counts = Counter(identity_key(identity[r]) for r in known)
     if not counts:
         return [], "symmetric"
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], min(r for r in known if identity_key(identity[r]) == kv[0])))
+    first = {}  # identity -> its lowest replica id (ties: the lower id first)
+    for r in known:
+        first.setdefault(identity_key(identity[r]), r)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], first[kv[0]]))
     top, n = ranked[0]
     majority = len(known) >= 3 and n >= 2 and (len(ranked) == 1 or ranked[1][1] < n)
     return [r for r in known if identity_key(identity[r]) == top], "majority" if majority else "symmetric"

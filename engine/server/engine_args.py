@@ -77,8 +77,8 @@ def engine_overrides(args: argparse.Namespace) -> dict:
 
 # serve flags that say where a replica is or where its telemetry goes, not how it serves (placement has
 # columns of its own; "command": the subcommand's name, from the top-level parser): left out of serve_options
-NOT_SERVING = frozenset({"command", "model", "host", "port", "store", "spool_dir", "spool_max_bytes", "store_text", "tracing",
-                         "otlp_endpoint", "cpus", "numa_node", "log_level", "stats_interval", "access_log"})
+NOT_SERVING = frozenset({"command", "model", "host", "port", "store", "spool_dir", "spool_max_bytes", "store_text",
+                         "tracing", "otlp_endpoint", "cpus", "numa_node", "log_level", "stats_interval", "access_log"})
 _SECRET_WORDS = ("key", "token", "secret", "password")
 
 
