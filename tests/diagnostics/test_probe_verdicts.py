@@ -247,13 +247,17 @@ def test_too_few_replicas_or_probes_say_what_is_missing(clean, tiny_llama, tok):
     assert f.insufficient and "r1 answered 3 probes" in f.summary and "need 5" in f.summary
 
 
-def test_a_pair_started_together_gets_one_symmetric_finding_never_a_critical_on_one_side(clean, tiny_llama, tok):
-    # one fleet start (one deploy instant); the faulty r1's row came 88 ms before r0's
-    t0 = time.time() - 3600
-    fleet(clean, tok, t0, ("r0", 0.088, {"deploy_time": t0 - 20}),
-          ("r1", 0, {"deploy_time": t0 - 20, "weights_hash": "w-rope", "config_hash": "cfg-rope"}))
-    clean.insert_records("requests", [probe("r0", 0, i, t0) for i in range(N)]
+def _started_together(store, tok, t0: float, **r1) -> None:
+    """One fleet start (one deploy instant); r1, whose every probe differs, wrote its row 88 ms before r0's."""
+    fleet(store, tok, t0, ("r0", 0.088, {"deploy_time": t0 - 20}),
+          ("r1", 0, {"deploy_time": t0 - 20, "weights_hash": "w-rope", **r1}))
+    store.insert_records("requests", [probe("r0", 0, i, t0) for i in range(N)]
                          + [probe("r1", 0, i, t0, output=bad(i)) for i in range(N)])
+
+
+def test_a_pair_started_together_gets_one_symmetric_finding_never_a_critical_on_one_side(clean, tiny_llama, tok):
+    t0 = time.time() - 3600
+    _started_together(clean, tok, t0, config_hash="cfg-rope")
     findings = diagnose(clean, tiny_llama, t0)
     assert not [f for f in findings if f.severity == "critical"]
     (f,) = above_info(findings)
@@ -264,10 +268,7 @@ def test_a_pair_started_together_gets_one_symmetric_finding_never_a_critical_on_
 
 def test_a_recorded_role_names_the_candidate_of_a_pair_started_together(clean, tiny_llama, tok):
     t0 = time.time() - 3600
-    fleet(clean, tok, t0, ("r0", 0.088, {"deploy_time": t0 - 20}),
-          ("r1", 0, {"deploy_time": t0 - 20, "weights_hash": "w-rope", "role": "candidate"}))
-    clean.insert_records("requests", [probe("r0", 0, i, t0) for i in range(N)]
-                         + [probe("r1", 0, i, t0, output=bad(i)) for i in range(N)])
+    _started_together(clean, tok, t0, role="candidate")
     (f,) = above_info(diagnose(clean, tiny_llama, t0))
     assert (f.kind, f.severity, f.subject) == ("probe_drift", "critical", "r1")
     assert f.evidence["baseline"]["rule"] == "role"
