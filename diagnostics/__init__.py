@@ -13,6 +13,7 @@ import time
 from diagnostics import (
     cross_scores,
     identity_drift,
+    identity_events,
     output_drift,
     overhead,
     probes,
@@ -52,6 +53,7 @@ def run(names, store, request: DiagnosticRequest, *, write: bool = True, now: fl
     are gone. A diagnostic that fails is logged (and appended to `errors`); the others still run."""
     findings: list[Finding] = []
     now = time.time() if now is None else now
+    changes = None  # replicas' identity changes across restarts, read once: every finding on them cites theirs
     for name in names:
         try:
             found = DIAGNOSTICS[name].run(store, request)
@@ -60,6 +62,8 @@ def run(names, store, request: DiagnosticRequest, *, write: bool = True, now: fl
             if errors is not None:
                 errors.append((name, e))
             continue
+        changes = _identity_changes(store, request) if changes is None else changes
+        identity_events.cite(found, changes)
         if write:
             # resolve against the scope the findings were keyed with (the candidate's, where one is given)
             keyed = {f.scope.key(): f.scope for f in found} or {request.scope.key(): request.scope}
@@ -68,6 +72,14 @@ def run(names, store, request: DiagnosticRequest, *, write: bool = True, now: fl
             write_findings(store, found, now)
         findings += found
     return worst_first(findings)
+
+
+def _identity_changes(store, request: DiagnosticRequest) -> dict:
+    try:
+        return identity_events.events(store, request.scope)
+    except Exception:  # noqa: BLE001 - the findings stand without their citation
+        log.exception("reading the replicas' identity changes failed")
+        return {}
 
 
 def run_all(store, request: DiagnosticRequest | None = None, write: bool = True, **kwargs) -> list[Finding]:

@@ -22,7 +22,8 @@ numerical floor under the same conditions. Per ordered pair (R, S != R):
   reference model int4 g128 moves the median request by ~3e-5 nats/token, the mean by ~5e-3,
   the same order as kernel-level differences between replicas with equal weights: the median
   cannot tell the two apart).
-Naming: 2 replicas: the baseline rule (diagnostics.baseline) says which is the canary (the same
+Naming: 2 replicas: the baseline rule (diagnostics.baseline) says which is the canary; where it decides
+nothing (started together, no role, no pin) the finding is on the pair ("r0 vs r1"), a warning at most (the same
 identity: the later started); 3+: the replica every one of whose pairs (either direction) differs
 while its peers' pairs among themselves do not. Differing pairs that fit no single replica: a
 warning about the model, naming the pairs. Pairs with fewer than MIN_REQUESTS paired requests:
@@ -37,7 +38,7 @@ from scipy import stats
 from diagnostics.baseline import baselines_by_model
 from diagnostics.findings import Finding, insufficient
 from diagnostics.hypothesis_tests import holm
-from diagnostics.replicas import identity_differences
+from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import replicas_in, requests_in
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL, RESCORE_ORIGINAL_SQL, RESCORE_WORKLOAD
@@ -245,6 +246,12 @@ def _model_findings(model, replicas, pairs, identity, baseline, scope) -> list[F
                f"over {lead['n']} requests, Wilcoxon signed-rank p_holm={lead['p_holm']:.2g}; "
                f"{len(mine)} of {len(pairs)} pairs differ")
     if diffs:
-        summary += "; differs in " + ", ".join(d["field"] for d in diffs[:4])
+        summary += "; differs in " + differs_in(diffs, 4)
     severity = "critical" if lead["ci"][0] >= CRITICAL else "warning"
+    if len(replicas) == 2 and baseline is not None and not baseline.decided:
+        # started together, no role, no pin: which side is off is not known; one finding on the pair
+        pair = " vs ".join(sorted(replicas))
+        evidence["symmetric"] = True
+        summary = f"{pair}: {summary}; no baseline: {baseline.reason}"
+        return [Finding(KIND, "warning", pair, summary, DIAGNOSTIC, scope, evidence)]
     return [Finding(KIND, severity, subject, summary, DIAGNOSTIC, scope, evidence)]

@@ -15,14 +15,18 @@ in the scope (diagnostics.scope.replicas_in):
   or per-host keys (replica_id, served_model_name, ports, a proxy's upstream URL) and the GPU index of
   `device` are placement, not behaviour: skipped. The model / tokenizer path alone says where, not what
   (the content is in the hashes): a path-only difference is the info `model_path_differs`.
+A replica whose identity changed across a restart is an `identity_changed` info finding with the time and
+the keys, before and after (diagnostics.identity_events); the other diagnostics' findings on it cite it.
 Versions and configs are compared only among replicas of one engine (infersight, vllm, a recording
 proxy): two engines' versions and options do not compare, their hashes do. An empty value (a proxy
 sees no weights) is unknown, not different.
 
 Who is named, per field: with 3+ replicas whose value is known and one most common value held by 2+, every
 replica off it; otherwise (two replicas, or no plurality) each replica off the baseline's value
-(diagnostics.baseline.choose_baseline: pinned > requested > first_served), the baseline's rule and
-reason in the evidence. One finding per (replica, kind), its fields listed inside.
+(diagnostics.baseline.choose_baseline: pinned > requested > role > first_served), the baseline's rule and
+reason in the evidence. One finding per (replica, kind), its fields listed inside. Where no rule decides
+(replicas started together, no role, no pin) the split is ONE symmetric finding on the pair ("r0 vs r1"),
+both values side by side, at most a warning: no side is blamed.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ import difflib
 import json
 import re
 from collections import Counter
-from functools import lru_cache
 from pathlib import Path
 
-from diagnostics.baseline import IDENTITY_FIELDS, choose_baseline, pinned_probes
+from diagnostics import config_keys, identity_events
+from diagnostics.baseline import IDENTITY_FIELDS, NO_BASELINE_HINT, choose_baseline, pinned_probes
 from diagnostics.findings import Finding
 from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.request import DiagnosticRequest
@@ -42,7 +46,8 @@ from diagnostics.scope import Scope, replicas_in
 from diagnostics.token_evidence import divergence
 from diagnostics.tokenizer_divergence import file_differences
 from engine.tokenization import hash_tokenizer_files
-from engine.vllm_adapter.config_json import VOLATILE_KEYS
+from engine.model_files import SECTION as MODEL_FILES
+from engine.model_files import hash_column
 from telemetry.contract.derived import window_sql
 
 DIAGNOSTIC = "identity"
@@ -50,8 +55,6 @@ DIAGNOSTIC = "identity"
 HASHES = {"weights_hash": ("weights_mismatch", "critical", "other weights"),
           "tokenizer_hash": ("tokenizer_hash_mismatch", "warning", "another tokenizer"),
           "chat_template_hash": ("chat_template_mismatch", "warning", "another chat template")}
-NOT_BEHAVIOUR = frozenset({"replica_id", "served_model_name", "upstream", *VOLATILE_KEYS})
-PATH_KEYS = ("model", "tokenizer")  # top-level config paths: where the content came from
 MAX_VALUE_CHARS = 500
 MAX_EXAMPLES = 3
 
@@ -59,16 +62,7 @@ MAX_EXAMPLES = 3
 # -- reading an identity row ------------------------------------------------------------------------
 
 def _config(r: dict) -> dict:
-    return _parsed(r.get("config_json") or "{}")
-
-
-@lru_cache(maxsize=256)  # a row is read once per field and per comparison; vLLM's documents are large
-def _parsed(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    return config_keys.document(r.get("config_json") or "{}")
 
 
 def engine_of(r: dict) -> str:
@@ -77,22 +71,19 @@ def engine_of(r: dict) -> str:
     return str(c.get("engine") or c.get("recorded_by") or "infersight")
 
 
-def flat(value, prefix: str = "") -> dict:
-    """Nested config as {dotted key: value}, without the keys that are not behaviour."""
-    if not isinstance(value, dict) or not value:
-        return {prefix[:-1]: value} if prefix else {}
-    out = {}
-    for k, v in value.items():
-        if k in NOT_BEHAVIOUR or str(k).startswith("_"):
-            continue
-        if k == "device" and isinstance(v, str):
-            v = v.split(":")[0]  # cuda:3 vs cuda:5 is which GPU, not how it computes
-        out.update(flat(v, f"{prefix}{k}."))
-    return out
+def _hash_of(key: str) -> str | None:
+    """The hash column whose own finding reports this model file's keys (None: config_mismatch reports it)."""
+    if config_keys.section(key) != MODEL_FILES:
+        return None
+    return hash_column(key.split(".")[1])
 
 
-def behaviour(r: dict) -> dict:
-    return {k: v for k, v in flat(_config(r)).items() if k not in PATH_KEYS}
+def behaviour(r: dict, field: str = "config_json") -> dict:
+    """The behaviour keys of a row (config_keys.behaviour) that `field`'s finding reports: config_mismatch
+    all but the model files a hash column covers; a hash field those files' keys."""
+    keys = config_keys.behaviour(r.get("config_json"))
+    wanted = None if field == "config_json" else field
+    return {k: v for k, v in keys.items() if _hash_of(k) == wanted}
 
 
 def _canonical(d: dict) -> str | None:
@@ -104,7 +95,7 @@ VALUES = {
     **{f: (lambda r, f=f: r.get(f) or None) for f in HASHES},
     "engine_version": lambda r: r.get("engine_version") or None,
     "config_json": lambda r: _canonical(behaviour(r)) if r.get("config_json") else None,
-    "model_path": lambda r: _canonical({k: _config(r)[k] for k in PATH_KEYS if k in _config(r)}),
+    "model_path": lambda r: _canonical({k: _config(r)[k] for k in config_keys.PATH_KEYS if k in _config(r)}),
 }
 
 
@@ -124,6 +115,11 @@ class Reference:
             if first.rule == "pinned":  # a pin may not hold every field (no config): the next rule then
                 self._chosen.append(choose_baseline(self.store, self.model, self.group, self.request, {}))
         return self._chosen
+
+    def describe_undecided(self) -> dict:
+        """The baseline rule's word where it decided nothing (its reason says why and what to do)."""
+        b = next((b for b in self._baselines() if not b.decided), self._baselines()[-1])
+        return b.describe()
 
     def row_for(self, value) -> tuple[dict, dict] | None:
         for b in self._baselines():
@@ -152,6 +148,26 @@ def odd_ones(group: list[dict], value, reference: Reference) -> list[tuple[dict,
     return [(r, refs, ref, how) for r in known if value(r) != ref]
 
 
+def undecided(group: list[dict], value, reference: Reference) -> list[list[dict]]:
+    """The sides of a split that neither a majority nor a baseline decides (one list of replicas per value,
+    the largest first), [] where one of them does or nothing differs."""
+    known = [r for r in group if value(r) is not None]
+    counts = Counter(value(r) for r in known)
+    if len(counts) < 2:
+        return []
+    (_, n), (_, second) = counts.most_common(2)
+    if (len(known) >= 3 and n >= 2 and second < n) or reference.row_for(value) is not None:
+        return []
+    sides: dict = {}
+    for r in sorted(known, key=lambda r: r["replica_id"]):
+        sides.setdefault(value(r), []).append(r)
+    return sorted(sides.values(), key=lambda side: (-len(side), side[0]["replica_id"]))
+
+
+def _names(side: list[dict]) -> str:
+    return ", ".join(r["replica_id"] for r in side)
+
+
 def _who(refs: list[dict], how: dict) -> str:
     ids = ", ".join(r["replica_id"] for r in refs) or "the pinned probe round"
     if how["rule"] == "majority":
@@ -171,8 +187,25 @@ def _shown(value):
 
 
 def config_differences(mine: dict, theirs: dict) -> list[dict]:
+    """Every differing key with both values, most specific first (config_keys.rank)."""
     return [{"key": k, "replica": _shown(mine.get(k)), "reference": _shown(theirs.get(k))}
-            for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+            for k in sorted(set(mine) | set(theirs), key=config_keys.rank) if mine.get(k) != theirs.get(k)]
+
+
+def _finest(field: str, me: dict, ref: dict | None, ev: dict, mine, theirs) -> str:
+    """A hash field's difference said by the model files' keys under it where they differ (`add_bos_token
+    true vs false in tokenizer_config.json`), by the hash only where nothing finer does."""
+    diffs = config_differences(behaviour(me, field), behaviour(ref, field)) if ref is not None else []
+    if diffs and any(not _is_digest(d["key"]) for d in diffs):
+        diffs = [d for d in diffs if not _is_digest(d["key"])]  # a file's hash where its keys say more
+    if diffs:
+        ev["file_keys"] = diffs
+        return config_keys.explain(diffs)
+    return f"{field} {_short(mine)} vs {_short(theirs)}"
+
+
+def _is_digest(key: str) -> bool:
+    return key.endswith((".sha256", ".bytes"))
 
 
 def _tokenizer_dirs(source: TokenizerSource, me: dict, ref: dict | None) -> dict:
@@ -264,7 +297,7 @@ def hash_findings(store, scope, model, group, reference, source) -> list[Finding
             ev = _evidence(model, field, group, me, refs, ref_value, how)
             ref = refs[0] if refs else None
             summary = (f"{me['replica_id']} serves {model} with {what} than {_who(refs, how)}: "
-                       f"{field} {_short(me[field])} vs {_short(ref_value)}")
+                       + _finest(field, me, ref, ev, me[field], ref_value))
             if field == "weights_hash":
                 same = ref is not None and ref["config_hash"] == me["config_hash"]
                 ev.update(config_hash={"replica": me["config_hash"], "reference": ref and ref["config_hash"]},
@@ -306,9 +339,9 @@ def engine_findings(scope, model, group, reference) -> list[Finding]:
         ev = {"model_name": model, "field": "config_json", "replica": me["replica_id"], **_reference(refs, how),
               "differences": diffs, "keys": [d["key"] for d in diffs],
               "config_hash": {"replica": me["config_hash"], "reference": refs[0]["config_hash"] if refs else None}}
-        keys = ", ".join(f"{d['key']} {d['replica']!r} vs {d['reference']!r}" for d in diffs[:4])
-        more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
-        summary = f"{me['replica_id']} serves {model} with other options than {_who(refs, how)}: {keys}{more}"
+        summary = (f"{me['replica_id']} serves {model} with other options than {_who(refs, how)}: "
+                   + (config_keys.explain(diffs) or "config hash " f"{_short(me['config_hash'])} vs "
+                      f"{_short(refs[0]['config_hash'] if refs else None)}"))
         findings.append(Finding("config_mismatch", "warning", me["replica_id"], summary, DIAGNOSTIC, scope, ev))
     for me, refs, ref_value, how in odd_ones(group, VALUES["model_path"], reference):
         ev = _evidence(model, "model_path", group, me, refs, ref_value, how)
@@ -319,23 +352,66 @@ def engine_findings(scope, model, group, reference) -> list[Finding]:
     return findings
 
 
+def symmetric_findings(scope, model, group, reference, fields) -> list[Finding]:
+    """One finding per field whose split no rule decides: the sides and their values (config: the keys)."""
+    findings = []
+    for field in fields:
+        sides = undecided(group, VALUES[field], reference)
+        if not sides:
+            continue
+        kind, what = ((HASHES[field][0], HASHES[field][2]) if field in HASHES else
+                      ("config_mismatch", "other options") if field == "config_json" else
+                      ("engine_version_mismatch", "another engine version"))
+        first = sides[0][0]
+        subject = " vs ".join(_names(side) for side in sides)
+        ev = {"model_name": model, "field": field, "symmetric": True,
+              "sides": [{"replicas": [r["replica_id"] for r in side], "value": VALUES[field](side[0])
+                         if field != "config_json" else None} for side in sides],
+              "baseline": reference.describe_undecided()}
+        other = sides[1][0]
+        if field == "config_json":
+            diffs = config_differences(behaviour(first), behaviour(other))
+            ev.update(differences=[{"key": d["key"], first["replica_id"]: d["replica"],
+                                    other["replica_id"]: d["reference"]} for d in diffs],
+                      keys=[d["key"] for d in diffs])
+            detail = config_keys.explain(diffs) or f"config_hash {_short(first['config_hash'])} vs " \
+                                                   f"{_short(other['config_hash'])}"
+        else:
+            detail = _finest(field, first, other, ev, VALUES[field](first), VALUES[field](other))
+        summary = (f"{' and '.join(_names(side) for side in sides)} serve {model} with {what} ({detail}); "
+                   f"no baseline: {NO_BASELINE_HINT}")
+        findings.append(Finding(kind, "warning", subject, summary, DIAGNOSTIC, scope, ev))
+    return findings
+
+
 def run(store, request: DiagnosticRequest) -> list[Finding]:
     scope = request.scope
     source = TokenizerSource(dict(request.model_dirs))
     by_model: dict[str, list[dict]] = {}
     for r in replicas_in(store, scope):
         by_model.setdefault(r["model_name"], []).append(r)
-    findings: list[Finding] = []
+    findings: list[Finding] = identity_events.findings(scope, identity_events.events(store, scope))
     for model, group in by_model.items():
         if len(group) < 2:
             continue
+        before = len(findings)
         pins = pinned_probes(store, model)
-        findings += hash_findings(store, scope, model, group, Reference(store, model, group, request, pins), source)
+        reference = Reference(store, model, group, request, pins)
+        findings += hash_findings(store, scope, model, group, reference, source)
+        findings += symmetric_findings(scope, model, group, reference, HASHES)
         by_engine: dict[str, list[dict]] = {}
         for r in group:
             by_engine.setdefault(engine_of(r), []).append(r)
         for same_engine in by_engine.values():
             if len(same_engine) > 1:
-                findings += engine_findings(scope, model, same_engine,
-                                            Reference(store, model, same_engine, request, pins))
+                reference = Reference(store, model, same_engine, request, pins)
+                findings += engine_findings(scope, model, same_engine, reference)
+                findings += symmetric_findings(scope, model, same_engine, reference, ("engine_version", "config_json"))
+        if len(findings) == before:  # the check ran and found nothing: say so
+            ids = sorted(r["replica_id"] for r in group)
+            findings.append(Finding("identity_consistent", "info", model,
+                                    f"{model}: {', '.join(ids)} share one identity (weights, tokenizer, chat "
+                                    f"template, engine version, config keys)", DIAGNOSTIC, scope,
+                                    {"model_name": model, "replicas": ids,
+                                     "fields": [*HASHES, "engine_version", "config_json"]}))
     return findings

@@ -8,12 +8,15 @@ From production: greedy requests (temperature 0) with identical prompt token IDs
 output limits, served by replicas of different configurations. Their outputs should be
 identical. Per prompt the reference is the output most replicas produced; where no output is the
 most common (the usual one baseline beside one canary: a 1-to-1 disagreement) it is the baseline
-side's output (diagnostics.baseline.choose_baseline per model: a pin, the requested side, or the
-identity that served first), so the candidate that differs counts as differing. Only a tie that
-no baseline-side replica takes part in stays undecided ("tied"). A replica whose outputs often
+side's output (diagnostics.baseline.choose_baseline per model: a pin, the requested side, a recorded
+role, or the identity deployed first), so the candidate that differs counts as differing. Only a tie
+that no baseline-side replica takes part in stays undecided ("tied"). A replica whose outputs often
 differ from the reference is named (critical from 50% of its prompts, warning when the Wilson
 lower bound of its rate is above 2%), with the first divergence decoded, its identity differences
-(quantization, config hash ...) and the baseline it was judged against.
+(quantization, config hash ...) and the baseline it was judged against. Where the baseline rule
+decides nothing (replicas started together, no role, no pin), the ties of a model are ONE symmetric
+`output_drift` on the pair (subject "r0 vs r1": "r0 and r1 disagree on 41 of 42 ..."), a warning at most, naming
+both sides' identity differences and asking for a `role`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections import Counter
 from diagnostics.baseline import Baseline, baselines_by_model
 from diagnostics.findings import Finding, insufficient
 from diagnostics.replica_tokenizers import TokenizerSource
-from diagnostics.replicas import identity_differences
+from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence
@@ -226,10 +229,21 @@ def greedy_drift(store, scope: Scope, source: TokenizerSource | None = None,
     identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
     baselines = baselines_by_model(store, list(identity.values()), request, {g["model_name"] for g in groups})
     stats: dict[str, dict] = {}
+    ties: dict[str, dict] = {}  # model -> its prompts' ties, where no baseline decides (one finding on the pair)
     for g in groups:
         outputs = [tuple(o.values()) if isinstance(o, dict) else tuple(o) for o in g["outputs"]]
         ref, ref_replica, how = reference(outputs, baselines[g["model_name"]], identity)
         tie = how == "tie"
+        b = baselines[g["model_name"]]
+        if b is not None and not b.decided:
+            t = ties.setdefault(g["model_name"], {"compared": 0, "tied": 0, "replicas": set(), "example": None})
+            t["compared"] += 1
+            t["replicas"].update(rid for rid, _, _ in outputs)
+            if tie:
+                t["tied"] += 1
+                other = next((rid for rid, _, out in outputs if out != ref), None)
+                if t["example"] is None and other is not None:
+                    t["example"] = (g["key"], other, ref_replica)
         for rid, _, out in outputs:
             s = stats.setdefault(rid, {"model": g["model_name"], "compared": 0, "differ": 0, "tied": 0,
                                        "by_baseline": 0, "examples": []})
@@ -247,8 +261,46 @@ def greedy_drift(store, scope: Scope, source: TokenizerSource | None = None,
                                      model_name=model))
     outputs = _example_outputs(store, params, stats)
     for rid, s in sorted(stats.items()):
+        if s["model"] in ties and not s["differ"] and s["compared"] >= MIN_PROMPTS:
+            continue  # its ties are the pair's finding
         findings += _replica_drift(scope, rid, s, identity, source, outputs, permille, baselines.get(s["model"]))
+    for model, t in sorted(ties.items()):
+        if t["tied"]:
+            findings.append(_disagreement(store, scope, model, t, identity, source, params, baselines[model]))
     return findings
+
+
+def _disagreement(store, scope, model, t, identity, source, params, baseline: Baseline) -> Finding:
+    """One finding on the replicas whose greedy outputs split with no side to call the reference."""
+    names = sorted(t["replicas"])
+    n, k = t["compared"], t["tied"]
+    low, high = wilson_interval(k, n)
+    example, diffs = {}, []
+    if t["example"] is not None:
+        key, a, b = t["example"]
+        rows = _example_outputs(store, params, {a: {"compared": MIN_PROMPTS, "examples": [(key, b)]}})
+        mine, theirs = rows.get((a, key)), rows.get((b, key))
+        if mine is not None and theirs is not None:
+            example = {"replica": a, "reference_replica": b, "prompt_token_ids": list(mine["prompt_ids"]),
+                       **divergence(mine["ids"], theirs["ids"], source.for_replica(identity[a]) if a in identity
+                                    else None, source.for_replica(identity[b]) if b in identity else None,
+                                    "replica", "reference")}
+        if a in identity and b in identity:
+            diffs = identity_differences(identity[a], [identity[b]])
+    first = example.get("first_divergence")
+    severity = "warning" if n >= MIN_PROMPTS and low > 0.02 else "info"
+    summary = (f"{' and '.join(names)} disagree on {k} of {n} identical greedy prompts ({k / n:.0%}, "
+               f"95% CI {low:.0%}-{high:.0%})"
+               + (f"; first divergence at output token {first}" if first is not None else "")
+               + (f"; {a} vs {b}: {differs_in(diffs)}" if diffs else "")
+               + f"; no baseline: {baseline.reason}")
+    evidence = {"replicas": names, "model_name": model, "compared": n, "disagree": k, "rate": k / n,
+                "rate_ci": [low, high], "symmetric": True, "baseline": baseline.describe(),
+                "identity_differences": diffs, "examples": [example] if example else [],
+                "method": "greedy requests grouped by prompt token IDs and output limits; no majority and no "
+                          "baseline (diagnostics.baseline: started together, no role, no pin): one finding on the "
+                          "pair, no side named"}
+    return Finding("output_drift", severity, " vs ".join(names), summary, DIAGNOSTIC, scope, evidence)
 
 
 def _example_outputs(store, params: dict, stats: dict) -> dict:
@@ -295,8 +347,7 @@ def _replica_drift(scope, rid, s, identity, source, outputs, permille: int,
                + (f", {s['by_baseline']} of them decided by the baseline (no majority)" if s["by_baseline"] else "")
                + (f", {s['tied']} of them ties no baseline replica took part in" if s["tied"] else "")
                + (f"; first divergence at output token {first}" if first is not None else "")
-               + (f"; {rid} differs in " + ", ".join(f"{d['field']}={d['replica']}" for d in diffs[:3])
-                  if diffs else "")
+               + (f"; {rid} differs in {differs_in(diffs)}" if diffs else "")
                + (f"; baseline: {baseline.label()}" if baseline is not None else ""))
     evidence = {"replica": rid, "model_name": s["model"], "compared": s["compared"], "differ": s["differ"],
                 "tied": s["tied"], "decided_by_baseline": s["by_baseline"], "rate": rate, "rate_ci": [low, high],

@@ -15,7 +15,7 @@ import numpy as np
 from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding
 from diagnostics.regression import BATCH_BUCKET
-from diagnostics.replicas import identity_differences
+from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, steps_in
 from telemetry.contract import derived
@@ -172,7 +172,7 @@ def _outliers(rows, relative, identity, profiles, scope) -> list[Finding]:
                 continue
             diffs = identity_differences(identity.get(rid, {"replica_id": rid}),
                                          [identity.get(p, {"replica_id": p}) for p in peers])
-            differs = ", ".join(f"{d['field']}={d['replica']}" for d in diffs[:3])
+            differs = differs_in(diffs)
             summary = (f"{rid}: host time per step is {ratio:.2f}x its peers' in the same phase and batch size "
                        f"(MWU p={c.mwu_p:.1e})" + (f"; differs in {differs}" if differs else ""))
             evidence = {"replica": rid, "model_name": model, "peers": peers, "ratio_to_peers": ratio,

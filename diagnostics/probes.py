@@ -5,8 +5,12 @@ idle replica) and "batched" (inside a burst of filler requests). Their rows carr
 and request ids `probe.<round>.<probe>.<mode>.<replica>` (telemetry.contract.probes); fillers are
 not compared, nor are aborted or failed probes. Per model:
 
-1. Baseline: diagnostics.baseline.choose_baseline (a pin, else the requested side, else the
-   identity that served the model first), said in every finding.
+1. Baseline: diagnostics.baseline.choose_baseline (a pin, else the requested side, else a recorded
+   role, else the identity deployed first where the deploys are apart), said in every finding. Where
+   it decides nothing (replicas started together, no role, no pin): with 3+ replicas answering and
+   one identity held by most of them, that identity is the reference (`majority`); otherwise the
+   split is symmetric: one probe_drift finding per pair ("r0 vs r1"), a warning at most, that names
+   no side and asks for a `role`.
 2. Reference. Under a pin: each probe's pinned prompt and output token IDs, and EVERY replica
    (baseline identity or not) is compared with them, on its latest round. Otherwise, per replica:
    the latest round it shares with a baseline-side replica; in that round the baseline-side
@@ -30,6 +34,10 @@ not compared, nor are aborted or failed probes. Per model:
 6. What cannot be decided is an insufficient_data finding that says what is missing: fewer than
    two replicas answering (and no pin), no baseline-side answers, no candidate identity, fewer than
    MIN_PROBES comparable probes, no probe answered in both modes.
+7. A check that ran and found nothing says so: `probe_agreement` (the replicas whose answers matched,
+   on how many probes, in which round) and `batch_invariant` (the solo/batched pairs all identical),
+   both info. Only settled rounds are read: a round whose last answer finished within
+   ROUND_SETTLE_SECONDS of the window's end may still be arriving, and is left out (an info says so).
 
 The store hands over hashes of the token IDs for every round; the IDs themselves are read only for
 the rounds compared and the examples shown.
@@ -37,13 +45,15 @@ the rounds compared and the examples shown.
 
 from __future__ import annotations
 
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from diagnostics.baseline import IDENTITY_FIELDS, Baseline, choose_baseline
+from diagnostics import config_keys
+from diagnostics.baseline import IDENTITY_FIELDS, Baseline, choose_baseline, identity_key
 from diagnostics.findings import Finding, insufficient
 from diagnostics.replica_tokenizers import TokenizerSource
-from diagnostics.replicas import identity_differences
+from diagnostics.replicas import IDENTITY, differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence
@@ -52,6 +62,10 @@ from telemetry.contract.probes import FILLER_PREFIX, PROBE_ID_REGEX_SQL, PROBE_W
 
 DIAGNOSTIC = "probe"
 DRIFT, NONDETERMINISM, BATCH = "probe_drift", "probe_nondeterminism", "batch_variance"
+AGREE, BATCH_CLEAN = "probe_agreement", "batch_invariant"  # the info a clean check leaves
+# a round whose last answer finished this close to the window's end may still be arriving (the recorders flush
+# every second or so; a store that was away replays its spool later): it is left out until it has settled
+ROUND_SETTLE_SECONDS = 30.0
 MIN_PROBES = 5  # comparable probes a replica needs before a verdict
 CRITICAL_RATE, CRITICAL_LOW = 0.5, 0.20
 WARNING_MIN, WARNING_LOW = 2, 0.02
@@ -233,9 +247,19 @@ def _identity_diffs(me: Side, ref: Side) -> list[dict]:
     return identity_differences(me.row, [ref.row])
 
 
-def verdict(scope: Scope, kind: str, me: Side, ref: Side, b: Baseline, c: dict) -> Finding | None:
+def _answer_key(field: str) -> bool:
+    """A config key that can change a greedy answer: the model's files, generation defaults, engine options
+    (not the serve flags nor the placement; not a replica-row column)."""
+    return field not in IDENTITY and field != "cpus_shared_with" and \
+        config_keys.section(field) not in ("serve_options", "placement")
+
+
+def verdict(scope: Scope, kind: str, me: Side, ref: Side, b: Baseline, c: dict, how: str = "") -> Finding | None:
+    """`how`: "" (against the baseline or pin), "majority" (no baseline; most replicas' identity), or
+    "symmetric" (no side decides: one finding on the pair, at most a warning)."""
     n, k, j = len(c["compared"]), len(c["mismatched"]), len(c["prompt_mismatched"])
-    subject = me.name if kind == DRIFT else " vs ".join(sorted((me.name, ref.name)))
+    symmetric = how == "symmetric"
+    subject = me.name if kind == DRIFT and not symmetric else " vs ".join(sorted((me.name, ref.name)))
     if n < MIN_PROBES:
         return insufficient(kind, subject, DIAGNOSTIC, scope,
                             f"{me.name} answered {n} probes comparable with {ref.name} in round {me.round_id} "
@@ -244,7 +268,12 @@ def verdict(scope: Scope, kind: str, me: Side, ref: Side, b: Baseline, c: dict) 
         return None
     low, high = wilson_interval(k, n)
     sev = severity(k, n) if kind == DRIFT else ("warning" if k >= WARNING_MIN else "info")
-    what = ("greedy probe answers differ from " + ("the pin" if ref.name == "pin" else f"baseline {ref.name}")
+    if symmetric and sev == "critical":
+        sev = "warning"  # no side is known to be the wrong one
+    what = (f"{ref.name} and {me.name} disagree" if symmetric else
+            "greedy probe answers differ from " + ("the pin" if ref.name == "pin" else
+                                                  f"the majority's {ref.name}" if how == "majority" else
+                                                  f"baseline {ref.name}")
             if kind == DRIFT else f"nondeterminism on one identity: {me.name} and {ref.name} answer differently")
     notes = []
     prompt_ex = next((e for e in c["examples"] if "prompt_divergence" in e), None)
@@ -256,16 +285,20 @@ def verdict(scope: Scope, kind: str, me: Side, ref: Side, b: Baseline, c: dict) 
     if output_ex:
         notes.append(_at(output_ex, "output", me.name, ref.name) + f" (probe {output_ex['probe_id']})")
     diffs = _identity_diffs(me, ref)
-    named = [d for d in diffs if d["field"] in ANSWER_FIELDS]
+    named = [d for d in diffs if d["field"] in ANSWER_FIELDS or _answer_key(d["field"])]
     if named:
-        notes.append(f"{me.name} differs in " + ", ".join(f"{d['field']}={d['replica']}" for d in named[:3]))
+        notes.append(f"{me.name} differs in {differs_in(named)}")
+    said = (f"no baseline: {b.reason}" if symmetric else
+            f"baseline: majority ({ref.name}'s identity; {b.label()})" if how == "majority" else
+            f"baseline: {b.label()}")
     summary = (f"{subject}: {what} on {k} of {n} probes ({k / n:.0%}, 95% CI {low:.0%}-{high:.0%}, "
-               f"round {me.round_id})" + "".join(f"; {x}" for x in notes) + f"; baseline: {b.label()}")
+               f"round {me.round_id})" + "".join(f"; {x}" for x in notes) + f"; {said}")
     evidence = {"replica": me.name, "reference": ref.name, "model_name": b.model_name, "round_id": me.round_id,
                 "reference_round": ref.round_id, "baseline": b.describe(), "probes_compared": c["compared"],
                 "mismatched_probes": c["mismatched"], "prompt_mismatched_probes": c["prompt_mismatched"],
                 "probes_not_comparable": c["skipped"], "compared": n, "mismatched": k, "rate": k / n,
                 "rate_ci": [low, high], "identity_differences": diffs, "examples": c["examples"],
+                "symmetric": symmetric, "reference_rule": how or b.rule,
                 "rule": ("critical: k/n >= 0.5 and Wilson low > 20%; warning: k >= 2 and Wilson low > 2%; else info"
                          if kind == DRIFT else "warning from 2 mismatching probes, info for one; " + FP_NOTE)}
     return Finding(kind, sev, subject, summary, DIAGNOSTIC, scope, evidence)
@@ -285,6 +318,23 @@ def _reference(rid: str, by: dict, base_side: list[str]) -> tuple[str, str] | No
     return ref, latest
 
 
+def stand_in(answering: list[str], identity: dict) -> tuple[list[str], str]:
+    """Where no baseline decides: (the replicas of the reference identity, "majority" | "symmetric"). The
+    most common identity is the reference; it decides (`majority`) with 3+ replicas answering and 2+ holding it,
+    more than any other; else it only orders the comparison, and each finding is on the pair (`symmetric`)."""
+    known = sorted(r for r in answering if r in identity)
+    counts = Counter(identity_key(identity[r]) for r in known)
+    if not counts:
+        return [], "symmetric"
+    first = {}  # identity -> its lowest replica id (ties: the lower id first)
+    for r in known:
+        first.setdefault(identity_key(identity[r]), r)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], first[kv[0]]))
+    top, n = ranked[0]
+    majority = len(known) >= 3 and n >= 2 and (len(ranked) == 1 or ranked[1][1] < n)
+    return [r for r in known if identity_key(identity[r]) == top], "majority" if majority else "symmetric"
+
+
 def drift(store, scope: Scope, model: str, by: dict, identity: dict, b: Baseline | None,
           source: TokenizerSource) -> list[Finding]:
     answering = sorted(r for r in by if by[r].get("solo"))
@@ -293,13 +343,14 @@ def drift(store, scope: Scope, model: str, by: dict, identity: dict, b: Baseline
                              replicas=answering)]
     if not answering:
         return [insufficient(DRIFT, model, DIAGNOSTIC, scope, f"no solo probe answers for {model}")]
-    plans: list[tuple[str, str, str, str]] = []  # (kind, replica, its round, reference replica or "pin")
+    # (kind, replica, its round, reference replica or "pin", how the reference was chosen: see verdict)
+    plans: list[tuple[str, str, str, str, str]] = []
     out: list[Finding] = []
     if b.rule == "pinned":
         for rid in answering:
             rounds = [r for r, probes in by[rid]["solo"].items() if probes.keys() & b.pins.keys()]
             if rounds:
-                plans.append((DRIFT, rid, max(rounds, key=_round_order), "pin"))
+                plans.append((DRIFT, rid, max(rounds, key=_round_order), "pin", ""))
             else:
                 out.append(insufficient(DRIFT, rid, DIAGNOSTIC, scope, f"{rid} answered none of the pinned probes",
                                         baseline=b.describe()))
@@ -308,7 +359,10 @@ def drift(store, scope: Scope, model: str, by: dict, identity: dict, b: Baseline
             return [insufficient(DRIFT, model, DIAGNOSTIC, scope,
                                  f"probes answered only by {answering[0]} (need a second replica, or a pinned round)",
                                  replicas=answering, baseline=b.describe())]
+        how = ""
         base_side = [r for r in answering if r in identity and b.is_baseline(identity[r])]
+        if not b.decided:
+            base_side, how = stand_in(answering, identity)
         if not base_side:
             return [insufficient(DRIFT, model, DIAGNOSTIC, scope,
                                  f"no baseline-side replica ({b.label()}) answered a probe: "
@@ -334,16 +388,26 @@ def drift(store, scope: Scope, model: str, by: dict, identity: dict, b: Baseline
                 if frozenset((rid, ref)) in pairs:
                     continue
                 pairs.add(frozenset((rid, ref)))
-            plans.append((kind, rid, round_, ref))
-    wanted = [a for _, rid, round_, ref in plans for who in ((rid,) if ref == "pin" else (rid, ref))
+            plans.append((kind, rid, round_, ref, how if kind == DRIFT else ""))
+    wanted = [a for _, rid, round_, ref, _ in plans for who in ((rid,) if ref == "pin" else (rid, ref))
               for a in by[who]["solo"][round_].values()]
     ids = token_ids(store, scope, wanted)
-    for kind, rid, round_, ref in plans:
+    agreeing = []  # (replica, reference, round, probes compared) of the comparisons that found no difference
+    for kind, rid, round_, ref, how in plans:
         me = _side(rid, round_, by[rid]["solo"][round_], ids, identity.get(rid))
         other = _pin_side(b) if ref == "pin" else _side(ref, round_, by[ref]["solo"][round_], ids, identity.get(ref))
-        f = verdict(scope, kind, me, other, b, compare(me, other, source))
+        c = compare(me, other, source)
+        f = verdict(scope, kind, me, other, b, c, how)
         if f is not None:
             out.append(f)
+        elif len(c["compared"]) >= MIN_PROBES:
+            agreeing.append((rid, ref, round_, len(c["compared"])))
+    if agreeing:  # the check ran and these agreed: say so
+        pairs = "; ".join(f"{rid} = {ref} on {n} of {n} probes (round {round_})" for rid, ref, round_, n in agreeing)
+        out.append(Finding(AGREE, "info", model, f"{model}: greedy probe answers agree: {pairs}", DIAGNOSTIC, scope,
+                           {"model_name": model, "baseline": b.describe(),
+                            "agreeing": [{"replica": rid, "reference": ref, "round_id": round_, "compared": n}
+                                         for rid, ref, round_, n in agreeing]}))
     return out
 
 
@@ -373,6 +437,14 @@ def batch_variance(store, scope: Scope, model: str, by: dict, identity: dict,
     for rid, (pairs, hits) in found.items():
         if hits:
             out.append(_batch_finding(store, scope, model, rid, pairs, hits, ids, identity.get(rid), source))
+    clean = sorted(rid for rid, (_, hits) in found.items() if not hits)
+    if clean:  # the check ran and found nothing: say so (silence would not tell it from not running)
+        n = sum(found[rid][0] for rid in clean)
+        out.append(Finding(BATCH_CLEAN, "info", model,
+                           f"{model}: batch-invariant on {', '.join(clean)}: {n} of {n} solo/batched probe pairs "
+                           f"identical", DIAGNOSTIC, scope,
+                           {"model_name": model, "replicas": clean, "pairs_compared": n,
+                            "pairs_by_replica": {rid: found[rid][0] for rid in clean}}))
     return out
 
 
@@ -408,12 +480,38 @@ def _batch_finding(store, scope, model, rid, pairs, hits, ids, row, source) -> F
     return Finding(BATCH, sev, rid, summary, DIAGNOSTIC, scope, evidence)
 
 
+def settled(by_model: dict, end: float) -> tuple[dict, dict[str, list[str]]]:
+    """The answers without the rounds still arriving (last answer finished within ROUND_SETTLE_SECONDS of `end`):
+    (answers, model -> the rounds left out)."""
+    left_out: dict[str, list[str]] = {}
+    for model, by in by_model.items():
+        last: dict[str, float] = {}
+        for modes in by.values():
+            for rounds in modes.values():
+                for round_, probes_ in rounds.items():
+                    last[round_] = max([last.get(round_, 0.0), *(a.finished for a in probes_.values())])
+        fresh = sorted(r for r, t in last.items() if t > end - ROUND_SETTLE_SECONDS)
+        if fresh:
+            left_out[model] = fresh
+            for modes in by.values():
+                for rounds in modes.values():
+                    for r in fresh:
+                        rounds.pop(r, None)
+    return by_model, left_out
+
+
 def run(store, request: DiagnosticRequest) -> list[Finding]:
     scope = request.scope
     source = TokenizerSource(dict(request.model_dirs))
     rows = replicas_in(store, scope)
     findings: list[Finding] = []
-    for model, by in sorted(answers(store, scope).items()):
+    by_model, arriving = settled(answers(store, scope), min(scope.bounds()[1], time.time()))
+    for model, rounds in sorted(arriving.items()):
+        findings.append(Finding("probe_round_arriving", "info", model,
+                                f"{model}: probe round(s) {', '.join(rounds)} still arriving: left out until they "
+                                f"settle ({ROUND_SETTLE_SECONDS:g} s after their last answer)", DIAGNOSTIC, scope,
+                                {"model_name": model, "rounds": rounds}))
+    for model, by in sorted(by_model.items()):
         mine = [r for r in rows if r["model_name"] == model]
         identity = {r["replica_id"]: r for r in mine}
         b = choose_baseline(store, model, mine, request)

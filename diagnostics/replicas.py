@@ -47,6 +47,8 @@ from diagnostics import (
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import replicas_in
+from engine.model_files import SECTION as MODEL_FILES
+from engine.model_files import hash_column
 
 DIAGNOSTIC = "replicas"
 KIND = "lagging_replica"
@@ -79,22 +81,50 @@ IDENTITY = ("numa_mismatch", "cpu_count", "config_hash", "engine_version", "toke
 
 
 def identity_differences(subject: dict, peers: list[dict]) -> list[dict]:
-    """Identity fields on which `subject` differs from the most common value among `peers`; the
-    scheduler's limits (config keys) first, which say why a replica queues or batches differently."""
-    out = [{"field": d["key"], "replica": d["replica"], "peers": d["peers"]}
-           for d in config_keys.differences(subject, peers, _is_scheduler_key)]
+    """How `subject` differs from the most common value among `peers`, most specific first: the config
+    document's keys (config_keys: the model files' keys such as config.json's rope_theta, then engine options,
+    serve flags, cgroup limits), then the row's columns; a hash column only where no key under it says more
+    (config_hash where no config key differs, tokenizer_hash where no tokenizer file key does). Each entry:
+    field, replica (its value), peers ({value: count}), reference (the peers' most common), said (for people)."""
+    keys = [d for d in config_keys.differences(subject, peers, lambda k: not k.endswith((".sha256", ".bytes")))]
+    out = [{"field": d["key"], "replica": d["replica"], "peers": d["peers"], "reference": d["reference"],
+            "said": config_keys.say(d["key"], d["replica"], d["reference"])} for d in keys]
+    covered = {hash_column(d["key"].split(".")[1]) for d in keys
+               if config_keys.section(d["key"]) == MODEL_FILES} | ({"config_hash"} if keys else set()) \
+        | {d["key"] for d in keys}  # an engine option of a column's name (quantization ...) says it already
     for f in IDENTITY:
         counts = Counter(str(p.get(f)) for p in peers)
         if not counts:
             break
         common, _ = counts.most_common(1)[0]
-        if str(subject.get(f)) != common:
-            out.append({"field": f, "replica": subject.get(f), "peers": dict(counts)})
-    mine = set(subject.get("cpu_affinity") or [])
-    shared = sorted(p["replica_id"] for p in peers if mine & set(p.get("cpu_affinity") or []))
-    if mine and shared:
-        out.append({"field": "cpus_shared_with", "replica": sorted(mine), "peers": shared})
+        if str(subject.get(f)) != common and f not in covered:
+            out.append({"field": f, "replica": subject.get(f), "peers": dict(counts), "reference": common,
+                        "said": f"{f} {subject.get(f)} vs {common}"})
+    shared = _cpus_shared(subject, peers)
+    if shared:
+        out.append({"field": "cpus_shared_with", "replica": sorted(set(subject.get("cpu_affinity") or [])),
+                    "peers": shared, "said": f"shares CPUs {sorted(set(subject['cpu_affinity']))} with "
+                                             f"{', '.join(shared)}"})
     return out
+
+
+def _cpus_shared(subject: dict, peers: list[dict]) -> list[str]:
+    """The peers `subject` shares CPUs with, where it shares with more of them than a peer typically does
+    (two replicas on the same CPUs share them both ways: that is no difference of one of them)."""
+    everyone = [subject, *peers]
+
+    def overlaps(r):
+        mine = set(r.get("cpu_affinity") or [])
+        return [o["replica_id"] for o in everyone if o is not r and mine & set(o.get("cpu_affinity") or [])]
+
+    shared = sorted(overlaps(subject))
+    typical = sorted(len(overlaps(p)) for p in peers)
+    return shared if shared and (not typical or len(shared) > typical[len(typical) // 2]) else []
+
+
+def differs_in(diffs: list[dict], limit: int = 3) -> str:
+    """`rope_theta 10000 vs 100000 in config.json, ...`: the first `limit` differences said."""
+    return ", ".join(d.get("said") or f"{d['field']}={d['replica']}" for d in diffs[:limit])
 
 
 def _is_scheduler_key(key: str) -> bool:
@@ -110,14 +140,7 @@ def scheduler_limits(identity: dict) -> str:
 def _explain(diffs: list[dict]) -> str:
     if not diffs:
         return "no identity difference recorded (look at the host: neighbours, load, throttling)"
-    parts = []
-    for d in diffs[:4]:
-        if d["field"] == "cpus_shared_with":
-            parts.append(f"shares CPUs {d['replica']} with {', '.join(d['peers'])}")
-        else:
-            peers = ", ".join(f"{v}" for v in d["peers"])
-            parts.append(f"{d['field']} {d['replica']} (peers: {peers})")
-    return "differs in " + "; ".join(parts)
+    return "differs in " + "; ".join(d.get("said") or f"{d['field']} {d['replica']}" for d in diffs[:4])
 
 
 def _pooled(entries: list[dict], metric: str, key: str = "strata") -> dict:

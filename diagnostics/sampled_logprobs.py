@@ -17,7 +17,8 @@ Algorithm:
    bucket (how many of the K tokens exist); per (model, replica, stratum): counts, means and a
    uniform sample of at most CAP requests.
 2. Per model, the subject against its peers: 2 replicas: the canary against the baseline
-   (diagnostics.baseline: a pin, the requested side, or the first-served identity); 3+: each
+   (diagnostics.baseline: a pin, the requested side, a role, or the first-deployed identity; where none
+   decides, the finding is on the pair, "r0 vs r1", a warning at most); 3+: each
    replica against the pooled others, peeling: the most shifted significant replica leaves the
    pool and all are compared again (one damaged replica in the pool must not make its healthy
    peers look shifted). Only strata where both sides have >= MIN_PER_STRATUM requests.
@@ -39,7 +40,7 @@ from scipy import stats
 from diagnostics.baseline import baselines_by_model
 from diagnostics.findings import Finding, insufficient
 from diagnostics.hypothesis_tests import holm
-from diagnostics.replicas import identity_differences
+from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
@@ -348,10 +349,16 @@ def _finding(store, scope, model, subject, results, identity, baseline) -> Findi
                f"van Elteren p_holm={lead['p_holm']:.2g}, {lead['n']} vs {lead['n_peers']} requests in "
                f"{len(lead['pairs'])} strata (workload x sampling x length)")
     if diffs:
-        summary += "; differs in " + ", ".join(d["field"] for d in diffs[:4])
+        summary += "; differs in " + differs_in(diffs, 4)
     summary += ("; exact-token evidence exists (" + ", ".join(f"{e['diagnostic']}: {e['kind']}" for e in exact)
                 + ") and is the stronger evidence" if exact else
                 "; confirm with exact tokens: `infersight diagnose probe` / `drift` (golden probes, greedy replays)")
+    if len(peers) == 1 and baseline is not None and not baseline.decided:
+        # started together, no role, no pin: the difference is the pair's, neither side is named
+        pair = " vs ".join(sorted((subject, *peers)))
+        evidence["symmetric"] = True
+        return Finding(KIND, "warning", pair, f"{pair}: {summary}; no baseline: {baseline.reason}", DIAGNOSTIC,
+                       scope, evidence)
     return Finding(KIND, "critical" if critical else "warning", subject, summary, DIAGNOSTIC, scope, evidence)
 
 

@@ -166,7 +166,7 @@ def steps_in(columns: str, prefix: str = "") -> str:
 _IDENTITY_COLUMNS = ("host", "pid", "engine_version", "model_name", "weights_hash", "tokenizer_hash",
                      "chat_template_hash", "config_json", "config_hash", "dtype", "quantization", "speculative_mode",
                      "attention_backend", "device", "cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes",
-                     "gpu_numa_node", "numa_mismatch")
+                     "gpu_numa_node", "numa_mismatch", "role", "deploy_time")
 _REPLICAS = latest_starts_sql(
     _IDENTITY_COLUMNS,
     where=f"start_time < toDateTime64({{end:Float64}}, 6, 'UTC') AND {replica_filter_sql()} "

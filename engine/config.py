@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 # tokens per KV block where the attention backend has no better size for the step it runs
 # (AttentionBackend.default_block_size)
 DEFAULT_BLOCK_SIZE = 16
+ROLES = ("", "baseline", "candidate")
+DEPLOY_LABELS = ("role", "deploy_time")  # recorded in columns of their own (ReplicaRecord)
 
 
 @dataclass
@@ -52,6 +54,9 @@ class EngineConfig:
     # multi-step decode (engine/multi_step.py): up to this many decode steps per schedule, when the
     # batch is decodes only, nothing waits and every sequence is greedy without logits processors
     num_scheduler_steps: int = 1
+    # the model's sampling defaults for requests that leave them unset (engine/generation_defaults.py), vLLM's
+    # --generation-config: "auto" (the model directory's generation_config.json), "vllm" (none), or a directory
+    generation_config: str = "auto"
     # tokenization
     tokenization_cache_size: int = 4096
     # the chat template in place of the model directory's, as vLLM's --chat-template takes it: a file's
@@ -60,27 +65,43 @@ class EngineConfig:
     # identity
     replica_id: str = "replica-0"
     served_model_name: str | None = None  # defaults to the model directory's name
+    # the deploy, as the baseline rule reads it (diagnostics/baseline.py): "baseline" | "candidate" | ""
+    # (not given), and when it was deployed (epoch seconds; None: when the engine starts building, before its
+    # model loads). Labels, not
+    # behaviour: columns of the replica row of their own, in neither the config document nor its hash
+    role: str = ""
+    deploy_time: float | None = None
+    # how the server in front of the engine serves (`infersight serve`'s own flags and limits: max queue,
+    # timeouts, API options; engine/server/cli.py fills it): behaviour, so part of the identity; {} offline
+    serve_options: dict = field(default_factory=dict)
     # (whether prompt / output text may be stored is the Recorder's decision, not the engine's:
     # `infersight serve --store-text`, telemetry.recorder.Recorder(store_text=...))
 
-    def to_json(self, generation: dict | None = None) -> str:
-        """The config as JSON; `generation` (what the model directory says about generation: eos
-        and bos ids) is added under "generation" for the replica's identity."""
-        d = asdict(self)
-        if generation:
-            d["generation"] = generation
-        return json.dumps(d, sort_keys=True)
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(repr(r) for r in ROLES)}, got {self.role!r}")
 
-    def config_hash(self, generation: dict | None = None) -> str:
+    def _document(self) -> dict:
+        d = asdict(self)
+        for label in DEPLOY_LABELS:
+            d.pop(label)
+        return d
+
+    def to_json(self, sections: dict | None = None) -> str:
+        """The config as JSON; `sections` (what the model directory says: "generation" eos and bos ids,
+        "model_files" ...) are added under their names for the replica's identity."""
+        return json.dumps({**self._document(), **(sections or {})}, sort_keys=True)
+
+    def config_hash(self, sections: dict | None = None) -> str:
         """Hash of everything that can change what or how the engine computes.
 
         The replica id and the served name are labels, not behaviour: excluded,
-        so that identical replicas share a config hash. `generation` is included: a
-        generation_config.json with other eos ids changes where every answer stops.
+        so that identical replicas share a config hash. `sections` are included: a
+        generation_config.json with other eos ids, a config.json with another RoPE base,
+        change every answer even at the same path.
         """
-        d = asdict(self)
+        d = self._document()
         for label in ("replica_id", "served_model_name"):
             d.pop(label)
-        if generation:
-            d["generation"] = generation
+        d.update(sections or {})
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -27,7 +27,8 @@ import torch
 from engine.attention import block_size_for, get_backend
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.engine_records import build_replica_record, build_request_record, build_step_record
+from engine.generation_defaults import generation_defaults
+from engine.engine_records import build_replica_record, build_request_record, build_step_record, identity_sections
 from engine.kv_cache import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
@@ -57,6 +58,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig | str | Path, observer: EngineObserver | None = None,
                  **config_overrides):
         config = make_config(config, config_overrides)
+        if config.deploy_time is None:  # deployed now, before the model loads (a label: not in the config hash)
+            config = dataclasses.replace(config, deploy_time=time.time())
         self.config = config
         self.observer = guarded(observer)
         self.device = torch.device(config.device)
@@ -79,6 +82,7 @@ class LLMEngine:
             self.tokenizer.use_chat_template(load_chat_template(config.chat_template))
         self.model_name = config.served_model_name or self.loaded.model_name
         self.vocab_size = self.loaded.vocab_size
+        self.generation_defaults = generation_defaults(config.model, config.generation_config)
         self.eos_token_ids = set(self.loaded.eos_token_ids) or (
             {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set())
 
@@ -131,7 +135,7 @@ class LLMEngine:
             config, model_name=self.model_name, weights_hash=self.loaded.weights_hash,
             tokenizer_hash=self.tokenizer.tokenizer_hash, chat_template_hash=self.tokenizer.chat_template_hash,
             quantization=self.quantization, attention_backend=self.backend.name,
-            generation=self.generation_identity())
+            sections=identity_sections(config, self.generation_identity()))
         if self.observer.enabled:
             self._notify("on_replica_start", self.replica_record)
 
@@ -141,7 +145,8 @@ class LLMEngine:
         """What the model directory says about where answers start and stop (its generation_config /
         config eos and bos ids): part of the replica's identity, as the diagnostics compare it."""
         return {"eos_token_ids": sorted(self.eos_token_ids), "bos_token_id": self.loaded.config.bos_token_id,
-                "structured_output": backend_identity()}  # response_format's backend: "xgrammar 0.2.9"
+                "structured_output": backend_identity(),  # response_format's backend: "xgrammar 0.2.9"
+                "sampling_defaults": self.generation_defaults.identity()}  # what unset request fields get
 
     def prepare_prompt(self, prompt: str | list[int] | Prompt) -> Prompt:
         """Any prompt as a `Prompt`, checked: text is tokenized (once, through the tokenization cache),

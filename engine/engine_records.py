@@ -7,11 +7,14 @@ replica identity, built once at start).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 
+from engine import cgroup_limits
 from engine.config import EngineConfig
+from engine.model_files import SECTION, model_files
 from engine.placement import discover_placement
 from engine.sequence import Sequence
 from telemetry.contract.derived import e2e_seconds, ttft_split
@@ -58,16 +61,44 @@ def _placement(device: str) -> dict:
                     numa_mismatch=False)
 
 
+def process_launch_time(pid: int | str = "self") -> float:
+    """When the process started (epoch seconds), before it loaded anything; 0.0 where /proc cannot say."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        ticks = int(stat[stat.rindex(")") + 2:].split()[19])  # field 22: start time, clock ticks after boot
+        boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return 0.0
+
+
+def identity_sections(config: EngineConfig, generation: dict) -> dict:
+    """What the model directory says, for the identity: `generation` (eos / bos ids as the engine reads them)
+    and every behaviour file (engine/model_files.py)."""
+    return {"generation": generation, SECTION: model_files(config.model)}
+
+
 def build_replica_record(config: EngineConfig, *, model_name: str, weights_hash: str, tokenizer_hash: str,
                          chat_template_hash: str, quantization: str, attention_backend: str,
-                         generation: dict | None = None) -> ReplicaRecord:
+                         sections: dict | None = None) -> ReplicaRecord:
+    """The replica's row. Its config document holds the engine options, the serve flags (config.serve_options)
+    and `sections` (identity_sections: generation ids, the model directory's files), all hashed into
+    config_hash, and its cgroup limits under "placement" (engine/cgroup_limits.py): where it runs, not what it
+    computes, so like the CPU affinity columns outside the hash; the throttling counters at start are under
+    "_start" (not compared)."""
+    sections = sections or {}
+    document = json.loads(config.to_json(sections))
+    document["placement"] = {"cgroup": cgroup_limits.limits()}
+    document["_start"] = {"cgroup_throttling": cgroup_limits.throttling()}
     return ReplicaRecord(
         replica_id=config.replica_id, host=socket.gethostname(), pid=os.getpid(), start_time=time.time(),
         engine_version=engine_version(), model_name=model_name, weights_hash=weights_hash,
         tokenizer_hash=tokenizer_hash, chat_template_hash=chat_template_hash,
-        config_json=config.to_json(generation), config_hash=config.config_hash(generation), dtype=config.dtype,
+        config_json=json.dumps(document, sort_keys=True), config_hash=config.config_hash(sections), dtype=config.dtype,
         quantization=quantization, speculative_mode=config.speculative_mode,
-        attention_backend=attention_backend, device=config.device, **_placement(config.device))
+        attention_backend=attention_backend, device=config.device, role=config.role,
+        deploy_time=config.deploy_time if config.deploy_time is not None else time.time(),
+        **_placement(config.device))
 
 
 def trace_id_of(trace_context: dict | None) -> str:

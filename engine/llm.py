@@ -43,7 +43,8 @@ class LLM:
                 raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
             params = list(sampling_params)
         else:
-            params = [sampling_params or SamplingParams()] * len(prompts)
+            # none given: the model's generation defaults, as vLLM's LLM.generate takes them
+            params = [sampling_params or SamplingParams(**self.engine.generation_defaults.values)] * len(prompts)
 
         engine = self.engine
         ids = [f"offline-{next(self._ids)}" for _ in prompts]

@@ -17,6 +17,7 @@ engine = { max_num_seqs = 16, kv_cache_memory_bytes = "32MiB" }
 [[replica]]
 id = "r0"
 cpus = "0"                     # CPU pinning; or numa_node = 0
+role = "baseline"              # or "candidate": which side a disagreement blames (diagnostics/baseline.py)
 engine = { quantization = "int8" }   # merged over defaults.engine
 
 [[replica]]                    # a vLLM replica behind a recording proxy (engine/fleet/vllm_replica.py)
@@ -40,6 +41,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.config import ROLES
 from engine.fleet.vllm_replica import DEFAULT_LOGPROBS_FRACTION
 from engine.fleet.vllm_replica import check_spec as check_vllm_spec
 from engine.probe.interval import parse_interval
@@ -50,7 +52,7 @@ _FLEET_KEYS = {"name", "host", "base_port", "run_dir", "restart", "startup_timeo
 _SIDECAR_KEYS = {"enabled", "port", "data_dir", "url", "args"}
 _REPLICA_KEYS = {"id", "model", "port", "cpus", "numa_node", "threads", "engine", "restart", "api_key",
                  "tracing", "otlp_endpoint", "args", "env", "drain_timeout", "vllm", "vllm_python", "plugin",
-                 "logprobs"}
+                 "logprobs", "role"}
 _PROBE_KEYS = {"interval", "token_budget", "batched", "enabled", "rescore"}
 ENGINE_KINDS = ("infersight", "vllm")
 
@@ -78,6 +80,9 @@ class ReplicaSpec:
     # the share of a vLLM replica's requests its proxy asks for the sampled tokens' logprobs (the sampled-traffic
     # quality rule reads them; producing them is most of the attachment's cost on a small CPU): true 1, false 0
     logprobs: float = DEFAULT_LOGPROBS_FRACTION
+    # "baseline" | "candidate" | "" (none): recorded in the replica's row; a recorded role decides which side of a
+    # disagreement is the baseline (diagnostics/baseline.py), where start order cannot (`fleet up` starts all at once)
+    role: str = ""
 
 
 @dataclass
@@ -205,6 +210,12 @@ def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
                 engine_cli_args(spec.engine)  # unknown engine options fail now, not in a child process
         except ValueError as e:
             raise ValueError(f"{where} ({spec.id}): {e}") from None
+        if spec.role not in ROLES:
+            raise ValueError(f"{where} ({spec.id}): role must be \"baseline\" or \"candidate\", got {spec.role!r}")
+        for key in ("role", "deploy_time"):
+            if key in spec.engine or key.replace("_", "-") in spec.engine:
+                raise ValueError(f"{where} ({spec.id}): set the role with the replica's `role`, not engine.{key} "
+                                 f"(the fleet stamps the deploy time)")
         if "replica_id" in spec.engine or "replica-id" in spec.engine:
             raise ValueError(f"{where} ({spec.id}): set the replica id with `id`, not engine.replica_id")
         replicas.append(spec)

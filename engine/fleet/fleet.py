@@ -43,11 +43,20 @@ def replica_spool_dir(run_dir: Path, replica_id: str) -> Path:
     return Path(run_dir) / "spool" / safe_replica_id(replica_id)
 
 
+def deploy_args(spec: ReplicaSpec, deploy_time: float | None) -> list[str]:
+    """`--role` and `--deploy-time` of a replica: every replica one `fleet up` starts gets the same deploy
+    time, so the baseline rule sees them started together, whichever loaded first; a supervisor restart
+    reuses the command, and so the deploy it belongs to."""
+    return (["--role", spec.role] if spec.role else []) + (
+        ["--deploy-time", f"{deploy_time:.6f}"] if deploy_time is not None else [])
+
+
 def replica_command(spec: ReplicaSpec, model_dir: Path, host: str, port: int, store_url: str | None,
-                    log_level: str = "warning", spool_dir: Path | None = None) -> list[str]:
+                    log_level: str = "warning", spool_dir: Path | None = None,
+                    deploy_time: float | None = None) -> list[str]:
     cmd = infersight_command("serve", "--model", str(model_dir), "--host", host, "--port", str(port),
                              "--replica-id", spec.id, "--tracing", spec.tracing, "--log-level", log_level,
-                             "--drain-timeout", str(spec.drain_timeout))
+                             "--drain-timeout", str(spec.drain_timeout), *deploy_args(spec, deploy_time))
     if store_url:
         cmd += ["--store", store_url]
     if spool_dir is not None:
@@ -124,12 +133,13 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
             if spec.kind == "vllm":  # vLLM on a port of its own, its recording proxy on the replica's
                 spools = (replica_spool_dir(run_dir, spec.id), replica_spool_dir(run_dir, f"{spec.id}-proxy"))
                 upstream, replica = start_vllm_replica(spec, vllm_pythons[spec.id], models[spec.id], host, port,
-                                                       state.store_url or None, spools, logs, config.log_level)
+                                                       state.store_url or None, spools, logs, config.log_level,
+                                                       state.created)
                 state.upstreams.append(upstream)
                 state.replicas.append(replica)
                 continue
             cmd = replica_command(spec, models[spec.id], host, port, state.store_url or None, config.log_level,
-                                  replica_spool_dir(run_dir, spec.id))
+                                  replica_spool_dir(run_dir, spec.id), state.created)
             log = logs / f"{spec.id}.log"
             ref = spawn(cmd, log, spec.env)
             state.replicas.append(ProcessState(spec.id, ref.pid, ref.start_ticks, f"http://{host}:{port}", port, cmd,

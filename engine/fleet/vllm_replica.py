@@ -166,7 +166,7 @@ def vllm_command(spec, python: Path, model_dir: Path, host: str, port: int) -> l
     return ([taskset, "-c", cpus] if cpus and taskset else []) + cmd
 
 
-def vllm_env(spec, store_url: str | None, spool_dir: Path) -> dict:
+def vllm_env(spec, store_url: str | None, spool_dir: Path, deploy_time: float | None = None) -> dict:
     """The replica's env, plus the plugin's switch (INFERSIGHT_*) and vLLM's CPU pinning and threads."""
     cpus = replica_cpus(spec)
     env = {"VLLM_CPU_OMP_THREADS_BIND": cpus or "nobind", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
@@ -178,11 +178,14 @@ def vllm_env(spec, store_url: str | None, spool_dir: Path) -> dict:
         # the replica's identity, so each request is counted once
         env.update(INFERSIGHT_STORE=store_url, INFERSIGHT_REPLICA_ID=spec.id, INFERSIGHT_SPOOL_DIR=str(spool_dir),
                    INFERSIGHT_REQUEST_ROWS="0")
+        deploy = {"role": spec.role or None, "deploy_time": deploy_time}  # the replica row's (vllm_adapter/identity)
+        if any(v is not None for v in deploy.values()):
+            env["INFERSIGHT_LABELS"] = json.dumps({k: v for k, v in deploy.items() if v is not None})
     return {**env, **spec.env}
 
 
 def proxy_command(spec, model_dir: Path, host: str, port: int, upstream_url: str, store_url: str | None,
-                  spool_dir: Path, log_level: str) -> list[str]:
+                  spool_dir: Path, log_level: str, deploy_time: float | None = None) -> list[str]:
     cmd = infersight_command("proxy", "--upstream", upstream_url, "--host", host, "--port", str(port),
                              "--replica-id", spec.id, "--model-dir", str(model_dir), "--unasked-fields", "null",
                              "--spool-dir", str(spool_dir), "--log-level", log_level,
@@ -191,23 +194,27 @@ def proxy_command(spec, model_dir: Path, host: str, port: int, upstream_url: str
         cmd += ["--store", store_url]
     if spec.plugin:
         cmd.append("--no-replica-row")  # vLLM's plugin writes the replica's identity
+    else:
+        cmd += (["--role", spec.role] if spec.role else []) + (
+            ["--deploy-time", f"{deploy_time:.6f}"] if deploy_time is not None else [])
     cmd += ["--logprobs-fraction", f"{spec.logprobs:g}"]
     return cmd
 
 
 def start_vllm_replica(spec, python: Path, model_dir: Path, host: str, port: int, store_url: str | None,
-                       spool_dirs: tuple[Path, Path], logs: Path, log_level: str):
+                       spool_dirs: tuple[Path, Path], logs: Path, log_level: str, deploy_time: float | None = None):
     """Spawn `vllm serve` (on a free port) and its proxy (on `port`), spooling in `spool_dirs` (the
     plugin's, the proxy's): (upstream, replica) ProcessStates."""
     vllm_port = free_port(host)
     cmd = vllm_command(spec, python, model_dir, host, vllm_port)
-    env = vllm_env(spec, store_url, spool_dirs[0])
+    env = vllm_env(spec, store_url, spool_dirs[0], deploy_time)
     log = logs / f"{spec.id}.vllm.log"
     ref = spawn(cmd, log, env)
     upstream = ProcessState(f"{spec.id}/vllm", ref.pid, ref.start_ticks, f"http://{host}:{vllm_port}", vllm_port, cmd,
                             str(log), restart=spec.restart, env=env, cpus=replica_cpus(spec),
                             numa_node=spec.numa_node, model=str(model_dir), engine="vllm")
-    proxy_cmd = proxy_command(spec, model_dir, host, port, upstream.url, store_url, spool_dirs[1], log_level)
+    proxy_cmd = proxy_command(spec, model_dir, host, port, upstream.url, store_url, spool_dirs[1], log_level,
+                              deploy_time)
     proxy_env = {"INFERSIGHT_UPSTREAM_API_KEY": spec.api_key} if spec.api_key else {}
     log = logs / f"{spec.id}.log"
     ref = spawn(proxy_cmd, log, proxy_env)

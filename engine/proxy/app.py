@@ -77,12 +77,14 @@ class RecordingProxy:
 
     def __init__(self, upstream: str, observer, replica_id: str, *, tokenizer=None, unasked: str = "auto",
                  replica_row: bool = True, upstream_api_key: str | None = None, registry=None,
-                 client: httpx.AsyncClient | None = None, logprobs_fraction: float = 1.0):
+                 client: httpx.AsyncClient | None = None, logprobs_fraction: float = 1.0,
+                 deploy: dict | None = None):
         if unasked not in (*UNASKED_STYLES, "auto"):
             raise ValueError(f"unasked fields: 'null', 'omit' or 'auto', got {unasked!r}")
         self.upstream = upstream.rstrip("/")
         self.observer, self.replica_id, self.tokenizer = observer, replica_id, tokenizer
         self.unasked, self.replica_row, self.registry = unasked, replica_row, registry
+        self.deploy = deploy or {}  # role, deploy_time of the replica row (upstream_info.replica_record)
         self._own_headers = {"Authorization": f"Bearer {upstream_api_key}"} if upstream_api_key else {}
         self._client = client
         self.extras = UpstreamExtras(logprobs_fraction)  # the share of requests asked for logprobs
@@ -136,7 +138,7 @@ class RecordingProxy:
         if self.replica_row:
             try:
                 self.observer.on_replica_start(replica_record(self.replica_id, self.upstream, self.info,
-                                                              self.tokenizer))
+                                                              self.tokenizer, **self.deploy))
             except Exception:  # noqa: BLE001 - telemetry never breaks proxying
                 self.record_failures += 1
                 log.exception("proxy: cannot record the replica row")

@@ -77,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --metrics, also under vLLM's names (vllm:*): for an upstream that is not vLLM "
                              "(a vLLM upstream's own /metrics, passed through, has them already)")
     parser.add_argument("--drain-timeout", type=float, default=30.0)
+    parser.add_argument("--role", default="", choices=("", "baseline", "candidate"),
+                        help="the upstream's role in a deploy, in its replica row: a recorded role decides which "
+                             "side of a disagreement is the baseline (default: none)")
+    parser.add_argument("--deploy-time", type=float, default=None, metavar="EPOCH",
+                        help="when the upstream was deployed (epoch seconds; default: the proxy's launch)")
     add_keep_alive_argument(parser)
     add_connection_arguments(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -103,7 +108,8 @@ def build_proxy(args):
                                      vllm_names=args.vllm_metrics)
     proxy = RecordingProxy(args.upstream, observer, args.replica_id, tokenizer=tokenizer, unasked=args.unasked_fields,
                            replica_row=args.replica_row, upstream_api_key=args.upstream_api_key,
-                           registry=parts.registry, logprobs_fraction=args.logprobs_fraction)
+                           registry=parts.registry, logprobs_fraction=args.logprobs_fraction,
+                           deploy={"role": args.role, "deploy_time": args.deploy_time})
     connections = connection_limits_from_args(args)  # slow or idle clients cannot hold the proxy's sockets
     raise_open_files_limit(2 * connections.max_connections + 256)  # each client's request has its upstream socket
     config = uvicorn.Config(proxy.app(), host=args.host, port=args.port, log_level=args.log_level,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from engine.engine_records import process_launch_time
 from telemetry.contract.records import ReplicaRecord
 
 
@@ -55,7 +56,8 @@ async def fetch_info(client: httpx.AsyncClient, upstream: str, headers: dict) ->
     return info
 
 
-def replica_record(replica_id: str, upstream: str, info: UpstreamInfo, tokenizer=None) -> ReplicaRecord:
+def replica_record(replica_id: str, upstream: str, info: UpstreamInfo, tokenizer=None, role: str = "",
+                   deploy_time: float | None = None) -> ReplicaRecord:
     config = {"model": str(tokenizer.directory) if tokenizer is not None else "", "served_model_name": info.model,
               "max_model_len": info.max_model_len, "upstream": upstream, "recorded_by": "infersight-proxy"}
     config_json = json.dumps(config, sort_keys=True)
@@ -66,4 +68,5 @@ def replica_record(replica_id: str, upstream: str, info: UpstreamInfo, tokenizer
         chat_template_hash=tokenizer.chat_template_hash if tokenizer is not None else "",
         config_json=config_json, config_hash=hashlib.sha256(config_json.encode()).hexdigest(),
         dtype="unknown", quantization="unknown", speculative_mode="unknown", attention_backend="unknown",
-        device="unknown", labels_json=json.dumps({"recorded_by": "infersight-proxy", "upstream": upstream}))
+        device="unknown", labels_json=json.dumps({"recorded_by": "infersight-proxy", "upstream": upstream}),
+        role=role, deploy_time=deploy_time if deploy_time is not None else process_launch_time())

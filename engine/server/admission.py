@@ -23,6 +23,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from engine.generation_defaults import GenerationDefaults
 from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, text_prompt
 from engine.sampling_params import SamplingParams
 from engine.server.errors import APIError
@@ -127,25 +128,33 @@ def _max_tokens(requested: int | None, prompt_len: int, served: ServedModel, par
                        param="messages" if param == "max_completion_tokens" else "prompt",
                        code="context_length_exceeded")
     room = context - prompt_len
-    if requested is None:
-        return room
+    if requested is None:  # the model's max_new_tokens where it has one (vLLM's), else the context
+        return served.generation_defaults.max_tokens(None, room)
     if requested < 1:
         raise APIError(f"{param} must be at least 1, got {requested}", param=param)
     if requested > room:
         raise APIError(f"this model's maximum context length is {context} tokens; the request asks for "
                        f"{prompt_len} prompt + {requested} completion tokens; lower {param} to at most {room}",
                        param=param, code="context_length_exceeded")
-    return requested
+    return served.generation_defaults.max_tokens(requested, room)  # a directory's max_new_tokens caps it
 
 
-def _sampling_params(req, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
+def _sampling_params(req, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,
+                     defaults: GenerationDefaults | None = None) -> SamplingParams:
+    # the fields the client left unset take the model's defaults (engine/generation_defaults.py: vLLM's
+    # generation_config), the others its own values; the record holds the values used
+    model = defaults.unset(req.model_fields_set) if defaults is not None else {}
+
+    def value(name: str):
+        return model.get(name, getattr(req, name))
+
     try:
         return SamplingParams(
-            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, max_tokens=max_tokens,
+            temperature=value("temperature"), top_k=value("top_k"), top_p=value("top_p"), max_tokens=max_tokens,
             seed=req.seed, stop_token_ids=list(req.stop_token_ids), stop=_stop_strings(req.stop),
             ignore_eos=req.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-            presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-            repetition_penalty=req.repetition_penalty, min_p=req.min_p,
+            presence_penalty=value("presence_penalty"), frequency_penalty=value("frequency_penalty"),
+            repetition_penalty=value("repetition_penalty"), min_p=value("min_p"),
             logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
             response_format=_response_format(req.response_format),  # validated (xgrammar parses it) there
         )
@@ -198,7 +207,7 @@ def admit_completion(req: CompletionRequest, served: ServedModel) -> Admitted:
             _check_token_ids(prompt, served, "prompt")
             engine_prompt = ids_prompt(prompt)
         max_tokens = _max_tokens(1 if echo_only(req) else req.max_tokens, len(engine_prompt), served, "max_tokens")
-        params = _sampling_params(req, max_tokens, logprobs, prompt_logprobs)
+        params = _sampling_params(req, max_tokens, logprobs, prompt_logprobs, served.generation_defaults)
         params.n, params.best_of = req.n, req.best_of
         admitted.append((engine_prompt, params))
     (first, params), more = admitted[0], admitted[1:]
@@ -270,7 +279,7 @@ def admit_chat(req: ChatCompletionRequest, served: ServedModel) -> Admitted:
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     if req.n > MAX_CHOICES:
         raise APIError(f"n: at most {MAX_CHOICES} choices, got {req.n}", param="n")
-    params = _sampling_params(req, max_tokens, logprobs)
+    params = _sampling_params(req, max_tokens, logprobs, defaults=served.generation_defaults)
     params.n = req.n
     if tools is not None:
         constrain(params, tools)

@@ -12,6 +12,7 @@ Ctrl-C stops accepting connections and drains in-flight requests for up to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import os
@@ -20,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.server.engine_args import add_engine_arguments, engine_config_from_args, parse_size
+from engine.server.engine_args import add_engine_arguments, engine_config_from_args, parse_size, serve_options
 from engine.server.keep_alive import add_keep_alive_argument
 from engine.server.tool_parsers import PARSERS
 from telemetry.connections import add_connection_arguments, connection_limits_from_args, raise_open_files_limit
@@ -105,6 +106,7 @@ def build_server(args, placement=None):
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     config = preflight(engine_config_from_args(args.model, args))
+    config = dataclasses.replace(config, serve_options=serve_options(args))  # the server's flags: identity too
     model_name = config.served_model_name or Path(config.model).resolve().name
     spool = {"spool_dir": args.spool_dir or replica_spool_dir(config.replica_id),  # a restart replays it
              "spool_max_bytes": args.spool_max_bytes, "journal": True}  # answered requests survive a kill -9

@@ -13,8 +13,8 @@ import re
 
 from engine.config import EngineConfig
 
-# fields the serve command sets from its own options (or positional model)
-_OWN = {"model"}
+# fields the serve command sets from its own options (or positional model; serve_options: its other flags)
+_OWN = {"model", "serve_options"}
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
@@ -73,6 +73,28 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 def engine_overrides(args: argparse.Namespace) -> dict:
     """The EngineConfig fields given on the command line (None = not given)."""
     return {f.name: getattr(args, f.name) for f in engine_fields() if getattr(args, f.name, None) is not None}
+
+
+# serve flags that say where a replica is or where its telemetry goes, not how it serves (placement has
+# columns of its own; "command": the subcommand's name, from the top-level parser): left out of serve_options
+NOT_SERVING = frozenset({"command", "model", "host", "port", "store", "spool_dir", "spool_max_bytes", "store_text",
+                         "tracing", "otlp_endpoint", "cpus", "numa_node", "log_level", "stats_interval", "access_log"})
+_SECRET_WORDS = ("key", "token", "secret", "password")
+
+
+def serve_options(args: argparse.Namespace) -> dict:
+    """The server's own flags and limits (everything `serve` takes that is not an EngineConfig field nor in
+    NOT_SERVING), for the replica's identity; a secret is recorded only as whether it was given."""
+    engine = {f.name for f in dataclasses.fields(EngineConfig)}
+    out = {}
+    for name, value in sorted(vars(args).items()):
+        if name in engine or name in NOT_SERVING or callable(value):
+            continue
+        if any(w in name for w in _SECRET_WORDS):
+            out[f"{name}_given"] = value is not None and value != ""
+        else:
+            out[name] = value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+    return out
 
 
 def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfig:

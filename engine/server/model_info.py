@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.generation_defaults import GenerationDefaults
 from engine.server.text_check import longest_token_chars
 
 
@@ -26,6 +27,8 @@ class ServedModel:
     max_num_seqs: int = 64  # the engine's batch: the server's queue bound is counted beyond it
     chars_per_token: int = 0  # the longest token in characters (0: measured from the tokenizer)
     extra: dict = field(default_factory=dict)
+    # the model's sampling defaults for fields a request leaves unset (engine/generation_defaults.py)
+    generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
 
     def __post_init__(self):
         if not self.chars_per_token and self.tokenizer is not None:
@@ -40,7 +43,7 @@ class ServedModel:
             engine=engine, name=record.model_name, replica_id=record.replica_id,
             max_model_len=int(core.max_model_len), vocab_size=int(core.vocab_size),
             tokenizer=core.tokenizer, created=created, root=str(config.model),
-            max_num_seqs=int(config.max_num_seqs),
+            max_num_seqs=int(config.max_num_seqs), generation_defaults=core.generation_defaults,
         )
 
     def decode(self, token_ids: list[int]) -> str:

@@ -18,6 +18,9 @@ import socket
 import time
 from pathlib import Path
 
+from engine import cgroup_limits
+from engine.model_files import SECTION as MODEL_FILES
+from engine.model_files import model_files
 from engine.placement import discover_placement
 from engine.tokenization import Tokenizer, sha256_hex
 from engine.vllm_adapter.config_json import config_document, config_hash
@@ -122,6 +125,8 @@ def replica_record(vllm_config, *, replica_id: str, engine_version: str, chat_te
         template_hash = tokenizer.chat_template_hash if tokenizer is not None else ""
     document = config_document(vllm_config, model_dir=model_dir, tokenizer_dir=tokenizer_dir,
                                chat_template=chat_template)
+    if model_dir:  # the model directory's files, as infersight's row holds them (engine/model_files.py)
+        document[MODEL_FILES] = model_files(model_dir)
     served = mc.served_model_name[0] if isinstance(mc.served_model_name, (list, tuple)) else mc.served_model_name
     spec = vllm_config.speculative_config
     device_type = str(vllm_config.device_config.device_type)
@@ -130,8 +135,23 @@ def replica_record(vllm_config, *, replica_id: str, engine_version: str, chat_te
         engine_version=engine_version, model_name=model_name(served, mc.model, model_dir),
         weights_hash=weights_hash(model_dir) if model_dir else "",
         tokenizer_hash=tokenizer.tokenizer_hash if tokenizer is not None else "", chat_template_hash=template_hash,
-        config_json=json.dumps(document, sort_keys=True, default=str), config_hash=config_hash(document),
+        config_json=json.dumps({**document, "placement": {"cgroup": cgroup_limits.limits()}}, sort_keys=True,
+                               default=str), config_hash=config_hash(document),
         dtype=str(mc.dtype).removeprefix("torch."), quantization=str(mc.quantization or "none"),
         speculative_mode=str(getattr(spec, "method", None) or "none") if spec is not None else "none",
         attention_backend=f"vllm:{_backend_name(vllm_config)}",
-        device=device_type, labels_json=json.dumps(labels or {}, sort_keys=True), **_placement(device_type))
+        device=device_type, labels_json=json.dumps(labels or {}, sort_keys=True), **deploy_fields(labels or {}),
+        **_placement(device_type))
+
+
+def deploy_fields(labels: dict) -> dict:
+    """role and deploy_time of the replica row from the operator's labels (`fleet up` puts them there, as
+    INFERSIGHT_LABELS); the deploy time, where none is given, is this process's launch."""
+    from engine.engine_records import process_launch_time
+
+    role = str(labels.get("role") or "")
+    try:
+        deploy_time = float(labels["deploy_time"]) if labels.get("deploy_time") is not None else process_launch_time()
+    except (TypeError, ValueError):
+        deploy_time = process_launch_time()
+    return {"role": role if role in ("baseline", "candidate") else "", "deploy_time": deploy_time}

@@ -50,6 +50,10 @@ class ReplicaRecord:
     gpu_numa_node: int = -1  # -1: no GPU or unknown
     numa_mismatch: bool = False
     labels_json: str = "{}"  # free-form operator labels (fleet name, zone ...)
+    # the deploy (diagnostics/baseline.py): "baseline" | "candidate" | "" (not given), and when it was
+    # deployed (epoch seconds, before the model loaded; `fleet up` gives its replicas one instant); 0.0 unknown
+    role: str = ""
+    deploy_time: float = 0.0
 
 
 @dataclass(slots=True)

@@ -10,6 +10,12 @@ import random
 from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 
 
+# each replica deployed on its own, this long before its start row (loading): replicas whose start rows are
+# further apart than this were deployed one after the other (diagnostics/baseline.py); pass deploy_time to
+# start several together
+DEPLOY_LEAD = 30.0
+
+
 def replica(replica_id: str, start: float, *, model_dir: str = "/nonexistent", model_name: str = "tiny",
             version: str = "0.1.0", tokenizer_hash: str = "tok-a", chat_template_hash: str = "tmpl-a",
             config_hash: str = "cfg-a", cpus=(0, 1), **overrides) -> ReplicaRecord:
@@ -18,7 +24,8 @@ def replica(replica_id: str, start: float, *, model_dir: str = "/nonexistent", m
                       model_name=model_name, weights_hash="w", tokenizer_hash=tokenizer_hash,
                       chat_template_hash=chat_template_hash, config_json=json.dumps(config), config_hash=config_hash,
                       dtype="float32", quantization="none", speculative_mode="none", attention_backend="torch",
-                      device="cpu", cpu_affinity=list(cpus), cpu_numa_nodes=[0], mem_policy_nodes=[0])
+                      device="cpu", cpu_affinity=list(cpus), cpu_numa_nodes=[0], mem_policy_nodes=[0],
+                      deploy_time=start - DEPLOY_LEAD)
     return dataclasses.replace(r, **overrides)
 
 

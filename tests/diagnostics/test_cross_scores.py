@@ -177,3 +177,13 @@ def test_noisy_numerics_everywhere_is_the_floor_not_a_shift(clean):
             rows += [orig] + [scored(orig, s, rng.normal(0, 0.01, 4)) for s in ("a", "b")]
     clean.insert_records("requests", rows)
     assert not above_info(run(clean))
+
+
+def test_two_identities_started_together_get_one_finding_on_the_pair(clean):
+    fleet(clean, 16, {frozenset(("a", "b")): 0.02})
+    # the same fleet start for both (one deploy instant), b on other weights, no role: neither side is named
+    clean.insert_records("replicas", [replica("a", T0 - 90, deploy_time=T0 - 120),
+                                      replica("b", T0 - 90.5, deploy_time=T0 - 120, weights_hash="w-other")])
+    found = above_info(run(clean))
+    assert [(f.kind, f.severity, f.subject) for f in found] == [("cross_score_shift", "warning", "a vs b")]
+    assert found[0].evidence["symmetric"] and "no baseline" in found[0].summary

@@ -97,7 +97,7 @@ def test_config_differences_list_every_key_with_both_values(clean):
     assert diffs == {"enable_prefix_caching": (False, True), "max_num_seqs": (8, 64), "quantization": ("int4", "none"),
                      "quant_group_size": (32, 128), "speculative_mode": ("ngram", "none"),
                      "generation.eos_token_ids": ([2, 7], [2])}
-    assert "enable_prefix_caching False vs True" in f.summary
+    assert "enable_prefix_caching false vs true" in f.summary  # JSON values, as the config holds them
 
 
 def test_labels_and_placement_are_not_a_finding(clean):
@@ -106,7 +106,10 @@ def test_labels_and_placement_are_not_a_finding(clean):
         rep("r0", t0 - 100, {"device": "cuda:0", "served_model_name": "a"}, host="h1", cpus=(0, 1), config_hash="c0"),
         rep("r1", t0 - 10, {"device": "cuda:1", "served_model_name": "b"}, host="h2", cpus=(2, 3), config_hash="c1",
             gpu_numa_node=1, labels_json='{"zone": "b"}')])
-    assert diagnose(clean, t0) == []
+    found = diagnose(clean, t0)
+    # the check ran and says so, once, as info
+    assert [(f.kind, f.severity, f.subject) for f in found] == [("identity_consistent", "info", "tiny")]
+    assert "r0, r1 share one identity" in found[0].summary
 
 
 def test_a_path_difference_alone_is_info(clean):
@@ -211,3 +214,140 @@ def test_a_changed_chat_template_shows_the_diff_and_the_first_divergent_rendered
     assert mine["text"] == canary_tok.piece(ex["replica_token_ids"][pos]) and "\n" in mine["text"]
     assert theirs["text"] == base_tok.piece(ex["reference_token_ids"][pos])
     assert f"token {pos}: {mine['id']} {mine['text']!r} vs {theirs['id']} {theirs['text']!r}" in f.summary
+
+
+# -- who is named when the replicas started together ------------------------------------------------
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_two_replicas_started_together_get_one_symmetric_finding(clean, kind):
+    t0 = time.time() - 600
+    # one fleet start; the faulty one's row came first (it loaded faster): start order decides nothing
+    clean.insert_records("replicas", [rep("r0", t0 - 99.9, deploy_time=t0 - 130),
+                                      rep("r1", t0 - 100, deploy_time=t0 - 130, **FAULTS[kind])])
+    found = loud(diagnose(clean, t0))
+    assert set(found) == {("r0 vs r1", kind)}  # one finding on the pair, none on either side
+    f = found["r0 vs r1", kind]
+    assert f.severity == "warning" and "no baseline" in f.summary and "`role`" in f.summary
+    assert f.evidence["symmetric"] and f.evidence["baseline"]["rule"] == "none"
+    assert [s["replicas"] for s in f.evidence["sides"]] == [["r0"], ["r1"]]
+    if kind == "config_mismatch":
+        assert "max_num_batched_tokens 2048 vs 512" in f.summary
+
+
+def test_a_recorded_role_names_the_candidate_when_started_together(clean):
+    t0 = time.time() - 600
+    clean.insert_records("replicas", [rep("r0", t0 - 99.9, deploy_time=t0 - 130),
+                                      rep("r1", t0 - 100, deploy_time=t0 - 130, role="candidate",
+                                          **FAULTS["config_mismatch"])])
+    found = loud(diagnose(clean, t0))
+    assert set(found) == {("r1", "config_mismatch")}
+    assert found["r1", "config_mismatch"].evidence["reference"]["rule"] == "role"
+
+
+# -- the whole identity, from real engines ---------------------------------------------------------
+
+def _engine_row(model_dir, replica_id: str, start: float, **config):
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from telemetry.contract.hooks import EngineObserver
+
+    class Rows(EngineObserver):
+        enabled, rows = True, []
+
+        def on_replica_start(self, record):
+            self.rows.append(record)
+
+    observer = Rows()
+    LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=10, replica_id=replica_id, **config), observer)
+    return dataclasses.replace(observer.rows[-1], start_time=start, deploy_time=start - 30)
+
+
+def _set_rope(model_dir, theta: float) -> str:
+    """RoPE base changed in config.json in place; -> the dotted key it lives under."""
+    path = model_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    if isinstance(cfg.get("rope_parameters"), dict):
+        cfg["rope_parameters"]["rope_theta"] = theta
+        key = "rope_parameters.rope_theta"
+    else:
+        cfg["rope_theta"] = theta
+        key = "rope_theta"
+    path.write_text(json.dumps(cfg))
+    return key
+
+
+def test_a_rope_base_changed_in_config_json_at_the_same_path_is_named_with_both_values(clean, tiny_llama, tmp_path):
+    import shutil
+
+    model = shutil.copytree(tiny_llama, tmp_path / "tiny")
+    t0 = time.time() - 600
+    _set_rope(model, 10000.0)
+    base = _engine_row(model, "r0", t0 - 100)
+    key = _set_rope(model, 100000.0)  # the same directory: only the file's content says it
+    canary = _engine_row(model, "r1", t0 - 10, serve_options={"max_queue": 8})
+    assert base.weights_hash == canary.weights_hash and base.config_hash != canary.config_hash
+    clean.insert_records("replicas", [base, canary])
+    found = loud(diagnose(clean, t0))
+    assert set(found) == {("r1", "config_mismatch")}
+    f = found["r1", "config_mismatch"]
+    # the most specific first: the model file's key, then the serve flag; no hash where keys say it
+    assert f"{key} 100000.0 vs 10000.0 in config.json" in f.summary
+    assert f.summary.index("config.json") < f.summary.index("max_queue 8 vs unset in serve flags")
+    assert "config_hash" not in f.summary
+    assert f"model_files.config_json.{key}" in f.evidence["keys"]
+
+
+def test_a_cpu_quota_is_named_and_cpus_every_replica_shares_are_not():
+    from diagnostics.replicas import identity_differences
+
+    def row(rid, quota):
+        doc = {"max_num_seqs": 16, "placement": {"cgroup": {"version": "v2", "cpu_quota_cpus": quota}}}
+        return {"replica_id": rid, "config_json": json.dumps(doc), "cpu_affinity": [0, 1], "config_hash": "c"}
+
+    diffs = identity_differences(row("r1", 0.3), [row("r0", "max")])
+    assert [d["said"] for d in diffs] == ["cgroup.cpu_quota_cpus 0.3 vs max in placement"]
+    # a replica alone on shared CPUs while its peers are not: that is a difference of its own
+    crowded = identity_differences(row("r1", "max"), [row("r0", "max"), {**row("r2", "max"), "cpu_affinity": [2]},
+                                                      {**row("r3", "max"), "cpu_affinity": [3]}])
+    assert [d["field"] for d in crowded] == ["cpus_shared_with"]
+
+
+def test_a_changed_generation_default_is_named_with_both_values(clean, tiny_llama, tmp_path):
+    import shutil
+
+    model = shutil.copytree(tiny_llama, tmp_path / "tiny")
+    t0 = time.time() - 600
+    base = _engine_row(model, "g0", t0 - 100)
+    path = model / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "repetition_penalty": 1.3}))
+    canary = _engine_row(model, "g1", t0 - 10)  # the same path: the file changed, and what unset requests get
+    clean.insert_records("replicas", [base, canary])
+    f = loud(diagnose(clean, t0))["g1", "config_mismatch"]
+    assert f.summary.index("repetition_penalty 1.3 vs unset in generation_config.json") < \
+        f.summary.index("sampling_defaults.values.repetition_penalty 1.3 vs unset")
+
+
+# -- changes in time ---------------------------------------------------------------------------------
+
+def test_a_restart_with_another_config_is_an_event_that_findings_on_the_replica_cite(clean):
+    import diagnostics
+
+    t0 = time.time() - 600
+    restarted = t0 - 50
+    clean.insert_records("replicas", [rep("e0", t0 - 200), rep("e1", t0 - 200, {"max_num_seqs": 16}),
+                                      rep("e1", restarted, {"max_num_seqs": 2}, config_hash="cfg-2")])
+    request = DiagnosticRequest(Scope(start=t0 - 300, replicas=("e0", "e1")))
+    found = diagnostics.run(["identity"], clean, request, write=False)
+    (event,) = [f for f in found if f.kind == "identity_changed"]
+    assert event.subject == "e1" and event.severity == "info"
+    assert "max_num_seqs went 16 → 2" in event.summary
+    assert event.evidence["changes"] == [{"key": "max_num_seqs", "before": 16, "after": 2}]
+    # the difference from its peer now cites when it began and from what
+    mismatch = next(f for f in found if f.kind == "config_mismatch")
+    clock = time.strftime("%H:%M:%S", time.gmtime(restarted))
+    assert f"e1 since {clock} UTC, when max_num_seqs went 16 → 2" in mismatch.summary
+    assert mismatch.evidence["identity_events"][0]["time"] == pytest.approx(restarted)
+    # a restart with the same identity is no event
+    clean.insert_records("replicas", [rep("e0", t0 - 20)])
+    found = diagnostics.run(["identity"], clean, request, write=False)
+    assert [f.subject for f in found if f.kind == "identity_changed"] == ["e1"]

@@ -91,4 +91,4 @@ def test_a_replica_held_to_one_sequence_is_named_on_ttft_and_its_peers_not_on_to
     assert [(f.kind, f.subject) for f in found] == [("lagging_replica", "canary")]
     evidence = found[0].evidence
     assert evidence["metrics"]["ttft"]["ratio_ci"][0] > 2 and not set(evidence["metrics"]) & {"tpot", "itl"}
-    assert evidence["not_compared"] == ["itl", "tpot"] and "max_num_seqs 1 (peers: 4)" in found[0].summary
+    assert evidence["not_compared"] == ["itl", "tpot"] and "max_num_seqs 1 vs 4" in found[0].summary

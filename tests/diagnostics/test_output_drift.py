@@ -106,7 +106,8 @@ def test_greedy_outputs_that_diverge_on_one_config_name_that_replica(clean, tiny
     ex = f.evidence["examples"][0]
     assert ex["first_divergence"] == 3 and ex["replica_token_ids"][3] == 99
     assert ex["replica_tokens_at_divergence"][3]["id"] == 99 and "text" in ex["replica_tokens_at_divergence"][3]
-    assert {"field": "quantization", "replica": "int4", "peers": {"none": 2}} in f.evidence["identity_differences"]
+    (quant,) = [d for d in f.evidence["identity_differences"] if d["field"] == "quantization"]
+    assert (quant["replica"], quant["reference"]) == ("int4", "none") and "quantization int4 vs none" in f.summary
 
 
 def test_a_fleet_of_one_config_has_nothing_to_compare(clean):
@@ -172,3 +173,30 @@ def test_a_majority_still_wins_over_the_baseline_and_a_tie_without_it_stays_a_ti
     assert output_drift.reference([("c1", "cfg-b", 2), ("r0", "cfg-a", 1)], b, identity) == (1, "r0", "baseline")
     # 1-to-1 between two candidates: no side can be told wrong
     assert output_drift.reference([("c1", "cfg-b", 2), ("c2", "cfg-c", 3)], b, identity)[2] == "tie"
+
+
+def test_a_pair_started_together_gets_one_symmetric_finding_and_no_critical(clean, tiny_llama):
+    # the same canary, but one fleet start (one deploy instant): r1's row came first, and no role is recorded
+    t0 = time.time() - 3600
+    _canary_pair(clean, tiny_llama, t0)
+    clean.insert_records("replicas", [replica("r0", t0 + 61, config_hash="cfg-fp32", deploy_time=t0 + 30),
+                                      replica("r1", t0 + 60.5, config_hash="cfg-int4", quantization="int4",
+                                              deploy_time=t0 + 30)])
+    findings = output_drift.greedy_drift(clean, Scope(start=t0 - 60))
+    assert not [f for f in findings if f.severity == "critical"]
+    assert not [f for f in findings if f.subject in ("r0", "r1") and f.severity != "info"]
+    pair = [f for f in findings if f.subject == "r0 vs r1"]
+    assert len(pair) == 1 and pair[0].severity == "warning" and pair[0].kind == "output_drift"
+    assert "r0 and r1 disagree on 40 of 40" in pair[0].summary and "`role`" in pair[0].summary
+    assert pair[0].evidence["symmetric"] and pair[0].evidence["examples"][0]["first_divergence"] == 1
+
+
+def test_a_recorded_role_names_the_candidate_of_a_pair_started_together(clean, tiny_llama):
+    t0 = time.time() - 3600
+    _canary_pair(clean, tiny_llama, t0)
+    clean.insert_records("replicas", [replica("r0", t0 + 61, config_hash="cfg-fp32", deploy_time=t0 + 30),
+                                      replica("r1", t0 + 60.5, config_hash="cfg-int4", quantization="int4",
+                                              deploy_time=t0 + 30, role="candidate")])
+    above = [f for f in output_drift.greedy_drift(clean, Scope(start=t0 - 60)) if f.severity != "info"]
+    assert [(f.subject, f.severity) for f in above] == [("r1", "critical")]
+    assert above[0].evidence["baseline"]["rule"] == "role"

@@ -245,3 +245,57 @@ def test_too_few_replicas_or_probes_say_what_is_missing(clean, tiny_llama, tok):
     assert above_info(findings) == []
     (f,) = [f for f in findings if f.subject == "r1"]
     assert f.insufficient and "r1 answered 3 probes" in f.summary and "need 5" in f.summary
+
+
+def _started_together(store, tok, t0: float, **r1) -> None:
+    """One fleet start (one deploy instant); r1, whose every probe differs, wrote its row 88 ms before r0's."""
+    fleet(store, tok, t0, ("r0", 0.088, {"deploy_time": t0 - 20}),
+          ("r1", 0, {"deploy_time": t0 - 20, "weights_hash": "w-rope", **r1}))
+    store.insert_records("requests", [probe("r0", 0, i, t0) for i in range(N)]
+                         + [probe("r1", 0, i, t0, output=bad(i)) for i in range(N)])
+
+
+def test_a_pair_started_together_gets_one_symmetric_finding_never_a_critical_on_one_side(clean, tiny_llama, tok):
+    t0 = time.time() - 3600
+    _started_together(clean, tok, t0, config_hash="cfg-rope")
+    findings = diagnose(clean, tiny_llama, t0)
+    assert not [f for f in findings if f.severity == "critical"]
+    (f,) = above_info(findings)
+    assert (f.kind, f.severity, f.subject) == ("probe_drift", "warning", "r0 vs r1")
+    assert "r0 and r1 disagree on 40 of 40 probes" in f.summary and "no baseline" in f.summary
+    assert "`role`" in f.summary and f.evidence["symmetric"] and f.evidence["baseline"]["rule"] == "none"
+
+
+def test_a_recorded_role_names_the_candidate_of_a_pair_started_together(clean, tiny_llama, tok):
+    t0 = time.time() - 3600
+    _started_together(clean, tok, t0, role="candidate")
+    (f,) = above_info(diagnose(clean, tiny_llama, t0))
+    assert (f.kind, f.severity, f.subject) == ("probe_drift", "critical", "r1")
+    assert f.evidence["baseline"]["rule"] == "role"
+
+
+def test_a_clean_fleet_says_the_checks_ran(clean, tiny_llama, tok):
+    t0 = time.time() - 3600
+    fleet(clean, tok, t0, ("c0", 0, {}), ("c1", 60, {"config_hash": "cfg-new"}))
+    clean.insert_records("requests", [probe(r, 0, i, t0, mode) for r in ("c0", "c1") for i in range(N)
+                                      for mode in ("solo", "batched")])
+    findings = diagnose(clean, tiny_llama, t0)
+    assert above_info(findings) == []
+    (agree,) = [f for f in findings if f.kind == "probe_agreement"]
+    assert f"c1 = c0 on {N} of {N} probes" in agree.summary
+    (invariant,) = [f for f in findings if f.kind == "batch_invariant"]
+    assert f"{2 * N} of {2 * N} solo/batched probe pairs identical" in invariant.summary
+
+
+def test_a_round_still_arriving_is_left_out(clean, tiny_llama, tok):
+    # round 0 settled and identical; round 1 arriving now: the canary's first answers differ, most not in yet
+    t0 = time.time() - 100
+    fleet(clean, tok, t0, ("a0", -3600, {}), ("a1", -3500, {"config_hash": "cfg-new"}))
+    clean.insert_records("requests", [probe(r, 0, i, t0 - 3000) for r in ("a0", "a1") for i in range(N)]
+                         + [probe("a0", 1, i, t0) for i in range(N)] + [probe("a1", 1, i, t0, output=bad(i))
+                                                                         for i in range(3)])
+    findings = diagnose(clean, tiny_llama, t0 - 3000)
+    assert above_info(findings) == [] and not [f for f in findings if f.kind == "insufficient_data"
+                                               and f.evidence.get("for_kind") == "probe_drift"]
+    (arriving,) = [f for f in findings if f.kind == "probe_round_arriving"]
+    assert arriving.evidence["rounds"] == [f"p{int((t0 + 100) * 1000)}"]

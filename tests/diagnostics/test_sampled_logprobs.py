@@ -205,3 +205,14 @@ def test_exact_token_findings_for_the_replica_are_named_as_the_stronger_evidence
     (f,) = run(clean)
     assert f.evidence["exact_token_findings"] == [{"diagnostic": "probe", "kind": "probe_drift"}]
     assert "exact-token evidence exists (probe: probe_drift) and is the stronger evidence" in f.summary
+
+
+def test_two_replicas_started_together_get_one_finding_on_the_pair(clean):
+    # one fleet start (one deploy instant), no role: the shift is the pair's, neither side is blamed
+    rng = np.random.default_rng(7)
+    together = {"deploy_time": T0 - 130}
+    fleet(clean, {"base": requests_of("base", 60, rng), "canary": requests_of("canary", 60, rng, shift=-0.5)},
+          starts={"canary": 0.5}, base=together, canary={**together, "weights_hash": "w-int4"})
+    found = run(clean)
+    assert [(f.subject, f.severity) for f in found] == [("base vs canary", "warning")]
+    assert found[0].evidence["symmetric"] and "no baseline" in found[0].summary

@@ -53,7 +53,7 @@ def test_a_replica_held_to_one_sequence_at_moderate_load_is_named_by_its_tail_no
     assert tail["ratio_ci"][0] > 2 and tail["holm_p"] < replicas.ALPHA
     assert tail["test_vs_peers"]["above_peer_quantile"] > 0.3 and tail["test_vs_peers"]["blocks"] >= 8
     assert f.summary.startswith("canary's p90 ")
-    assert "max_num_seqs 1 (peers: 8)" in f.summary and "block bootstrap" in f.summary
+    assert "max_num_seqs 1 vs 8" in f.summary and "block bootstrap" in f.summary
     assert "p90" in f.evidence["correction"] and f.evidence["unit"] == "request"
 
 

@@ -10,6 +10,7 @@ import torch
 import engine.engine as engine_module
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.engine_records import identity_sections
 from telemetry.contract.hooks import EngineObserver
 from engine.sampling_params import SamplingParams
 from telemetry.contract.records import canonical_chat_json, chat_messages_hash, text_sha256
@@ -47,7 +48,10 @@ def test_replica_request_and_step_records(tiny_llama):
                                     max_num_batched_tokens=16, replica_id="rep-7"), observer)
     (replica,), = observer.of("on_replica_start")
     assert replica is engine.replica_record and replica.replica_id == "rep-7"
-    assert replica.config_hash == engine.config.config_hash(engine.generation_identity())
+    sections = identity_sections(engine.config, engine.generation_identity())
+    assert replica.config_hash == engine.config.config_hash(sections)
+    assert json.loads(replica.config_json)["model_files"]["config_json"] == json.loads(
+        (engine.loaded.model_dir / "config.json").read_text())
     assert json.loads(replica.config_json)["block_size"] == 4
     assert replica.tokenizer_hash == engine.tokenizer.tokenizer_hash != ""
     assert replica.chat_template_hash == engine.tokenizer.chat_template_hash != ""
@@ -227,3 +231,23 @@ def test_eos_ids_from_generation_config_are_part_of_the_identity(tiny_llama, tmp
     base, cand = (json.loads(r.config_json)["generation"] for r in records)
     assert cand["eos_token_ids"] == [7] and base["eos_token_ids"] != [7]
     assert records[0].config_hash != records[1].config_hash
+
+
+def test_the_role_and_the_deploy_time_are_in_the_replica_row_not_in_its_config(tiny_llama):
+    """A role is who a replica is in a deploy, not how it computes: its own column, the config hash unchanged;
+    without a deploy time given, when the engine started building (before the model loaded) is recorded."""
+    import time
+
+    rows = []
+    for kw in ({}, {"role": "candidate", "deploy_time": 1_700_000_000.5}):
+        observer = Recording()
+        LLMEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=10, **kw), observer)
+        (replica,), = observer.of("on_replica_start")
+        rows.append(replica)
+    plain, candidate = rows
+    assert (candidate.role, candidate.deploy_time) == ("candidate", 1_700_000_000.5)
+    assert plain.role == "" and 0 < plain.deploy_time <= plain.start_time <= time.time()
+    assert plain.config_hash == candidate.config_hash and plain.config_json == candidate.config_json
+    assert "role" not in json.loads(candidate.config_json)
+    with pytest.raises(ValueError, match="role must be one of"):
+        EngineConfig(model=str(tiny_llama), role="canary")

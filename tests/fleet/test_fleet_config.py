@@ -51,6 +51,8 @@ def test_defaults_merge_and_ports():
     ({"replica": [{"id": "a"}]}, ["no model"]),
     ({"fleet": {"name": "x"}}, ["[[replica]]"]),
     (_fleet(engine={"enable_prefix_caching": "yes"}), ["true or false"]),
+    (_fleet(role="canary"), ["role", "baseline", "candidate", "'canary'"]),
+    (_fleet(engine={"role": "candidate"}), ["replica's `role`"]),
 ])
 def test_bad_configs_name_the_problem(data, words):
     with pytest.raises(ValueError) as e:
@@ -85,6 +87,26 @@ def test_replica_command_parses_back_into_the_engine_config(tmp_path):
     assert engine.enable_prefix_caching is False
     assert engine.quant_skip_layers == ["lm_head", "q"]
     assert (args.cpus, args.port, args.store) == ("0", 9999, "http://127.0.0.1:1")
+
+
+def test_a_role_and_the_fleets_deploy_time_reach_the_engine_config(tmp_path):
+    """`role` of a replica and `fleet up`'s one deploy instant are `serve` options, in the engine's config (and so
+    in its replica row); without a role none is passed."""
+    config = parse_fleet({"defaults": {"model": "m"}, "replica": [{"id": "r0"}, {"id": "r1", "role": "candidate"}]})
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    engines = []
+    for spec in config.replicas:
+        cmd = replica_command(spec, tmp_path, "127.0.0.1", 9999, None, deploy_time=1_700_000_000.25)
+        args = parser.parse_args(cmd[cmd.index("serve") + 1:])
+        engines.append(engine_config_from_args(args.model, args))
+    assert [(e.role, e.deploy_time) for e in engines] == [("", 1_700_000_000.25), ("candidate", 1_700_000_000.25)]
+    canary = load_fleet(EXAMPLES[[p.stem for p in EXAMPLES].index("canary")])
+    assert [r.role for r in canary.replicas] == ["baseline", "candidate"]
+    # a role serve does not know is refused, naming the ones it knows
+    args = parser.parse_args(["--model", "m", "--role", "canary"])
+    with pytest.raises(ValueError, match="role must be one of"):
+        engine_config_from_args(args.model, args)
 
 
 def test_sizes_and_unknown_engine_options():
