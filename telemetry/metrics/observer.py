@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from telemetry.contract.derived import decode_seconds, itl_gaps, ttft_split
 from telemetry.contract.hooks import EngineObserver
+from telemetry.contract.outcomes import REJECTED, SHED, engine_error_code, outcome_of
 from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 from telemetry.metrics.definitions import engine_metrics
 
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 FOLD_EVERY = 64  # deferred records folded at once on the engine thread
+# the codes the engine writes on its own rows (counted in request_success by finish reason)
+ENGINE_ERROR_CODES = frozenset(engine_error_code(reason) for reason in FINISH_REASONS) - {""}
+USUAL_REJECTIONS = ("invalid_request", "context_length")
 
 
 class MetricsObserver(EngineObserver):
@@ -75,7 +79,9 @@ class MetricsObserver(EngineObserver):
         # the usual reasons exist from the start (rate() needs a series before its first increment)
         self._success = {reason: m.request_success.labels(*ids, reason) for reason in FINISH_REASONS}
         self._preemptions = m.preemptions.labels(*ids)
-        self._requests_shed = m.requests_shed.labels(*ids)  # the server's load shedder increments it; 0 from the start
+        self._requests_shed = m.requests_shed.labels(*ids)  # 0 from the start
+        # refused requests by (outcome, reason); the usual reasons exist from the start, for rate()
+        self._refused = {(REJECTED, code): m.requests_rejected.labels(*ids, code) for code in USUAL_REJECTIONS}
         self._prefix_queries = m.prefix_queries.labels(*ids)
         self._prefix_hits = m.prefix_hits.labels(*ids)
         self._evictions = m.evictions.labels(*ids)
@@ -180,7 +186,24 @@ class MetricsObserver(EngineObserver):
         if arrival is not None:
             self._ttft.observe(ttft_split(arrival, 0.0, when)[2])
 
+    def _fold_refused(self, r: RequestRecord) -> None:
+        """A request the HTTP layer answered itself: counted by outcome and reason, never in the latency
+        and token metrics of the requests the engine served."""
+        outcome = outcome_of(r.error_code, r.finish_reason)
+        if outcome == SHED:
+            self._requests_shed.inc()
+            return
+        family = self.metrics.requests_rejected if outcome == REJECTED else self.metrics.requests_failed
+        key = (outcome, r.error_code)
+        child = self._refused.get(key)
+        if child is None:
+            child = self._refused[key] = family.labels(self.replica_id, self.model, r.error_code)
+        child.inc()
+
     def _fold_finished(self, r: RequestRecord) -> None:
+        if r.error_code and r.error_code not in ENGINE_ERROR_CODES:
+            self._fold_refused(r)
+            return
         success = self._success.get(r.finish_reason)
         if success is None:  # an unexpected reason still counts, under its own name
             success = self._success[r.finish_reason] = self.metrics.request_success.labels(

@@ -71,11 +71,11 @@ def test_table_and_text_ttls_and_skip_indexes(store):
 def test_migrate_is_idempotent_and_recorded(store):
     assert migrate(store) == []
     rows = store.query_df("SELECT version, name FROM schema_migrations ORDER BY version")
-    assert list(rows["version"]) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert list(rows["version"]) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     assert list(rows["name"]) == ["initial", "steps_spec_num_drafts", "requests_rendered_prompt_hash",
                                  "probe_baselines", "requests_output_logprobs", "steps_num_context_tokens",
                                  "engine_request_timings", "requests_prompt_logprobs", "requests_token_id_summaries",
-                                 "requests_mean_itl"]
+                                 "requests_mean_itl", "requests_outcomes"]
 
 
 def test_new_migration_applies_once_and_a_changed_one_is_refused(store, tmp_path):
