@@ -39,6 +39,8 @@ GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 ENGINE_ROW = "infersight_engine_row"  # scope state: the engine wrote (or will write) this request's row
 MAX_ERROR_BODY = 16 << 10  # an error body is read up to here for its message, code and field
 MAX_ID_CHARS, MAX_WORKLOAD_CHARS, MAX_MESSAGE_CHARS, MAX_PARAM_CHARS = 128, 64, 1000, 200
+# the codes whose upstream messages state numbers, not the request's content
+MESSAGE_KEPT = frozenset({"context_length", "queue_full", "unavailable", "timeout", "unauthorized", "body_too_large"})
 _WORKLOAD = re.compile(r"^[A-Za-z0-9._:\-]{0,64}$")
 
 
@@ -47,7 +49,7 @@ def _header(scope, name: bytes) -> str:
     return value.decode("latin-1")
 
 
-def _error_fields(body: bytes) -> dict:
+def error_fields(body: bytes) -> dict:
     """OpenAI's {"error": {"message", "type", "param", "code"}} (FastAPI's {"detail": ...} too), or {}."""
     try:
         parsed = json.loads(body)
@@ -62,29 +64,39 @@ def _error_fields(body: bytes) -> dict:
 
 
 def refused_record(scope, *, replica_id: str, model_name: str, status: int, body: bytes, arrival: float,
-                   finish: float) -> RequestRecord:
-    """The row of a request answered `status` with error `body`, without the engine."""
-    error = _error_fields(body)
+                   finish: float, request_id: str | None = None, upstream_status: int | None = None,
+                   detail: dict | None = None) -> RequestRecord:
+    """The row of a request answered `status` with error `body`, without the engine. A recording proxy
+    passes `upstream_status` (0: the upstream could not be reached): the body is then the upstream's, kept
+    whole in upstream_error_body (text: the Recorder stores it only where text is allowed), and the message
+    only where its code says it quotes no input (engine/proxy/refusals.py)."""
+    error = error_fields(body)
     message = str(error.get("message") or "")[:MAX_MESSAGE_CHARS]
     api_code = error.get("code") if isinstance(error.get("code"), str) else None
-    detail = dict(scope.get("state", {}).get(ROW_DETAIL) or {})
+    code = code_for(status, api_code, message, upstream=upstream_status is not None)
+    detail = {**(scope.get("state", {}).get(ROW_DETAIL) or {}), **(detail or {})}
     if api_code:
         detail["api_code"] = api_code
     if isinstance(error.get("type"), str):
         detail["type"] = error["type"]
+    if upstream_status is not None and code not in MESSAGE_KEPT:  # a validation error may quote the input
+        message = f"the upstream answered {upstream_status}" + (f" ({error['type']})" if "type" in detail else "")
     workload = _header(scope, WORKLOAD_HEADER.lower().encode())
     traceparent = parse_traceparent(_header(scope, b"traceparent"))
     return RequestRecord(
-        replica_id=replica_id, request_id=_header(scope, b"x-request-id")[:MAX_ID_CHARS] or uuid.uuid4().hex,
+        replica_id=replica_id,
+        request_id=(request_id or _header(scope, b"x-request-id"))[:MAX_ID_CHARS] or uuid.uuid4().hex,
         trace_id=traceparent.split("-")[1] if traceparent else "", model_name=model_name,
         workload=workload if _WORKLOAD.match(workload) else "",  # an invalid tag is what the 400 is about
         arrival_time=arrival, scheduled_time=0.0, first_token_time=0.0, finish_time=finish,
         queue_seconds=0.0, prefill_seconds=0.0, ttft_seconds=0.0, e2e_seconds=e2e_seconds(arrival, finish),
         prompt_tokens=int(detail.get("prompt_tokens", 0)), output_tokens=0, cached_tokens=0,
         prompt_token_ids=[], output_token_ids=[], token_times=[], sampling_params_json="",
-        finish_reason="error", error=message, http_status=status, error_code=code_for(status, api_code, message),
+        finish_reason="error", error=message, http_status=status, error_code=code,
         error_param=str(error.get("param") or "")[:MAX_PARAM_CHARS],
-        error_detail_json=json.dumps(detail, sort_keys=True, default=str))
+        error_detail_json=json.dumps(detail, sort_keys=True, default=str),
+        upstream_status=upstream_status or 0,
+        upstream_error_body=body.decode("utf-8", "replace") if upstream_status is not None else "")
 
 
 class RefusalRecorder:
