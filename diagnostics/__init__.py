@@ -11,6 +11,7 @@ import logging
 import time
 
 from diagnostics import (
+    availability,
     cross_scores,
     identity_drift,
     output_drift,
@@ -42,6 +43,7 @@ DIAGNOSTICS = {
     "speculative": speculative,
     "overhead": overhead,
     "steps": step_model,
+    "availability": availability,
 }
 DEFAULT_WINDOW = "24h"
 

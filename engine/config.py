@@ -57,6 +57,9 @@ class EngineConfig:
     # identity
     replica_id: str = "replica-0"
     served_model_name: str | None = None  # defaults to the model directory's name
+    # the server's flags that shape which requests are answered (`infersight serve --max-queue`): not the
+    # engine's to use, recorded in the identity so a replica that sheds or refuses more is explained by them
+    serve_flags: dict = field(default_factory=dict)
     # (whether prompt / output text may be stored is the Recorder's decision, not the engine's:
     # `infersight serve --store-text`, telemetry.recorder.Recorder(store_text=...))
 

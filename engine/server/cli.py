@@ -89,6 +89,7 @@ def build_server(args, placement=None):
 
     from engine.async_engine import AsyncLLM
     from engine.server.app import build_app
+    from engine.server.load_shedding import default_max_queue
     from engine.server.model_info import ServedModel
     from engine.server.preflight import preflight
     from engine.server.server_log import StatsLogger, StepThroughput, start_summary
@@ -99,6 +100,9 @@ def build_server(args, placement=None):
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     config = preflight(engine_config_from_args(args.model, args))
+    # the effective queue bound, in the identity (load_shedding.py): a replica that sheds more names it
+    config.serve_flags = {"max_queue": default_max_queue(config.max_num_seqs) if args.max_queue is None
+                          else args.max_queue}
     model_name = config.served_model_name or Path(config.model).resolve().name
     spool = {"spool_dir": args.spool_dir or replica_spool_dir(config.replica_id),  # a restart replays it
              "spool_max_bytes": args.spool_max_bytes}

@@ -14,7 +14,7 @@ import re
 from engine.config import EngineConfig
 
 # fields the serve command sets from its own options (or positional model)
-_OWN = {"model"}
+_OWN = {"model", "serve_flags"}  # serve_flags: set by `serve` from its own flags
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
