@@ -35,6 +35,7 @@ FOLD_EVERY = 64  # deferred records folded at once on the engine thread
 # the codes the engine writes on its own rows (counted in request_success by finish reason)
 ENGINE_ERROR_CODES = frozenset(engine_error_code(reason) for reason in FINISH_REASONS) - {""}
 USUAL_REJECTIONS = ("invalid_request", "context_length")
+USUAL_FAILURES = ("internal_error", "upstream_error", "timeout")
 
 
 class MetricsObserver(EngineObserver):
@@ -80,8 +81,10 @@ class MetricsObserver(EngineObserver):
         self._success = {reason: m.request_success.labels(*ids, reason) for reason in FINISH_REASONS}
         self._preemptions = m.preemptions.labels(*ids)
         self._requests_shed = m.requests_shed.labels(*ids)  # 0 from the start
-        # refused requests by (outcome, reason); the usual reasons exist from the start, for rate()
-        self._refused = {(REJECTED, code): m.requests_rejected.labels(*ids, code) for code in USUAL_REJECTIONS}
+        # refused and failed requests by reason (their error code); the usual ones exist from the start: the
+        # availability burn-rate alerts add these families per replica, and rate() needs a series to add
+        self._refused = {code: m.requests_rejected.labels(*ids, code) for code in USUAL_REJECTIONS}
+        self._refused.update({code: m.requests_failed.labels(*ids, code) for code in USUAL_FAILURES})
         self._prefix_queries = m.prefix_queries.labels(*ids)
         self._prefix_hits = m.prefix_hits.labels(*ids)
         self._evictions = m.evictions.labels(*ids)
@@ -193,11 +196,10 @@ class MetricsObserver(EngineObserver):
         if outcome == SHED:
             self._requests_shed.inc()
             return
-        family = self.metrics.requests_rejected if outcome == REJECTED else self.metrics.requests_failed
-        key = (outcome, r.error_code)
-        child = self._refused.get(key)
+        child = self._refused.get(r.error_code)
         if child is None:
-            child = self._refused[key] = family.labels(self.replica_id, self.model, r.error_code)
+            family = self.metrics.requests_rejected if outcome == REJECTED else self.metrics.requests_failed
+            child = self._refused[r.error_code] = family.labels(self.replica_id, self.model, r.error_code)
         child.inc()
 
     def _fold_finished(self, r: RequestRecord) -> None:
