@@ -81,3 +81,14 @@ def outcome_sql(error_code: str = "error_code", finish_reason: str = "finish_rea
     return (f"if({error_code} != '', transform({error_code}, {codes!r}, {[ERROR_CODES[c] for c in codes]!r}, "
             f"'{FAILED}'), multiIf({finish_reason} = 'abort', '{ABORTED}', {finish_reason} = 'error', '{FAILED}', "
             f"'{ANSWERED}'))")
+
+
+# the rows of requests the engine had (answered, aborted, failed in it): the latency aggregates' rows; a
+# refused request's row has no latency to speak of (its e2e is the refusal's microseconds)
+ENGINE_HAD_SQL = "error_code IN ('', 'client_abort', 'engine_error')"
+
+
+def outcome_counts_sql() -> str:
+    """`countIf(<outcome>) AS <outcome>` for each outcome, as the reports' availability columns."""
+    expr = outcome_sql()
+    return ", ".join(f"countIf({expr} = '{o}') AS {o}" for o in OUTCOMES)
