@@ -35,6 +35,7 @@ from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from telemetry.contract import outcomes
+from telemetry.contract.derived import window_sql
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
 
 DIAGNOSTIC = "availability"
@@ -42,7 +43,7 @@ KIND = "availability_gap"
 CLEAN = "availability_consistent"
 ALPHA = 0.01
 MIN_EXCESS = 0.02  # absolute: two more requests in a hundred
-MIN_RATIO = 2.0
+MIN_RATIO = 1.5  # and half again the expected rate (a real canary at 96 tokens: 32.9% against 19.4%)
 MIN_REQUESTS = 20  # of a replica (and of its peers) in the strata compared
 CRITICAL_EXCESS = 0.25
 EXACT_MAX_EVENTS = 2000  # events of a comparison up to which its p is exact (convolved hypergeometrics)
@@ -74,6 +75,23 @@ def _sql(scope: Scope) -> str:
 def counts(store, scope: Scope) -> list[dict]:
     """Requests by (model, replica, workload, prompt-length bucket (-1: unknown), outcome, error code)."""
     return store.query_arrow(_sql(scope), scope.parameters()).to_pylist()
+
+
+_STATED_LIMITS = """
+SELECT replica_id, groupUniqArray(8)(JSONExtractInt(error_detail_json, 'max_model_len')) AS limits,
+       min(prompt_tokens) AS shortest
+FROM requests AS t
+WHERE {window} AND error_code = 'context_length' AND has({ids:Array(String)}, replica_id) AND prompt_tokens > 0
+GROUP BY replica_id
+"""
+
+
+def stated_limits(store, scope: Scope, replicas: list[str]) -> dict[str, dict]:
+    """replica -> {"limits": the context lengths its length refusals stated, "shortest": the shortest prompt it
+    refused}: the effective limit, where a config leaves it to the model (max_model_len null)."""
+    sql = _STATED_LIMITS.replace("{window}", window_sql("t.arrival_time"))
+    rows = store.query_arrow(sql, {**scope.parameters(), "ids": replicas}).to_pylist()
+    return {r["replica_id"]: {"limits": sorted(x for x in r["limits"] if x), "shortest": r["shortest"]} for r in rows}
 
 
 def by_replica(rows: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
@@ -192,8 +210,9 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
             continue
         tests = _tests(mine, replicas)
         named = [t for t in tests if t["holm_p"] < ALPHA and _material(t)]
+        limits = stated_limits(store, scope, replicas) if any(t["kind"] == "length" for t in named) else {}
         for t in named:
-            findings.append(_finding(model, t, replicas, identity, scope, len(tests), availability))
+            findings.append(_finding(model, t, replicas, identity, scope, len(tests), availability, limits))
         if not named:
             findings.append(Finding(CLEAN, "info", model, _clean_summary(model, replicas, tests, availability),
                                     DIAGNOSTIC, scope, {"model_name": model, "replicas": replicas,
@@ -208,21 +227,27 @@ def _clean_summary(model: str, replicas: list[str], tests: list[dict], availabil
             f"strata ({len(tests)} tests, Holm alpha {ALPHA}); requests not answered: {rates}")
 
 
-def _finding(model, t, replicas, identity, scope, family, availability) -> Finding:
+def _finding(model, t, replicas, identity, scope, family, availability, limits) -> Finding:
     rid, kind = t["replica"], t["kind"]
     peers = [identity.get(p, {"replica_id": p}) for p in replicas if p != rid]
     diffs = config_keys.differences(identity.get(rid, {}), peers, _wanted(kind))
     low, high = t["rate_ci"]
     why = ("; config differs: " + config_keys.describe(diffs)) if diffs else \
         "; no identity key of it differs from its peers' (look at its host and its clients)"
+    if kind == "length" and limits.get(rid):
+        peer_limits = sorted({x for p in replicas if p != rid for x in limits.get(p, {}).get("limits", [])})
+        why += (f"; its refusals state a context of {'/'.join(map(str, limits[rid]['limits']))} tokens (shortest "
+                f"prompt refused: {limits[rid]['shortest']})" +
+                (f", its peers' {'/'.join(map(str, peer_limits))}" if peer_limits else ""))
     strata = "workload and prompt-length strata" if KINDS[kind][1] else "workloads"
     summary = (f"{rid} ({model}) {LABELS[kind]} {t['rate']:.1%} of its requests [{low:.1%}, {high:.1%}] vs "
                f"{t['expected_rate']:.1%} expected from its peers' rates in the same {strata} (peers: "
-               f"{t['peer_rate']:.1%} of {t['peer_requests']}; CMH p={t['p']:.1e}, Holm {t['holm_p']:.1e})" + why)
+               f"{t['peer_rate']:.1%} of {t['peer_requests']}; p={t['p']:.1e}, Holm {t['holm_p']:.1e})" + why)
     excess = t["rate"] - t["expected_rate"]
     evidence = {"model_name": model, "replica": rid, "outcome": kind, "codes": sorted(KINDS[kind][0]),
                 "peers": [p["replica_id"] for p in peers], "comparison": t, "config_differences": diffs,
                 "availability": availability, "tests_in_family": family, "unit": "request",
+                "stated_limits": limits,
                 "correction": f"Holm over {family} tests (replicas x outcome kinds)",
                 "strata": "workload x prompt-length bucket (sqrt 2)" if KINDS[kind][1] else "workload"}
     return Finding(KIND, "critical" if excess >= CRITICAL_EXCESS else "warning", f"{rid}:{kind}", summary, DIAGNOSTIC,

@@ -4,6 +4,7 @@ difference, and a clean fleet are not."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -47,7 +48,9 @@ def fleet(store, t0, *, limits=None, queues=None, long_share=None, rows=None, si
             n = rng.randint(2100, 4000) if long else rng.choice([8, 20, 40, 70, 100, 150, 300, 600])
             workload = ("chat", "agent")[j % 2]
             if n > limits.get(rid, 2048):
-                out.append(refused(rid, j, t0 + j * 0.1, "context_length", n, workload=workload))
+                row = refused(rid, j, t0 + j * 0.1, "context_length", n, workload=workload)
+                out.append(dataclasses.replace(row, error_detail_json=json.dumps(
+                    {"max_model_len": limits.get(rid, 2048), "prompt_tokens": n})))
             else:
                 out.append(answered(rid, j, t0 + j * 0.1, n, workload))
     out = rows(out) if rows else out
@@ -73,6 +76,8 @@ def test_a_length_limit_is_named_with_the_key(clean):
     assert cmp["rate"] > 0.3 and cmp["expected_rate"] < 0.1 and cmp["holm_p"] < availability.ALPHA
     assert cmp["rate_ci"][0] > cmp["expected_rate"]
     assert f.evidence["config_differences"][0]["key"] == "max_model_len"
+    # the limit as its refusals state it (where a config leaves it to the model, max_model_len null)
+    assert "its refusals state a context of 96 tokens" in f.summary and "its peers' 2048" in f.summary
 
 
 def test_more_long_prompts_is_not_a_fault(clean):
@@ -125,7 +130,7 @@ def test_engine_failures_count_as_failed(clean):
     rng = random.Random(9)
 
     def engine_fails_on_a(rows):
-        return [__import__("dataclasses").replace(r, finish_reason="error", error_code="engine_error")
+        return [dataclasses.replace(r, finish_reason="error", error_code="engine_error")
                 if r.replica_id == "a" and rng.random() < 0.15 else r for r in rows]
 
     fleet(clean, t0, rows=engine_fails_on_a)
