@@ -34,8 +34,7 @@ from diagnostics import config_keys, hypothesis_tests
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
-from telemetry.contract import outcomes
-from telemetry.contract.derived import window_sql
+from telemetry.contract import derived, outcomes
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
 
 DIAGNOSTIC = "availability"
@@ -89,9 +88,42 @@ GROUP BY replica_id
 def stated_limits(store, scope: Scope, replicas: list[str]) -> dict[str, dict]:
     """replica -> {"limits": the context lengths its length refusals stated, "shortest": the shortest prompt it
     refused}: the effective limit, where a config leaves it to the model (max_model_len null)."""
-    sql = _STATED_LIMITS.replace("{window}", window_sql("t.arrival_time"))
+    sql = _STATED_LIMITS.replace("{window}", derived.window_sql("t.arrival_time"))
     rows = store.query_arrow(sql, {**scope.parameters(), "ids": replicas}).to_pylist()
     return {r["replica_id"]: {"limits": sorted(x for x in r["limits"] if x), "shortest": r["shortest"]} for r in rows}
+
+
+_PER_REPLICA = """
+SELECT model_name, replica_id, count() AS requests, {counts},
+       {ttft} AS ttft, {e2e} AS e2e
+FROM {source}
+GROUP BY model_name, replica_id ORDER BY model_name, replica_id
+"""
+
+
+def replica_table(store, scope: Scope) -> str:
+    """Each replica's availability (the share of its requests answered, rejected, shed, failed) beside its
+    latency (TTFT over requests that produced a token, e2e over those its engine had): `diagnose` prints it."""
+    source = requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.error_code AS error_code, "
+                         "t.finish_reason AS finish_reason, t.ttft_seconds AS ttft_seconds, "
+                         "t.e2e_seconds AS e2e_seconds, t.output_tokens AS output_tokens", scope=scope)
+    sql = (_PER_REPLICA.replace("{counts}", outcomes.outcome_counts_sql()).replace("{source}", source)
+           .replace("{ttft}", derived.TTFT_QUANTILES_SQL)
+           .replace("{e2e}", derived.quantiles_sql("e2e_seconds", outcomes.ENGINE_HAD_SQL)))
+    rows = store.query_arrow(sql, scope.parameters()).to_pylist()
+    if not rows:
+        return ""
+    share = lambda part, whole: f"{part / whole:.1%}" if whole else "-"  # noqa: E731
+    ms = lambda qs, i: f"{qs[i] * 1000:.0f}" if qs and qs[i] == qs[i] else "-"  # noqa: E731 - NaN: none
+    p50, p99 = derived.QUANTILE_NAMES.index("p50"), derived.QUANTILE_NAMES.index("p99")
+    table = [("MODEL", "REPLICA", "REQUESTS", "ANSWERED", "REJECTED", "SHED", "FAILED", "TTFT P50 MS", "TTFT P99 MS",
+              "E2E P99 MS")]
+    table += [(r["model_name"], r["replica_id"], str(r["requests"]), share(r["answered"], r["requests"]),
+               share(r["rejected"], r["requests"]), share(r["shed"], r["requests"]),
+               share(r["failed"] + r["timed_out"], r["requests"]), ms(r["ttft"], p50), ms(r["ttft"], p99),
+               ms(r["e2e"], p99)) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in table)
 
 
 def by_replica(rows: list[dict]) -> dict[tuple[str, str], dict[str, int]]:

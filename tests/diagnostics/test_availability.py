@@ -148,3 +148,4 @@ def test_one_replica_says_it_has_no_peers(clean):
 @pytest.mark.parametrize("name", ["availability"])
 def test_it_is_a_diagnostic_of_diagnose_all(name):
     assert DIAGNOSTICS[name] is availability
+
