@@ -110,3 +110,28 @@ def test_any_body_is_exactly_one_row_with_the_status_it_got(live, client, store,
         assert (row["http_status"], row["finish_reason"]) == (r.status_code, "error")
         assert row["error_code"] == ("context_length" if r.json()["error"]["code"] == "context_length_exceeded"
                                      else "invalid_request")
+
+
+def test_an_engine_failure_is_one_row_the_engines(live, client, store):
+    """A request the engine fails is answered 500 and recorded once, by the engine (engine_error), not a
+    second time by the HTTP layer."""
+    runner = live.served.engine.engine.runner
+    request_id = f"fails-{uuid.uuid4().hex[:8]}"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected forward failure")
+
+    runner.forward = broken  # the instance attribute shadows the method while it is set
+    try:
+        r = client.post("/v1/completions", json={"model": live.served.name, "prompt": "hello", "max_tokens": 2},
+                        headers={"X-Request-Id": request_id})
+    finally:
+        del runner.forward
+    assert r.status_code == 500
+    live.flush()
+    rows = _rows(store, [request_id], timeout=10)
+    time.sleep(1)  # a second row would come from the same flush; look again after it
+    live.flush()
+    rows = _rows(store, [request_id], timeout=0)
+    assert len(rows) == 1
+    assert (rows.iloc[0]["error_code"], rows.iloc[0]["finish_reason"]) == ("engine_error", "error")
