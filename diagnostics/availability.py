@@ -168,7 +168,8 @@ def compare(mine: dict[tuple, list[int]], peers: dict[tuple, list[int]]) -> dict
         return None
     p, test = _cmh_p(a, n1, n2, a + c)
     mine_events, mine_n, peer_events, peer_n = int(a.sum()), int(n1.sum()), int(c.sum()), int(n2.sum())
-    return {"events": mine_events, "requests": mine_n, "rate": mine_events / mine_n, "rate_ci": wilson(mine_events, mine_n),
+    return {"events": mine_events, "requests": mine_n, "rate": mine_events / mine_n,
+            "rate_ci": wilson(mine_events, mine_n),
             "expected_rate": float((n1 * c / n2).sum() / n1.sum()), "peer_events": peer_events,
             "peer_requests": peer_n, "peer_rate": peer_events / peer_n, "peer_rate_ci": wilson(peer_events, peer_n),
             "strata": len(shared), "p": p, "test": test}

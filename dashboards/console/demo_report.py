@@ -81,8 +81,9 @@ def format_report(data: dict) -> str:
     for _, r in reps.iterrows():
         rid = r["replica_id"]
         s = steps.loc[rid] if rid in steps.index else None
-        rows.append([rid, int(r["requests"]), _share(r["answered"], r["requests"]), _share(r["rejected"], r["requests"]),
-                     _share(r["shed"], r["requests"]), _share(r["failed"] + r["timed_out"], r["requests"]),
+        n = r["requests"]
+        rows.append([rid, int(n), _share(r["answered"], n), _share(r["rejected"], n), _share(r["shed"], n),
+                     _share(r["failed"] + r["timed_out"], n),
                      int(r["prompt_tok"]), int(r["output_tok"]),
                      *(_ms(r["ttft"], i) for i in range(len(q))), *(_ms(r["itl"], i) for i in range(len(q))),
                      _ms(r["e2e"], q.index("p90")), f"{r['prefix_hit_rate']:.0%}",
@@ -90,7 +91,8 @@ def format_report(data: dict) -> str:
                      "-" if s is None else f"{s['host_share']:.0%}"])
     out = ["per replica (from the store; latencies in ms; itl per gap between consecutive tokens; availability: "
            "the share of every request received that was answered, rejected, shed or failed)",
-           _table(["replica", "req", "answered", "rejected", "shed", "failed", "prompt tok", "output tok", f"ttft {q[0]}", *q[1:], f"itl {q[0]}",
+           _table(["replica", "req", "answered", "rejected", "shed", "failed", "prompt tok", "output tok",
+                   f"ttft {q[0]}", *q[1:], f"itl {q[0]}",
                    *q[1:], "e2e p90", "prefix hit", "kv mean/peak", "host share"], rows)]
     w = data["workloads"]
     if len(w):

@@ -10,10 +10,11 @@ is down), off the response's path: a broken store never slows or breaks proxying
 
 Anything else (GET /v1/models, /metrics, /tokenize ...) and any body that is not a JSON object
 passes through untouched, and so does every upstream error: the client sees exactly what the
-upstream said. Every generation request is a row: an upstream's refusal or failure (and the proxy's 502
-when it cannot reach it) with the upstream's status and error body (engine/proxy/refusals.py). GET /health answers as a replica does (the proxy is the replica's endpoint): the
-upstream's status code, its JSON body where it has one (vLLM's is empty), with the replica id the
-rows are stored under. The proxy's own telemetry counters are at GET /infersight/metrics.
+upstream said. Every generation request is a row: an upstream's refusal or failure (and the proxy's
+502 when it cannot reach it) with the upstream's status and error body (engine/proxy/refusals.py).
+GET /health answers as a replica does (the proxy is the replica's endpoint): the upstream's status
+code, its JSON body where it has one (vLLM's is empty), with the replica id the rows are stored under.
+The proxy's own telemetry counters are at GET /infersight/metrics.
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ class RecordingProxy:
         except ValueError:
             body = None
         if not isinstance(body, dict):  # the upstream says what is wrong with it
-            return await self._unrecordable(request, raw, arrival)
+            return await self._forward_unparsed(request, raw, arrival)
         kind = GENERATION_PATHS[request.url.path]
         await self._ensure_info()
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
@@ -287,7 +288,7 @@ class RecordingProxy:
         _copy_headers(response, upstream, request_id)
         return response
 
-    async def _unrecordable(self, request: Request, raw: bytes, arrival: float) -> Response:
+    async def _forward_unparsed(self, request: Request, raw: bytes, arrival: float) -> Response:
         """A body that is not a JSON object: forwarded as it is (the upstream says what is wrong with it);
         its answer recorded like any refusal."""
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
@@ -321,7 +322,6 @@ class RecordingProxy:
             if self.record_failures == 1:
                 log.exception("proxy: cannot record refused request %s (further failures only counted)", request_id)
         return response
-
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)
