@@ -87,7 +87,7 @@ LIMIT 1000
 # -- requests --------------------------------------------------------------------------------------
 
 _SEARCH = f"""
-SELECT arrival_time, replica_id, request_id, trace_id, workload, finish_reason,
+SELECT arrival_time, replica_id, request_id, trace_id, workload, finish_reason, http_status, error_code,
        ttft_seconds, e2e_seconds, queue_seconds, prompt_tokens, output_tokens, cached_tokens,
        preemptions, error
 FROM requests
