@@ -283,5 +283,6 @@ def _finding(model, t, replicas, identity, scope, family, availability, limits) 
                 "stated_limits": limits,
                 "correction": f"Holm over {family} tests (replicas x outcome kinds)",
                 "strata": "workload x prompt-length bucket (sqrt 2)" if KINDS[kind][1] else "workload"}
-    return Finding(KIND, "critical" if excess >= CRITICAL_EXCESS else "warning", f"{rid}:{kind}", summary, DIAGNOSTIC,
-                   scope, evidence)
+    # the subject is the replica (as every replica finding's); each outcome kind a finding of its own id
+    return Finding(KIND, "critical" if excess >= CRITICAL_EXCESS else "warning", rid, summary, DIAGNOSTIC, scope,
+                   evidence, id_kind=f"{KIND}:{kind}")

@@ -62,7 +62,10 @@ def diagnose(store, t0):
 
 
 def named(findings):
-    return {f.subject: f for f in findings if f.kind == availability.KIND}
+    """{"replica:outcome": finding} of the findings above info (the subject is the replica)."""
+    out = {f"{f.subject}:{f.evidence['outcome']}": f for f in findings if f.kind == availability.KIND}
+    assert len({f.finding_id for f in out.values()}) == len(out)  # one id per replica and outcome
+    return out
 
 
 def test_a_length_limit_is_named_with_the_key(clean):

@@ -24,4 +24,4 @@ def test_diagnose_prints_each_replicas_availability_beside_its_latency(tmp_path,
     assert header[:7] == ["MODEL", "REPLICA", "REQUESTS", "ANSWERED", "REJECTED", "SHED", "FAILED"]
     row_c = next(line.split() for line in lines if line.split()[1:2] == ["c"])
     assert row_c[2] == "300" and float(row_c[4].rstrip("%")) > 30  # c refuses its long prompts
-    assert "TTFT" in lines[1] and "c:length" in out  # the latency beside it, and the finding below
+    assert "TTFT" in lines[1] and "c (tiny) refused for length" in out  # the latency beside it, the finding below

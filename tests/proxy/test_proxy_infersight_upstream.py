@@ -9,7 +9,6 @@ import uuid
 
 import httpx
 import pytest
-from conftest import MAX_MODEL_LEN
 from proxy_support import rows, sse_payloads, without_volatile
 
 PROMPT = "The quick brown fox jumps over"
@@ -144,8 +143,8 @@ def test_upstream_errors_pass_through_unchanged_and_each_is_a_row(clients, upstr
         assert (row["error_code"], row["http_status"], row["upstream_status"]) == (code, 400, 400), request_id
         assert row["upstream_error_body"] == ""  # it may quote the request: text, stored only with --store-text
     long_row = next(stored[i] for i, code in sent.items() if code == "context_length")
-    assert long_row["prompt_tokens"] > MAX_MODEL_LEN and json.loads(long_row["error_detail_json"])["max_model_len"] \
-        == MAX_MODEL_LEN
+    limit = direct.get("/v1/models").json()["data"][0]["max_model_len"]
+    assert long_row["prompt_tokens"] > limit and json.loads(long_row["error_detail_json"])["max_model_len"] == limit
 
 
 def test_an_unreachable_upstream_is_a_502_row(sidecar, store, upstream):
