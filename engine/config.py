@@ -54,6 +54,9 @@ class EngineConfig:
     num_scheduler_steps: int = 1
     # tokenization
     tokenization_cache_size: int = 4096
+    # the chat template in place of the model directory's, as vLLM's --chat-template takes it: a file's
+    # path or the template itself (engine.tokenization.load_chat_template); its hash is the replica's
+    chat_template: str | None = None
     # identity
     replica_id: str = "replica-0"
     served_model_name: str | None = None  # defaults to the model directory's name

@@ -5,6 +5,11 @@
     step()            schedule -> prepare -> forward -> sample -> postprocess
     abort(...)        drop a request wherever it is
 
+A request that fails on its own (parameters the sampler cannot hold, its grammar, a logits
+processor, detokenization or stop strings, its prompt logprobs) ends alone, with finish reason
+"error", its error text and its KV blocks freed; the rest of the batch goes on. A failure of the
+step itself (the forward pass) fails the step's requests.
+
 Each step is timed in five parts (time.perf_counter) and, when an observer
 listens, reported as one StepRecord; a finished request is reported as one
 RequestRecord. With nobody listening no record is built at all.
@@ -27,14 +32,14 @@ from engine.kv_cache import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
 from engine.models.packed_linear import PACKED_MIN_ROWS
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import RequestMetrics, RequestOutput, error_text
 from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, is_token_ids, text_prompt
 from engine.sampler import Sampler, SamplerOutput, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
 from engine.structured_output import StructuredOutput, backend_identity
-from engine.tokenization import Tokenizer
+from engine.tokenization import Tokenizer, load_chat_template
 from telemetry.contract import derived
 from telemetry.contract.hooks import EngineObserver, guarded
 
@@ -70,6 +75,8 @@ class LLMEngine:
                 raise ValueError(f"pack_weights: {type(self.loaded.model).__name__} has no packed projections")
             log.info("pack_weights: %d projections take oneDNN's packed weights for %d+ rows", pack(), PACKED_MIN_ROWS)
         self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, self.observer)
+        if config.chat_template is not None:
+            self.tokenizer.use_chat_template(load_chat_template(config.chat_template))
         self.model_name = config.served_model_name or self.loaded.model_name
         self.vocab_size = self.loaded.vocab_size
         self.eos_token_ids = set(self.loaded.eos_token_ids) or (
@@ -167,7 +174,7 @@ class LLMEngine:
         params = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        params.validate()
+        params.validate(self.vocab_size)  # every field, token IDs against this vocabulary: ValueError names it
         prompt = self.prepare_prompt(prompt)
         seq = Sequence(str(request_id), prompt.token_ids, params,
                        arrival_time if arrival_time is not None else time.time(),
@@ -256,11 +263,12 @@ class LLMEngine:
             if self.speculator is not None:
                 self.speculator.discard(batch)  # unverified drafts must not become output tokens
             self.step_id += 1
-            return self._fail(batch.seqs, f"{type(e).__name__}: {e}")
+            return self._fail(batch.seqs, error_text(e))
         outputs, finished = self._postprocess(batch, out.prompt_logits, sampling, sampled)
         t5 = perf_counter()
         if self.observer.enabled:
-            num_generated = sampled.num_tokens if self.speculator is not None and sampling else len(sampling)
+            num_generated = (sampled.num_tokens if self.speculator is not None and sampling
+                             else len(sampling) - len(sampled.errors or ()) if sampling else 0)
             split = (t1 - t0, t2 - t1 - draft_s, t3 - t2 + draft_s, t4 - t3, t5 - t4)
             context_lens = inputs.metadata.context_lens  # what attention read: computed + new tokens
             self._report_step(batch, start_wall, t0, split, num_generated, finished, context_lens)
@@ -281,7 +289,7 @@ class LLMEngine:
         except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep serving the others
             log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
             self.step_id += 1
-            return self._fail(batch.seqs, f"{type(e).__name__}: {e}")
+            return self._fail(batch.seqs, error_text(e))
         lengths = [len(s.token_ids) for s in sampling]
         outputs, finished = self._postprocess(batch, {}, sampling, sampled)
         t5 = perf_counter()
@@ -311,67 +319,92 @@ class LLMEngine:
             seq.num_computed_tokens += n
             if seq.num_computed_tokens // bs > seq.num_registered_blocks:
                 kv.cache_full_blocks(seq)
-        for i, logits in prompt_logits.items():
-            self._add_prompt_logprobs(batch.seqs[i], batch.num_new_tokens[i], logits)
-
         outputs: list[RequestOutput] = []
+        for i, logits in prompt_logits.items():
+            try:
+                self._add_prompt_logprobs(batch.seqs[i], batch.num_new_tokens[i], logits)
+            except Exception as e:  # noqa: BLE001 - this request fails alone (and samples nothing below)
+                self._fail_alone(batch.seqs[i], error_text(e), outputs)
         finished: list[tuple[Sequence, RequestOutput]] = []
         if sampled is None:
             return outputs, finished
         now = time.time()
-        eos = self.eos_token_ids
-        max_len = self.scheduler.max_seq_len
-        spec = self.speculator is not None  # then each sequence gets a list of tokens (accepted drafts + 1)
-        steps = batch.stepped  # each sequence gets its K sub-steps' tokens (engine/multi_step.py)
+        errors = sampled.errors or {}  # rows the sampler could not sample on their own
         for i, (seq, tokens, logprobs) in enumerate(zip(sampling, sampled.token_ids, sampled.logprobs)):
-            if steps:
-                raw = sampled.sampled_logprobs[i]  # the sampler appends these itself; here, only tokens kept
-            elif not spec:
-                tokens, logprobs = (tokens,), (logprobs,)
-            elif logprobs is None:
-                logprobs = (None,) * len(tokens)
-            params = seq.sampling_params
-            reason = None
-            for j, (token, logprob) in enumerate(zip(tokens, logprobs)):
-                seq.token_ids.append(token)
-                seq.token_times.append(now)
-                if steps:
-                    seq.output_logprobs.append(raw[j])
-                if seq.first_token_time == 0.0:
-                    seq.first_token_time = now
-                    if self.observer.enabled:
-                        self._notify("on_first_token", seq.request_id, now)
-                if logprob is not None:
-                    seq.logprobs.append(logprob)
-                # under a grammar EOS is allowed only once the JSON is complete: it ends the request, ignore_eos or not
-                stop_token = (token in eos and (not params.ignore_eos or getattr(seq, "grammar", None) is not None)) \
-                    or token in params.stop_token_ids
-                if stop_token:
-                    reason = "stop"
-                elif seq.detokenizer is not None and seq.detokenizer.add_tokens([token]) is not None:
-                    reason = "stop"
-                elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= max_len:
-                    reason = "length"
-                if reason is not None:
-                    break
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
-                seq.finish_time = now
-                del self.requests[seq.request_id]
-                out = self._finished_output(seq, stop_token)
-                outputs.append(out)
-                finished.append((seq, out))
+            if seq.is_finished:  # failed above
                 continue
-            if spec:  # keep the accepted drafts' KV, drop the rejected ones' slots
-                self.speculator.commit(seq)
-            elif steps:  # every sub-step's input token is in the cache now; the last token is not
-                seq.num_computed_tokens = len(seq.token_ids) - 1
-                kv.cache_full_blocks(seq)
-            if seq.stream:
-                outputs.append(self._stream_output(seq))
+            if i in errors:
+                self._fail_alone(seq, errors[i], outputs)
+                continue
+            # a try costs nothing until it raises: a detokenizer, stop-string or output failure ends this
+            # request alone
+            try:
+                self._append_tokens(seq, tokens, logprobs, sampled.sampled_logprobs[i] if batch.stepped else None,
+                                    now, outputs, finished)
+            except Exception as e:  # noqa: BLE001
+                self._fail_alone(seq, error_text(e), outputs)
         if finished:
             self.scheduler.remove_finished()
         return outputs, finished
+
+    def _append_tokens(self, seq: Sequence, tokens, logprobs, raw: list[float] | None, now: float,
+                       outputs: list[RequestOutput], finished: list) -> None:
+        """One sequence's sampled tokens into it, up to a stop; its output into `outputs` (and `finished`).
+        `raw`: a multi-step batch's raw logprobs of the sequence's K sub-step tokens (engine/multi_step.py;
+        the sampler appends them itself otherwise): only the tokens kept get theirs."""
+        spec = self.speculator is not None  # then each sequence gets a list of tokens (accepted drafts + 1)
+        steps = raw is not None
+        if not steps:
+            if not spec:
+                tokens, logprobs = (tokens,), (logprobs,)
+            elif logprobs is None:
+                logprobs = (None,) * len(tokens)
+        eos = self.eos_token_ids
+        params = seq.sampling_params
+        reason = None
+        for j, (token, logprob) in enumerate(zip(tokens, logprobs)):
+            seq.token_ids.append(token)
+            seq.token_times.append(now)
+            if steps:
+                seq.output_logprobs.append(raw[j])
+            if seq.first_token_time == 0.0:
+                seq.first_token_time = now
+                if self.observer.enabled:
+                    self._notify("on_first_token", seq.request_id, now)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            # under a grammar EOS is allowed only once the JSON is complete: it ends the request, ignore_eos or not
+            stop_token = (token in eos and (not params.ignore_eos or getattr(seq, "grammar", None) is not None)) \
+                or token in params.stop_token_ids
+            if stop_token:
+                reason = "stop"
+            elif seq.detokenizer is not None and seq.detokenizer.add_tokens([token]) is not None:
+                reason = "stop"
+            elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.scheduler.max_seq_len:
+                reason = "length"
+            if reason is not None:
+                break
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            seq.finish_time = now
+            del self.requests[seq.request_id]
+            out = self._finished_output(seq, stop_token)
+            outputs.append(out)
+            finished.append((seq, out))
+            return
+        if spec:  # keep the accepted drafts' KV, drop the rejected ones' slots
+            self.speculator.commit(seq)
+        elif steps:  # every sub-step's input token is in the cache now; the last token is not
+            seq.num_computed_tokens = len(seq.token_ids) - 1
+            self.kv_cache.cache_full_blocks(seq)
+        if seq.stream:
+            outputs.append(self._stream_output(seq))
+
+    def _fail_alone(self, seq: Sequence, error: str, outputs: list[RequestOutput]) -> None:
+        """A request failed on its own (its parameters, grammar, processors, detokenization): end it with
+        finish reason "error" and its blocks freed; the rest of the batch goes on."""
+        log.warning("request %s failed on its own; the batch goes on: %s", seq.request_id, error)
+        outputs += self._fail([seq], error)
 
     def _fail(self, seqs: list[Sequence], error: str) -> list[RequestOutput]:
         """End `seqs` with finish_reason "error" (their blocks go back to the pool)."""
@@ -381,7 +414,11 @@ class LLMEngine:
             self.scheduler.finish(seq, "error")
             seq.error, seq.finish_time = error, now
             self.requests.pop(seq.request_id, None)
-            out = self._finished_output(seq)
+            try:
+                out = self._finished_output(seq)
+            except Exception:  # noqa: BLE001 - its text cannot be made (the failure may be the detokenizer's)
+                out = RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, "",
+                                    finished=True, finish_reason="error", error=error, metrics=self._metrics(seq))
             outputs.append(out)
             if self.observer.enabled:
                 t = perf_counter()
@@ -454,8 +491,12 @@ class LLMEngine:
         self._telemetry_seconds += perf_counter() - t
 
     def _report_finished(self, seq: Sequence, text: str) -> None:
-        record = build_request_record(seq, replica_id=self.config.replica_id, model_name=self.model_name,
-                                      output_text=text)
+        try:  # one request's record that cannot be built must not end the step of the others
+            record = build_request_record(seq, replica_id=self.config.replica_id, model_name=self.model_name,
+                                          output_text=text)
+        except Exception:  # noqa: BLE001
+            log.exception("the record of request %s could not be built", seq.request_id)
+            return
         self.observer.on_request_finished(record)
 
     def _report_step(self, batch: ScheduledBatch, start_wall: float, t0: float, split: tuple,

@@ -115,10 +115,11 @@ def apply_repetition_penalty(x: torch.Tensor, rows: list[int] | slice, seen: tor
                              penalty: torch.Tensor) -> None:
     """In place on `x[rows]`: seen tokens' logits / penalty where > 0, * penalty where <= 0. Kept finite: a
     penalty below the dtype's range (2.7e-201 is 0 in float32) gave x / 0 = inf and 0 / 0 = NaN, and then
-    NaN probabilities and an arbitrary token (one a grammar forbids: schemathesis found it)."""
+    NaN probabilities and an arbitrary token (one a grammar forbids: schemathesis found it); one above it
+    (1e300 is inf in float32) gave 0 * inf = NaN."""
     finfo = torch.finfo(x.dtype)
     sub = x[rows]
-    factor = torch.where(seen, penalty.clamp(min=finfo.tiny)[:, None], 1.0)
+    factor = torch.where(seen, penalty.clamp(finfo.tiny, finfo.max)[:, None], 1.0)
     x[rows] = torch.where(sub > 0, sub / factor, sub * factor).clamp(finfo.min, finfo.max)
 
 

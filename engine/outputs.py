@@ -51,3 +51,8 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None  # one per output token when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None  # None for the first prompt token
     metrics: RequestMetrics | None = None
+
+
+def error_text(e: BaseException) -> str:
+    """An exception as a failed request's `error` (and its record's): "ValueError: the message"."""
+    return f"{type(e).__name__}: {e}"

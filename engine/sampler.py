@@ -17,6 +17,10 @@ request asked (`Sequence.output_logprobs`, the store's requests.output_logprobs:
 quality drift under sampled traffic reads it); it costs one max-shifted exp-sum over
 the batch, `logit[token] - logsumexp(logits)`, no [N, V] output (greedy rows get the
 token and the max from one `max`).
+
+A request's failure stays its own: when the batched pass raises, the rows are
+sampled one by one and only those that raise alone are failed (`SamplerOutput.errors`;
+the engine ends them with finish reason "error").
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.logits_processors import apply_min_p, apply_raw_processors
-from engine.outputs import TokenLogprob
+from engine.outputs import TokenLogprob, error_text
 from engine.sequence import Sequence
 
 
@@ -35,6 +39,8 @@ class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]  # per row; None where not asked
     sampled_logprobs: list[float] | None = None  # per row: the raw logprob of its token
+    # rows whose request failed on its own (its parameters, grammar or processors) -> the error; None: none
+    errors: dict[int, str] | None = None
 
 
 class Sampler:
@@ -48,7 +54,32 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
-        """`logits` [N, V] float32, one row per sequence in `seqs`."""
+        """`logits` [N, V] float32, one row per sequence in `seqs`.
+
+        One request's parameters, grammar or processors must not fail the others: when the batched
+        pass raises, each row is sampled alone, and the rows that raise alone are named in `errors`
+        (their token is -1, never appended) while the others keep their tokens. Only that rare path pays;
+        the batched pass runs as before. A row sampled again gets the token it would have got: greedy rows
+        always, seeded rows whenever the batch raised before drawing their noise (parameters, processors
+        and grammars all come before it; a raise after it would give them a fresh draw)."""
+        try:
+            return self._sample_batch(logits, seqs)
+        except Exception as e:  # noqa: BLE001 - find the rows that fail on their own
+            if len(seqs) == 1:
+                return SamplerOutput([-1], [None], [float("nan")], {0: error_text(e)})
+        token_ids, logprobs, raw, errors = [], [], [], {}
+        for i, seq in enumerate(seqs):
+            try:
+                one = self._sample_batch(logits[i:i + 1], [seq])
+            except Exception as e:  # noqa: BLE001
+                errors[i] = error_text(e)
+                one = SamplerOutput([-1], [None], [float("nan")])
+            token_ids += one.token_ids
+            logprobs += one.logprobs
+            raw += one.sampled_logprobs
+        return SamplerOutput(token_ids, logprobs, raw, errors)
+
+    def _sample_batch(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         params = [s.sampling_params for s in seqs]
         processed = apply_raw_processors(logits, seqs)  # `logits` itself when no row uses them
         row_max = None
@@ -63,8 +94,6 @@ class Sampler:
             tokens = self._sample(processed, seqs)
         token_ids = tokens.tolist()
         sampled_lps = sampled_logprobs(logits, tokens, row_max).tolist()
-        for seq, lp in zip(seqs, sampled_lps):
-            seq.output_logprobs.append(lp)
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
         if wanted:
@@ -72,6 +101,9 @@ class Sampler:
             top_n = [params[i].logprobs for i in wanted]
             for i, lp in zip(wanted, token_logprobs(logits[rows], tokens[rows], top_n)):
                 logprobs[i] = lp
+        # last, once nothing can raise: a row sampled again after a failed batch is appended once
+        for seq, lp in zip(seqs, sampled_lps):
+            seq.output_logprobs.append(lp)
         return SamplerOutput(token_ids, logprobs, sampled_lps)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import dataclass, field, fields
 
 from engine.structured_output import grammar_spec
 
 GREEDY_BELOW = 1e-5
+MAX_LOGPROBS = 20  # top-n logprobs per token (OpenAI's limit)
+# the sampler's integer tensors are int64 (torch.long); vLLM bounds a seed to the same width
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
@@ -46,32 +51,47 @@ class SamplingParams:
         # vLLM's _SAMPLING_EPS: a temperature this small is greedy (dividing by it would overflow float32)
         return self.temperature < GREEDY_BELOW
 
-    def validate(self) -> None:
-        """Raise ValueError with a message a user can act on."""
-        if not (0.0 <= self.temperature <= 100.0):
-            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
-        if self.top_k != -1 and self.top_k < 1:
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.logprobs is not None and not (0 <= self.logprobs <= 20):
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
-        if self.prompt_logprobs is not None and not (0 <= self.prompt_logprobs <= 20):
-            raise ValueError(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the field (its first word) and the range, with a message a user can act on.
+
+        Every number is checked for its type (a bool, a string or None where a number belongs is refused),
+        for being finite, and for fitting the sampler: its integer tensors are int64, so an integer past
+        that width (top_k 2**64, or 1e308 written as an integer) would fail inside a batched step, for
+        every request in it. `vocab_size` (the engine passes it where a Sequence is made): token IDs of
+        logit_bias and stop_token_ids inside the vocabulary (an ID past it would index past the logits)."""
+        _real("temperature", self.temperature, 0.0, 100.0)
+        if self.top_k != -1:
+            _integer("top_k", self.top_k, 1, INT64_MAX, note="-1 (off) or an integer in [1, 2**63 - 1]")
+        _real("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _integer("max_tokens", self.max_tokens, 1, INT64_MAX)
+        if self.seed is not None:
+            _integer("seed", self.seed, INT64_MIN, INT64_MAX)
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise ValueError(f"stop_token_ids must be a list of token IDs, got {_shown(self.stop_token_ids)}")
+        token_high = INT64_MAX if vocab_size is None else vocab_size - 1
+        for token in self.stop_token_ids:
+            _integer("stop_token_ids", token, 0, token_high)
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be a list of strings, got {_shown(self.stop)}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a boolean, got {_shown(self.ignore_eos)}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _integer(name, getattr(self, name), 0, MAX_LOGPROBS)
         for name in ("presence_penalty", "frequency_penalty"):
-            if not (-2.0 <= getattr(self, name) <= 2.0):
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if not self.repetition_penalty > 0.0:
-            raise ValueError(f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}")
-        if not (0.0 <= self.min_p <= 1.0):
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        for token, bias in (self.logit_bias or {}).items():
-            if not isinstance(token, int) or token < 0:
-                raise ValueError(f"logit_bias keys must be token IDs (integers >= 0), got {token!r}")
-            if not (-100.0 <= bias <= 100.0):
-                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
+            _real(name, getattr(self, name), -2.0, 2.0)
+        # any finite positive penalty (vLLM's bound); the sampler keeps the float32 result finite
+        _real("repetition_penalty", self.repetition_penalty, 0.0, math.inf, low_open=True)
+        _real("min_p", self.min_p, 0.0, 1.0)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a mapping of token ID to bias, got {_shown(self.logit_bias)}")
+            for token, bias in self.logit_bias.items():
+                _integer("logit_bias", token, 0, token_high, what="keys (token IDs)")
+                _real("logit_bias", bias, -100.0, 100.0, what=f"value of token {token}")
+        _integer("n", self.n, 1, INT64_MAX)
+        if self.best_of is not None:
+            _integer("best_of", self.best_of, 1, INT64_MAX)
         grammar_spec(self.response_format)  # engine/structured_output.py: the type, the schema, xgrammar parses it
 
     def to_json(self) -> str:
@@ -84,3 +104,41 @@ class SamplingParams:
         if self.logit_bias is not None:  # string keys, as JSON (and the proxy's copy of the body) has them
             d["logit_bias"] = {str(t): float(b) for t, b in self.logit_bias.items()}
         return json.dumps(d, sort_keys=True)
+
+
+def _shown(value) -> str:
+    """A value in an error message, cut short (an integer of 300 digits is no help to read)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _integer(name: str, value, low: int, high: int, *, note: str = "", what: str = "") -> None:
+    """`value` an integer (not a bool) in [low, high]; else ValueError starting with `name`."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and low <= value <= high:
+        return
+    field = f"{name} {what}" if what else name
+    bounds = note or f"an integer in [{_bound(low)}, {_bound(high)}]"
+    raise ValueError(f"{field} must be {bounds}, got {_shown(value)}")
+
+
+def _real(name: str, value, low: float, high: float, *, low_open: bool = False, what: str = "") -> None:
+    """`value` a finite real number (not a bool) in [low, high] ((low, high] with `low_open`)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and _finite_float(value) \
+            and (low < value if low_open else low <= value) and value <= high:
+        return
+    field = f"{name} {what}" if what else name
+    upper = f"{high:g}]" if math.isfinite(high) else "inf)"
+    raise ValueError(f"{field} must be a finite number in {'(' if low_open else '['}{low:g}, {upper}, "
+                     f"got {_shown(value)}")
+
+
+def _finite_float(value: numbers.Real) -> bool:
+    """A finite number as a float, as the sampler's tensors take it (the integer 10**400 is none)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _bound(n: int) -> str:
+    return {INT64_MAX: "2**63 - 1", INT64_MIN: "-2**63"}.get(n, str(n))

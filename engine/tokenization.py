@@ -75,16 +75,27 @@ def load_hf_tokenizer(path: str | Path):
         raise TokenizerLoadError(f"{path}: cannot load a tokenizer ({type(e).__name__}: {e})") from e
 
 
+_JINJA_CHARS = "{}\n"
+
+
+def load_chat_template(given: str) -> str:
+    """`--chat-template` as vLLM takes it: a file's path (its text), else the template itself (text holding
+    one of "{", "}" or a newline); a name that is neither is an error naming it."""
+    try:
+        return Path(given).read_text(encoding="utf-8")
+    except OSError as e:
+        if any(c in given for c in _JINJA_CHARS):
+            return given
+        raise ValueError(f"chat_template {given!r}: cannot read it as a file ({e.strerror or e}), and it is not "
+                         "a template (no '{', '}' or newline)") from None
+
+
 class Tokenizer:
     def __init__(self, path: str | Path, cache_size: int = 4096, observer: EngineObserver = NOOP_OBSERVER):
         self.path = Path(path)
         self.hf = load_hf_tokenizer(path)
         self.tokenizer_hash = hash_tokenizer_files(path)
-        template = getattr(self.hf, "chat_template", None)
-        if isinstance(template, dict):  # several named templates
-            template = "\n".join(f"{k}\n{v}" for k, v in sorted(template.items()))
-        self.chat_template = template
-        self.chat_template_hash = sha256_hex(template.encode()) if template else ""
+        self.use_chat_template(getattr(self.hf, "chat_template", None))
         self.observer = observer
         self.cache_size = cache_size
         self.cache_hits = 0
@@ -95,6 +106,16 @@ class Tokenizer:
         backend = getattr(self.hf, "backend_tokenizer", None)
         cleanup = getattr(self.hf, "clean_up_tokenization_spaces", False)
         self._fast_decode = backend.decode if backend is not None and not cleanup else None
+
+    def use_chat_template(self, template: str | dict | None) -> None:
+        """The chat template every chat is rendered with (the model directory's, or `--chat-template`'s)
+        and its hash, part of the replica's identity."""
+        if isinstance(template, dict):  # several named templates
+            template = "\n".join(f"{k}\n{v}" for k, v in sorted(template.items()))
+        elif template is not None:
+            self.hf.chat_template = template
+        self.chat_template = template
+        self.chat_template_hash = sha256_hex(template.encode()) if template else ""
 
     # --- properties ------------------------------------------------------------
 

@@ -17,11 +17,20 @@ After `close()` with the store up, every row appended is in `written` or `droppe
 also logged (a line at most every DROP_LOG_INTERVAL seconds, from the flush thread).
 
 A process killed without its final flush loses what it held in memory (up to a flush interval of
-rows). The flush thread keeps a marker in the spool directory (telemetry/run_marker.py) with the
-rows buffered at its last checkpoint; the next recorder on that directory logs the abandoned run
-and counts those rows as dropped. Rows recorded after that checkpoint are lost uncounted (about
-`checkpoint_interval` seconds of them; more if a slow flush was under way): the engine thread
-never touches disk.
+rows), except what its request journal holds. The flush thread keeps a marker in the spool
+directory (telemetry/run_marker.py) with the rows buffered at its last checkpoint; the next
+recorder on that directory logs the abandoned run and counts those rows as dropped. Rows recorded
+after that checkpoint are lost uncounted (about `checkpoint_interval` seconds of them; more if a
+slow flush was under way): the engine thread never touches disk.
+
+With `journal=True` (what `infersight serve` uses) `requests` records go through a journal in the
+spool directory (telemetry/journal.py) before they reach the buffer: `sync_journal()` writes every
+record appended so far (one write() into the page cache: it survives kill -9, not a machine
+crash), and the server calls it before any byte of a response leaves, so every answered request
+is on disk. The next start turns a dead run's journal into spool files (its unconfirmed batches
+under their own tokens: stored once) and counts as dropped exactly the records the engine had
+handed over by the last checkpoint and the journal never got (requests no client was answered).
+Steps and the other tables keep the marker's accounting above.
 
 Redaction has one owner, here: the engine's request records always carry the prompt and output
 text; `store_text` (False unless the operator allows it: `infersight serve --store-text`) decides
@@ -31,6 +40,7 @@ formed, so no text reaches the store nor the disk spool. The hashes are always k
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import os
@@ -47,7 +57,8 @@ from telemetry.batch_token import batch_token, run_prefix, safe_replica_id, uniq
 from telemetry.contract.hooks import EngineObserver
 from telemetry.columnar import as_one_batch, columns_to_arrow
 from telemetry.contract.records import RECORD_TYPES, ReplicaRecord, RequestRecord, StepRecord
-from telemetry.run_marker import RunMarker, claim_abandoned
+from telemetry.journal import RequestJournal, abandoned_runs, read_run
+from telemetry.run_marker import RunMarker, claim_abandoned, marker_path
 from telemetry.schema.columns import arrow_schema
 from telemetry.spool import Spool
 from telemetry.store import Store, StoreError, is_remote, open_store
@@ -65,6 +76,19 @@ DEFAULT_CHECKPOINT_INTERVAL = 0.5
 DROP_LOG_INTERVAL = 30.0
 # of `requests`: written empty unless store_text (an upstream's error body may quote the request)
 TEXT_COLUMNS = ("prompt_text", "output_text", "upstream_error_body")
+_REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestRecord))
+
+
+def _number_lists(table: str) -> dict[str, str]:
+    """{column: array typecode} of the table's list-of-number columns (int64 or float64: every value
+    the Arrow conversion takes fits, and comes back the same)."""
+    out = {}
+    for f in arrow_schema(table):
+        if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type):
+            out[f.name] = "q"
+        elif pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type):
+            out[f.name] = "d"
+    return out
 
 
 def _row_counts(counts) -> dict[str, int]:
@@ -86,6 +110,7 @@ class ColumnBuffer:
         self._get = operator.attrgetter(*self.names)
         self._records: deque = deque()
         self.append = self._records.append  # the engine thread's whole cost
+        self.extend = self._records.extend
 
     @property
     def rows(self) -> int:
@@ -131,7 +156,7 @@ class Recorder(EngineObserver):
                  max_batch_rows: int = 5_000, max_buffer_rows: int = 50_000,
                  spool_dir: str | os.PathLike | None = None, spool_max_bytes: int = 256 << 20,
                  store_text: bool = False, max_backoff: float = 10.0,
-                 checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL):
+                 checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL, journal: bool = False):
         self.replica_id = replica_id
         self.flush_interval, self.max_batch_rows, self.max_buffer_rows = flush_interval, max_batch_rows, max_buffer_rows
         self.checkpoint_interval = min(checkpoint_interval, flush_interval)
@@ -160,9 +185,13 @@ class Recorder(EngineObserver):
         self._backoff, self._max_backoff = 0.5, max_backoff
         self._spool_full_logged = False
         self._drops_logged, self._drops_logged_at = 0, float("-inf")
+        self._journal: RequestJournal | None = None
+        self._requests_taken = 0  # journaled requests records the flush thread has taken (the next one's number)
 
         self.abandoned_runs = self._account_abandoned_runs()  # before this run's own marker exists
         self._marker = self._open_marker()
+        if journal:  # after the marker: a journal without one is a dead run's
+            self._journal = self._open_journal()
         self._checkpoint()
         self._wake = threading.Event()
         if spooled := self.spool.files():
@@ -191,13 +220,14 @@ class Recorder(EngineObserver):
         self._append(table, record)
 
     def _append(self, table: str, record) -> None:
-        # lock-free (ColumnBuffer): a record racing with close() is counted by close's last check
+        # lock-free (ColumnBuffer, RequestJournal): a record racing with close() is counted by close's last check
         buffer = self._buffers[table]
-        rows = buffer.rows
+        journal = self._journal if table == "requests" else None
+        rows = buffer.rows if journal is None else buffer.rows + len(journal)
         if self._closed or rows >= self.max_buffer_rows:
             self._count(table, "dropped", 1)
             return
-        buffer.append(record)
+        (buffer.append if journal is None else journal.append)(record)
         if rows + 1 >= self.max_batch_rows:
             self._wake.set()
 
@@ -210,7 +240,14 @@ class Recorder(EngineObserver):
     def pending_rows(self) -> int:
         """Rows buffered in memory, not yet written, spooled or dropped."""
         with self._lock:
-            return sum(b.rows for b in self._buffers.values())
+            return sum(b.rows for b in self._buffers.values()) + (len(self._journal) if self._journal else 0)
+
+    def sync_journal(self) -> None:
+        """Journal every request record appended so far (group commit; a no-op without a journal or
+        with nothing new). What `infersight serve` calls before any byte of a response leaves."""
+        journal = self._journal
+        if journal is not None:
+            journal.sync()
 
     def batch_token(self, table: str, seq: int) -> str:
         """The dedup token of this run's `seq`-th batch of `table` (what a replay of it carries)."""
@@ -233,6 +270,8 @@ class Recorder(EngineObserver):
             for table, buffer in self._buffers.items():  # appended while closing: counted, never lost silently
                 if buffer.rows:
                     self._count(table, "dropped", len(buffer.take()))
+            if self._journal is not None:  # every batch is done: nothing to recover
+                self._journal.close()
             self._report_drops(force=True)
             if self._marker is not None:  # the final flush is done: nothing of this run to report
                 self._marker.remove()
@@ -278,24 +317,35 @@ class Recorder(EngineObserver):
                 log.exception("recorder: flush cycle failed")
 
     def _cycle(self, final: bool = False) -> None:
+        if self._journal is not None:
+            self._journal.sync()
         with self._lock:
             taken = [(table, buffer.take()) for table, buffer in self._buffers.items() if buffer.rows]
             self._in_flight = {table: len(records) for table, records in taken}
         if taken:
             self._checkpoint()  # before sending: a kill from here on leaves these rows "in flight", never counted lost
         for table, records in taken:
-            columns, rows = self._columns(table, records)
-            for start in range(0, rows, self.max_batch_rows):
-                part = {name: values[start:start + self.max_batch_rows] for name, values in columns.items()}
-                part_rows = min(self.max_batch_rows, rows - start)
+            journal = self._journal if table == "requests" else None
+            first = self._requests_taken  # the journal's number of records[0]
+            if journal is not None:
+                self._requests_taken += len(records)
+            for start in range(0, len(records), self.max_batch_rows):
+                part_records = records[start:start + self.max_batch_rows]
                 self._batch_seq[table] += 1  # the token is fixed here, with the batch: every resend reuses it
-                token = self.batch_token(table, self._batch_seq[table])
+                seq = self._batch_seq[table]
+                end = first + start + len(part_records)
+                if journal is not None:  # before it is sent: a kill from here on replays it under this token
+                    journal.formed(seq, first + start, end)
+                part_rows = len(part_records)
                 try:
+                    part, part_rows = self._columns(table, part_records)
                     data = self._to_arrow(table, part)
-                    self._deliver(table, data, token, data.num_rows)
+                    self._deliver(table, data, self.batch_token(table, seq), data.num_rows)
                 except Exception:  # whatever went wrong, the rows are accounted for
                     log.exception("recorder: %d %s rows lost", part_rows, table)
                     self._count(table, "dropped", part_rows)
+                if journal is not None:
+                    journal.done(seq, end)
             with self._lock:
                 self._in_flight.pop(table, None)
         self._checkpoint()
@@ -428,16 +478,39 @@ class Recorder(EngineObserver):
                       "reported by the next start", self.spool.directory, e)
             return None
 
+    def _open_journal(self) -> RequestJournal | None:
+        try:
+            return RequestJournal(self.spool.directory, self._token_prefix, self._buffers["requests"].names,
+                                  () if self.store_text else TEXT_COLUMNS, self._buffers["requests"].extend,
+                                  packed=_number_lists("requests"))
+        except OSError as e:
+            log.error("recorder: cannot keep a request journal in %s (%s): a kill of this process loses the "
+                      "requests it holds in memory", self.spool.directory, e)
+            return None
+
     def _checkpoint(self) -> None:
         """Tell the marker what is in memory now (the flush thread, or whoever holds the flush lock)."""
+        journal = self._journal
+        if journal is not None:
+            journal.sync()  # within a checkpoint interval even where nobody waits for it (no server)
         if self._marker is None:
             return
         with self._lock:
             buffered = {table: b.rows for table, b in self._buffers.items() if b.rows}
             in_flight = dict(self._in_flight)
         state = {"replica_id": self.replica_id, "pid": os.getpid(), "run_start_us": self.run_start_us,
-                 "checkpoint_interval": self.checkpoint_interval, "buffered": buffered, "in_flight": in_flight,
+                 "token_prefix": self._token_prefix, "checkpoint_interval": self.checkpoint_interval,
+                 "buffered": buffered, "in_flight": in_flight,
                  "last_batch": {table: seq for table, seq in self._batch_seq.items() if seq}}
+        if journal is not None and not journal.broken:
+            # journaled requests are recovered by the next start: in memory and lost are only the others
+            journaled = journal.journaled  # read first: a sync in between makes `appended` smaller, never larger
+            pending = len(journal)
+            buffered.pop("requests", None)
+            in_flight.pop("requests", None)
+            if pending:
+                buffered["requests"] = pending
+            state["journal"] = {"journaled": journaled, "appended": journaled + pending}
         try:
             self._marker.write(state)  # the file's mtime says when
         except OSError as e:
@@ -446,14 +519,24 @@ class Recorder(EngineObserver):
 
     def _account_abandoned_runs(self) -> list[dict]:
         """Earlier runs in this spool directory that ended without their final flush: log each one,
-        and count the rows its last checkpoint saw only in memory as dropped."""
+        recover what its request journal holds, and count the rows its last checkpoint saw only in
+        memory (not journaled) as dropped."""
         try:
             abandoned = claim_abandoned(self.spool.directory)
         except OSError as e:
             log.error("recorder: cannot look for abandoned runs in %s: %s", self.spool.directory, e)
             return []
+        journaled = self._recover_journals()
         for run in abandoned:
             lost, sending = _row_counts(run.get("buffered")), _row_counts(run.get("in_flight"))
+            counts = run.get("journal")
+            if isinstance(counts, dict) and isinstance(counts.get("appended"), int):
+                # exact for what the engine had handed over by the last checkpoint: appended, never journaled
+                lost.pop("requests", None)
+                sending.pop("requests", None)
+                missing = counts["appended"] - journaled.get(str(run.get("token_prefix")), 0)
+                if missing > 0:
+                    lost["requests"] = missing
             for table, rows in lost.items():
                 self._stats[table]["dropped"] += rows
             log.warning(
@@ -466,6 +549,65 @@ class Recorder(EngineObserver):
                 run.get("checkpoint_interval", "?"))
         self._drops_logged = sum(counts["dropped"] for counts in self._stats.values())  # reported just now
         return abandoned
+
+    def _recover_journals(self) -> dict[str, int]:
+        """Dead runs' request journals as spool files (replayed like any): the batches a run formed
+        and did not confirm under its tokens, the records it never batched under batch numbers it never
+        used; then the journal goes. {run: records it journaled}. A kill in the middle of this repeats
+        it at the next start, under the same tokens: stored once all the same."""
+        directory = self.spool.directory
+        found: dict[str, int] = {}
+        try:
+            runs = abandoned_runs(directory, lambda run: marker_path(directory, run).exists())
+        except OSError as e:
+            log.error("recorder: cannot look for request journals in %s: %s", directory, e)
+            return found
+        for run in runs:
+            try:
+                recovered = read_run(directory, run)
+            except OSError as e:
+                log.error("recorder: cannot read the request journal of run %s in %s: %s", run, directory, e)
+                continue
+            resent = sum(self._spool_recovered(batch_token(run, "requests", seq), rows)
+                         for seq, rows in recovered.batches)
+            fresh, seq = 0, recovered.last_batch
+            for start in range(0, len(recovered.unformed), self.max_batch_rows):
+                seq += 1
+                fresh += self._spool_recovered(batch_token(run, "requests", seq),
+                                               recovered.unformed[start:start + self.max_batch_rows])
+            for path in recovered.paths:
+                path.unlink(missing_ok=True)
+            found[run] = recovered.journaled
+            if resent or fresh:
+                log.warning("recorder: run %s in %s ended without its final flush; from its request journal, %d "
+                            "requests rows it had sent or spooled without confirmation go again under their "
+                            "batches' tokens (stored once), %d it had not sent yet go now", run, directory,
+                            resent, fresh)
+        return found
+
+    def _spool_recovered(self, token: str, rows: list[dict]) -> int:
+        """Journaled records ({column: value}) as one spool file under `token`; the rows spooled."""
+        records, bad = [], 0
+        for row in rows:
+            try:
+                records.append(RequestRecord(**{k: v for k, v in row.items() if k in _REQUEST_FIELDS}))
+            except TypeError:  # a journal of another version, without a column this one needs
+                bad += 1
+        if bad:
+            log.error("recorder: %d journaled requests rows cannot be read (dropped)", bad)
+            self._count("requests", "dropped", bad)
+        if not records:
+            return 0
+        columns, n = self._columns("requests", records)
+        try:
+            data = self._to_arrow("requests", columns)
+            if data.num_rows:
+                self.spool.put("requests", data, token, force=True)  # on disk already, as the journal
+            return data.num_rows
+        except Exception:  # noqa: BLE001 - counted, and the journal goes all the same (no endless retry)
+            log.exception("recorder: cannot spool %d journaled requests rows (dropped)", n)
+            self._count("requests", "dropped", n)
+            return 0
 
     def _report_drops(self, force: bool = False) -> None:
         """A log line when rows were dropped since the last one, at most every DROP_LOG_INTERVAL seconds."""

@@ -43,7 +43,8 @@ class TelemetryParts:
 
 def build_observer(replica_id: str, model: str, *, store_target=None, store_text: bool = False, metrics: bool = True,
                    tracing: str = "none", otlp_endpoint: str | None = None, registry: CollectorRegistry | None = None,
-                   recorder_kwargs: dict | None = None, tracer_provider=None) -> tuple[EngineObserver, TelemetryParts]:
+                   recorder_kwargs: dict | None = None, tracer_provider=None,
+                   vllm_names: bool = True) -> tuple[EngineObserver, TelemetryParts]:
     """(observer for the engine, its parts).
 
     store_target: a data directory or a ClickHouse URL for the Recorder (None: no recorder).
@@ -52,6 +53,7 @@ def build_observer(replica_id: str, model: str, *, store_target=None, store_text
       (metrics and tracing never export it).
     tracing: "none" | "console" | "otlp" (or pass an SDK `tracer_provider`).
     registry: where the metrics go (a new CollectorRegistry by default; see parts.registry).
+    vllm_names: the metrics under vLLM's names and labels too (`vllm:*`, telemetry/metrics/vllm_names.py).
     """
     recorder_kwargs = dict(recorder_kwargs or {})
     if "store_text" in recorder_kwargs:
@@ -63,7 +65,7 @@ def build_observer(replica_id: str, model: str, *, store_target=None, store_text
         parts.recorder = Recorder(store_target, replica_id, store_text=store_text, **recorder_kwargs)
         parts.registry.register(RecorderStatsCollector(parts.recorder, replica_id, model))
     if metrics:
-        parts.metrics = MetricsObserver(replica_id, model, registry=parts.registry)
+        parts.metrics = MetricsObserver(replica_id, model, registry=parts.registry, vllm_names=vllm_names)
     tracer = TracingObserver(model, replica_id, exporter=tracing, otlp_endpoint=otlp_endpoint,
                              tracer_provider=tracer_provider)
     parts.tracing = tracer if tracer.enabled else None

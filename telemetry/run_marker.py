@@ -26,9 +26,13 @@ PREFIX, SUFFIX = "run-", ".json"
 MIN_SIZE = 4096
 
 
+def marker_path(directory: Path, name: str) -> Path:
+    return Path(directory) / f"{PREFIX}{name}{SUFFIX}"
+
+
 class RunMarker:
     def __init__(self, directory: Path, name: str):
-        self.path = Path(directory) / f"{PREFIX}{name}{SUFFIX}"
+        self.path = marker_path(directory, name)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._size = MIN_SIZE

@@ -5,6 +5,9 @@ deduplication token in the schema metadata, so a replay, even by a later process
 batch under the token it was formed with: a batch the store did receive before the failure is
 recognised and not stored twice. Files appear atomically (write, then rename).
 
+The same directory holds the request journal (telemetry/journal.py): what a killed replica had
+journaled and not confirmed becomes spool files at the next start, under its batches' tokens.
+
 A replica's spool outlives the process only in a directory that the next start uses again:
 `replica_spool_dir` (what `infersight serve` uses unless told `--spool-dir`), or one per replica
 under a fleet's run directory.
@@ -58,14 +61,15 @@ class Spool:
         """Spooled batches, oldest first."""
         return sorted(self.directory.glob(f"*{SUFFIX}"))
 
-    def put(self, table: str, data: pa.Table, dedup_token: str) -> bool:
-        """Spool a batch; False (nothing written) when it would not fit under max_bytes."""
+    def put(self, table: str, data: pa.Table, dedup_token: str, force: bool = False) -> bool:
+        """Spool a batch; False (nothing written) when it would not fit under max_bytes, unless
+        `force` (rows already on disk in this directory, moved here: the request journal's)."""
         schema = data.schema.with_metadata({"table": table, "dedup_token": dedup_token})
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, schema, options=_WRITE_OPTIONS) as writer:
             writer.write_table(data.replace_schema_metadata(schema.metadata))
         payload = sink.getvalue()
-        if self.size_bytes + payload.size > self.max_bytes:
+        if self.size_bytes + payload.size > self.max_bytes and not force:
             return False
         name = f"{time.time_ns():020d}-{os.getpid()}-{next(self._seq):06d}-{table}"
         tmp = self.directory / f"{name}.tmp"

@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from telemetry.contract.derived import known
 from telemetry.contract.records import RequestRecord
 
 SYSTEM = "infersight"
@@ -54,11 +55,11 @@ def request_attributes(r: RequestRecord, operation: str, model: str, replica_id:
         "infersight.workload": r.workload,
         "infersight.request.cached_tokens": r.cached_tokens,
         "infersight.request.preemptions": r.preemptions,
-        "infersight.queue_seconds": r.queue_seconds,
-        "infersight.prefill_seconds": r.prefill_seconds,
-        "infersight.ttft_seconds": r.ttft_seconds,
-        "infersight.e2e_seconds": r.e2e_seconds,
     }
+    # a duration the writer could not measure (derived.UNKNOWN: a recording proxy's queue) is left out
+    for name in ("queue_seconds", "prefill_seconds", "ttft_seconds", "e2e_seconds"):
+        if known(getattr(r, name)):
+            attributes[f"infersight.{name}"] = getattr(r, name)
     if r.spec_proposed:
         attributes["infersight.request.spec_proposed"] = r.spec_proposed
         attributes["infersight.request.spec_accepted"] = r.spec_accepted

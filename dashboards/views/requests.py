@@ -47,9 +47,9 @@ if detail.empty:
 r = detail.iloc[0]
 st.subheader(f"Request `{r['request_id']}` on {r['replica_id']}")
 cols = st.columns(6)
-cols[0].metric("TTFT", f"{r['ttft_seconds']:.3f} s")
+cols[0].metric("TTFT", widgets.seconds(r["ttft_seconds"]))
 cols[1].metric("End-to-end", f"{r['e2e_seconds']:.3f} s")
-cols[2].metric("Queue", f"{r['queue_seconds']:.3f} s")
+cols[2].metric("Queue", widgets.seconds(r["queue_seconds"]))
 cols[3].metric("Prompt tokens", int(r["prompt_tokens"]), help=f"{int(r['cached_tokens'])} from the prefix cache")
 cols[4].metric("Output tokens", int(r["output_tokens"]))
 # a refused request (telemetry/contract/outcomes.py): its status and error code say how it ended
@@ -66,7 +66,7 @@ if not engine.empty:  # a proxy wrote the row; the engine behind it (vLLM's plug
     cols[0].metric("Engine queue", f"{e['queue_seconds']:.3f} s")
     cols[1].metric("Engine prefill", f"{e['prefill_seconds']:.3f} s")
     cols[2].metric("Engine TTFT", f"{e['ttft_seconds']:.3f} s",
-                   help=f"{e['before_engine_seconds']:.3f} s of the TTFT above passed before the engine got it")
+                   help=f"{widgets.seconds(e['before_engine_seconds'])} of the TTFT above passed before the engine got it")
     cols[3].metric("Engine end-to-end", f"{e['e2e_seconds']:.3f} s")
     cols[4].metric("Cached prompt tokens", int(e["cached_tokens"]), help=f"{int(e['preemptions'])} preemptions")
 with st.expander("Sampling parameters"):

@@ -164,7 +164,8 @@ class Telemetry:
             observer, built = build_observer(replica_id, model_name,
                                              store_target=sidecar.store_url if "recorder" in parts else None,
                                              metrics="metrics" in parts, tracer_provider=provider,
-                                             recorder_kwargs=dict(flush_interval=flush_interval))
+                                             # the request journal, as `infersight serve` runs it
+                                             recorder_kwargs=dict(flush_interval=flush_interval, journal=True))
         except BaseException:
             sidecar.stop()  # a sidecar in its own session would outlive us
             raise

@@ -35,7 +35,6 @@ class ResponseCapture:
     prompt_text: str | None = None  # a chat's rendered prompt, when the upstream returned it
     usage: dict | None = None
     choices: dict[int, ChoiceCapture] = field(default_factory=dict)
-    first_token_time: float = 0.0
     finish_time: float = 0.0
     error: str = ""
     complete: bool = False  # the whole response (or the stream up to [DONE]) came through
@@ -92,8 +91,6 @@ class ResponseCapture:
             if new:
                 c.token_times += [now] * new
                 c.counted_tokens += new
-                if not self.first_token_time:
-                    self.first_token_time = now
             c.text.append(text)
             c.output_logprobs += self._logprobs(raw)
             if raw.get("finish_reason"):

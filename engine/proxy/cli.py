@@ -21,6 +21,7 @@ import sys
 from engine.proxy.extras import check_fraction
 from engine.server.engine_args import parse_size
 from engine.server.keep_alive import add_keep_alive_argument
+from telemetry.connections import add_connection_arguments, connection_limits_from_args, raise_open_files_limit
 
 log = logging.getLogger("infersight.proxy")
 
@@ -72,8 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=False,
                         help="also export infersight_* request metrics at /infersight/metrics (the recorder's "
                              "counters are always there)")
+    parser.add_argument("--vllm-metrics", action=argparse.BooleanOptionalAction, default=False,
+                        help="with --metrics, also under vLLM's names (vllm:*): for an upstream that is not vLLM "
+                             "(a vLLM upstream's own /metrics, passed through, has them already)")
     parser.add_argument("--drain-timeout", type=float, default=30.0)
     add_keep_alive_argument(parser)
+    add_connection_arguments(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -94,13 +99,16 @@ def build_proxy(args):
              "spool_max_bytes": args.spool_max_bytes}
     model = os.path.basename(os.path.normpath(args.model_dir)) if args.model_dir else "unknown"
     observer, parts = build_observer(args.replica_id, model, store_target=args.store, store_text=args.store_text,
-                                     metrics=args.metrics, recorder_kwargs=spool if args.store else None)
+                                     metrics=args.metrics, recorder_kwargs=spool if args.store else None,
+                                     vllm_names=args.vllm_metrics)
     proxy = RecordingProxy(args.upstream, observer, args.replica_id, tokenizer=tokenizer, unasked=args.unasked_fields,
                            replica_row=args.replica_row, upstream_api_key=args.upstream_api_key,
                            registry=parts.registry, logprobs_fraction=args.logprobs_fraction)
+    connections = connection_limits_from_args(args)  # slow or idle clients cannot hold the proxy's sockets
+    raise_open_files_limit(2 * connections.max_connections + 256)  # each client's request has its upstream socket
     config = uvicorn.Config(proxy.app(), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
-                            access_log=False)
+                            access_log=False, http=connections.protocol())
     return uvicorn.Server(config), parts, proxy
 
 

@@ -9,8 +9,10 @@
   OpenAI defaults filled in as infersight's server fills them), so the same request has the same
   parameters on a proxied replica and on an infersight one (the drift diagnostic pairs on them);
 - timings are the proxy's: arrival when the request reached it, each output token when its chunk
-  passed; a non-streamed response has no per-token times (first token and token times stay 0 / []),
-  and the proxy cannot see the upstream's queue (scheduled time 0: queue / prefill 0);
+  passed. What it cannot see is UNKNOWN (nan), never 0, and stays out of every percentile: the
+  upstream's queue and prefill (scheduled time 0), and a non-streamed response's first token (first
+  token time 0, token times [], TTFT unknown). The engine behind it (vLLM's plugin) writes what it
+  measured of the same request to `engine_request_timings` (telemetry.contract.derived.engine_timed_sql);
 - output_logprobs are the upstream's logprobs of the sampled tokens (asked by the proxy where the
   client did not, on the `--logprobs-fraction` share of requests), kept only when there is exactly
   one per output token ([] otherwise, and on a request not asked: not measured, never a value);
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from engine.prompt import chat_prompt, text_prompt
 from engine.proxy.capture import ChoiceCapture, ResponseCapture
 from engine.server.tool_calls import recorded_tool_fields
-from telemetry.contract.derived import e2e_seconds, ttft_split
+from telemetry.contract.derived import UNKNOWN, e2e_seconds
 from telemetry.contract.records import RequestRecord, chat_messages_hash, text_sha256
 
 
@@ -167,10 +169,9 @@ def build_records(req: ProxiedRequest, capture: ResponseCapture, *, max_model_le
         prompt_tokens = len(prompt_ids) or int(usage.get("prompt_tokens") or 0)
         output_tokens = len(output_ids) or (c.counted_tokens if capture.streamed
                                             else int(usage.get("completion_tokens") or 0) if n == 1 else 0)
-        arrival, first, finish = capture.arrival_time, capture.first_token_time, capture.finish_time
-        if c.token_times:
-            first = c.token_times[0]
-        queue, prefill, ttft = ttft_split(arrival, 0.0, first)
+        arrival, finish = capture.arrival_time, capture.finish_time
+        first = c.token_times[0] if c.token_times else 0.0  # this choice's own first token, where seen
+        ttft = first - arrival if first else UNKNOWN
         finish_reason = c.finish_reason or ("error" if capture.error else "abort")
         if capture.error and not c.finish_reason:
             finish_reason = "error"
@@ -180,7 +181,7 @@ def build_records(req: ProxiedRequest, capture: ResponseCapture, *, max_model_le
             replica_id=req.replica_id, request_id=req.request_id if n == 1 else f"{req.request_id}-{index}",
             trace_id=req.trace_id, model_name=str(req.body.get("model", "")), workload=req.workload,
             arrival_time=arrival, scheduled_time=0.0, first_token_time=first, finish_time=finish,
-            queue_seconds=queue, prefill_seconds=prefill, ttft_seconds=ttft, e2e_seconds=e2e_seconds(arrival, finish),
+            queue_seconds=UNKNOWN, prefill_seconds=UNKNOWN, ttft_seconds=ttft, e2e_seconds=e2e_seconds(arrival, finish),
             prompt_tokens=prompt_tokens, output_tokens=output_tokens, cached_tokens=int(cached),
             prompt_token_ids=prompt_ids, output_token_ids=output_ids,
             token_times=[t - arrival for t in c.token_times] if len(c.token_times) == output_tokens else [],

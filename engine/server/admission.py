@@ -43,6 +43,7 @@ class Admitted:
     n: int = 1  # choices per prompt
     best_of: int = 1  # samples per prompt, of which the n of highest cumulative logprob are kept
     echo: bool = False  # completions: the prompt prepended to each choice
+    echo_only: bool = False  # echo with max_tokens 0 (`echo_only` below)
     skip_special_tokens: bool = True
     tools: ToolPlan | None = None  # chat with tools: how the output becomes tool calls (tool_calls.py)
 
@@ -74,9 +75,9 @@ def _unsupported(param: str, why: str) -> APIError:
 
 
 def _check_model(model: str, served: ServedModel) -> None:
-    if model != served.name:
+    if model != served.name:  # 404, as OpenAI and vLLM answer it
         raise APIError(f"model {model!r} does not exist; this server serves {served.name!r} (see /v1/models)",
-                       param="model", code="model_not_found")
+                       status=404, param="model", code="model_not_found")
 
 
 def _check_common(req: CompletionRequest | ChatCompletionRequest, served: ServedModel) -> None:
@@ -197,13 +198,19 @@ def admit_completion(req: CompletionRequest, served: ServedModel) -> Admitted:
         else:
             _check_token_ids(prompt, served, "prompt")
             engine_prompt = ids_prompt(prompt)
-        max_tokens = _max_tokens(req.max_tokens, len(engine_prompt), served, "max_tokens")
+        max_tokens = _max_tokens(1 if echo_only(req) else req.max_tokens, len(engine_prompt), served, "max_tokens")
         params = _sampling_params(req, max_tokens, logprobs, prompt_logprobs)
         params.n, params.best_of = req.n, req.best_of
         admitted.append((engine_prompt, params))
     (first, params), more = admitted[0], admitted[1:]
     return Admitted(first, params, more_prompts=more, n=req.n, best_of=best_of, echo=req.echo,
-                    skip_special_tokens=req.skip_special_tokens)
+                    echo_only=echo_only(req), skip_special_tokens=req.skip_special_tokens)
+
+
+def echo_only(req: CompletionRequest) -> bool:
+    """echo with max_tokens 0: the prompt alone (with its logprobs), as vLLM answers it; the engine runs one
+    step (the prompt's logprobs come from its prefill) whose token is not shown."""
+    return req.echo and req.max_tokens == 0
 
 
 def tokenize(req, served: ServedModel) -> list[int]:
@@ -220,12 +227,13 @@ def tokenize(req, served: ServedModel) -> list[int]:
 
 
 def detokenize(req, served: ServedModel) -> str:
-    """What /detokenize answers: the text of the token IDs (special tokens skipped, as decoding output does)."""
+    """What /detokenize answers: the text of the token IDs, special tokens kept (`<|bos|>` ...), as vLLM's does:
+    the inverse of /tokenize, whose IDs hold them."""
     _check_model(req.model, served)
     bad = [t for t in req.tokens if not 0 <= t < served.vocab_size]
     if bad:
         raise APIError(f"token id {bad[0]} is out of the vocabulary [0, {served.vocab_size})", param="tokens")
-    return served.decode(list(req.tokens))
+    return served.tokenizer.decode(list(req.tokens), skip_special_tokens=False)
 
 
 def _message_text(content) -> str:

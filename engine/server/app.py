@@ -47,6 +47,7 @@ from engine.server.protocol import (
     ErrorResponse,
     Health,
     ModelList,
+    ServerLoad,
     TokenizeRequest,
     TokenizeResponse,
     VersionResponse,
@@ -65,7 +66,10 @@ SSE_DONE = "data: [DONE]\n\n"
 MAX_BODY_BYTES = 32 << 20  # a million-token prompt as JSON is about 7 MB
 _ERRORS = {400: {"model": ErrorResponse, "description": "invalid request"},
            401: {"model": ErrorResponse, "description": "missing or wrong API key"}}
-_GENERATION_ERRORS = {**_ERRORS,
+# the routes that name a model
+_MODEL_ERRORS = {**_ERRORS, 404: {"model": ErrorResponse, "description": "the model is not served here "
+                                                                         "(code model_not_found)"}}
+_GENERATION_ERRORS = {**_MODEL_ERRORS,
                       409: {"model": ErrorResponse, "description": "a request with this X-Request-Id is in flight"},
                       413: {"model": ErrorResponse, "description": "request body too large"},
                       429: {"model": ErrorResponse, "description": "the replica's queue is full (see Retry-After)",
@@ -186,19 +190,26 @@ class Server:
                      else StreamFormatter(self.served, opts))
         if admitted.tools is not None:  # content deltas -> tool-call deltas (tool_stream.py)
             formatter = ToolStream(formatter, admitted.tools)
-        state = {"finished": first.finished, "last": first}
+        state = {"finished": first.finished, "last": first, "failed": False}
 
         async def events():
             try:
-                for event in formatter.events(first):
-                    yield event
-                if not state["finished"]:
-                    async for out in gen:
-                        for event in formatter.events(out):
-                            yield event
-                        state["finished"], state["last"] = out.finished, out
-                        if out.finished:
-                            break
+                out = first
+                if out.finish_reason != "error":
+                    for event in formatter.events(first):
+                        yield event
+                    if not state["finished"]:
+                        async for out in gen:
+                            state["finished"], state["last"] = out.finished, out
+                            if out.finish_reason == "error":
+                                break
+                            for event in formatter.events(out):
+                                yield event
+                            if out.finished:
+                                break
+                if out.finish_reason == "error":  # it failed in the engine, alone: in-band, as vLLM reports it
+                    state["failed"] = True
+                    yield sse_error(f"generation failed: {out.error}")
                 yield SSE_DONE
             except Exception as e:  # headers are gone: report in-band, as OpenAI does
                 log.exception("stream of %s failed", ctx.request_id)
@@ -210,7 +221,8 @@ class Server:
                 log.info("stream of %s ended early, aborting", ctx.request_id)
                 await self._abort(ctx.request_id, gen)
             self.in_flight.pop(ctx.request_id, None)
-            log_access(ctx.request_id, 200 if state["finished"] else 499, state["last"], started)
+            status = 500 if state["failed"] else 200 if state["finished"] else 499
+            log_access(ctx.request_id, status, state["last"], started)
 
         return _StreamWithCleanup(events(), cleanup, media_type="text/event-stream",
                                   headers={"Cache-Control": "no-cache"})
@@ -362,12 +374,13 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
             return await server.generate_stream(ctx, admitted, opts)
         return await server.generate_full(request, ctx, admitted, opts)
 
-    @app.post("/tokenize", dependencies=auth, response_model=TokenizeResponse, responses=_ERRORS, tags=["extras"])
+    @app.post("/tokenize", dependencies=auth, response_model=TokenizeResponse, responses=_MODEL_ERRORS,
+              tags=["extras"])
     async def tokenize_route(body: TokenizeRequest):
         tokens = await anyio.to_thread.run_sync(tokenize, body, served)
         return {"count": len(tokens), "max_model_len": served.max_model_len, "tokens": tokens}
 
-    @app.post("/detokenize", dependencies=auth, response_model=DetokenizeResponse, responses=_ERRORS,
+    @app.post("/detokenize", dependencies=auth, response_model=DetokenizeResponse, responses=_MODEL_ERRORS,
               tags=["extras"])
     async def detokenize_route(body: DetokenizeRequest):
         return {"prompt": await anyio.to_thread.run_sync(detokenize, body, served)}
@@ -387,10 +400,27 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
         body = server.health()
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
+    # vLLM's (SageMaker's) liveness probe: the answer of /health; POST too, as vLLM takes it (not in the
+    # schema: a body-less POST has nothing a client could get wrong)
+    for method in ("GET", "POST"):
+        app.add_api_route("/ping", health, methods=[method], operation_id=f"ping_{method.lower()}",
+                          response_model=Health, responses={503: {"model": Health}}, tags=["ops"],
+                          include_in_schema=method == "GET")
+
+    @app.get("/load", response_model=ServerLoad, tags=["ops"])
+    async def load():
+        """vLLM's: the generation requests this server holds now (admitting or in the engine)."""
+        return {"server_load": server.admitting + len(server.in_flight)}
+
     if metrics_registry is not None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         register_process_collector(metrics_registry)  # process_resident_memory_bytes, process_cpu_seconds_total ...
+        if getattr(metrics_observer, "vllm_names", False):  # vLLM's http_* series too, its token bounds the model's
+            from telemetry.metrics.http_metrics import instrument_http
+
+            instrument_http(app, metrics_registry)
+            metrics_observer.set_max_model_len(served.max_model_len)
 
         @app.get("/metrics", response_class=Response, tags=["ops"],
                  responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})

@@ -8,6 +8,9 @@
   token left out, as the engine leaves it out), cut at the stop string as the engine cuts.
 - `token_piece`: a logprobs entry's token text, special tokens shown ("</s>", not "").
 - `echo`: the prompt's text and logprobs before the output's (first prompt token: None).
+- `completion_top_logprobs`: a completion's `top_logprobs` entry: the token itself, then the top-n
+  asked (OpenAI's "up to logprobs + 1" entries, as vLLM writes them), so a token outside the top-n
+  still shows its own logprob there.
 - `system_fingerprint`: the replica's identity, a hash of its weights hash and config hash.
 """
 
@@ -59,6 +62,16 @@ def token_piece(served, token_id: int) -> str:
     return served.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
+def completion_top_logprobs(served, item) -> dict[str, float]:
+    """{piece: logprob} of the token itself, then of the top-n in rank order. Two tokens with one piece (byte
+    tokens of an incomplete character both read "\ufffd") keep the first: the token itself, or the higher."""
+    ranked = sorted(item.top.items(), key=lambda kv: -kv[1]) if item.top else []
+    out: dict[str, float] = {}
+    for t, lp in [(item.token_id, item.logprob), *ranked]:
+        out.setdefault(token_piece(served, t), lp)
+    return out
+
+
 def echo_completion_logprobs(served, out: RequestOutput) -> dict:
     """The prompt's part of an echoed choice's logprobs: None for the first token, as OpenAI."""
     tokens, lps, tops, offsets, offset = [], [], [], [], 0
@@ -68,7 +81,7 @@ def echo_completion_logprobs(served, out: RequestOutput) -> dict:
         text = token_piece(served, token_id)
         tokens.append(text)
         lps.append(None if item is None else item.logprob)
-        tops.append(None if item is None else {token_piece(served, t): v for t, v in item.top.items()} or None)
+        tops.append(None if item is None else completion_top_logprobs(served, item))
         offsets.append(offset)
         offset += len(served.decode([token_id]))
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}

@@ -23,6 +23,7 @@ from pathlib import Path
 from engine.server.engine_args import add_engine_arguments, engine_config_from_args, parse_size
 from engine.server.keep_alive import add_keep_alive_argument
 from engine.server.tool_parsers import PARSERS
+from telemetry.connections import add_connection_arguments, connection_limits_from_args, raise_open_files_limit
 
 log = logging.getLogger("infersight.serve")
 
@@ -48,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1/* (default: $INFERSIGHT_API_KEY)")
     parser.add_argument("--tracing", choices=("none", "console", "otlp"), default="none")
     parser.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP collector, e.g. http://localhost:4318")
+    parser.add_argument("--vllm-metrics", action=argparse.BooleanOptionalAction, default=True,
+                        help="/metrics also shows vLLM's names and labels (vllm:*), so that dashboards and alerts "
+                             "built for vLLM work on this replica (default: on)")
     parser.add_argument("--cpus", default=None, help="pin the replica to these CPUs, e.g. '0-3,8'")
     parser.add_argument("--numa-node", type=int, default=None, help="pin CPUs and memory to this NUMA node")
     parser.add_argument("--threads", type=int, default=None,
@@ -55,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to let in-flight requests finish on shutdown")
     add_keep_alive_argument(parser)
+    add_connection_arguments(parser)
     parser.add_argument("--max-queue", type=int, default=None, metavar="N",
                         help="requests that may wait beyond the --max-num-seqs running; more get 429 with "
                              "Retry-After (default: 4 x max_num_seqs)")
@@ -89,6 +94,7 @@ def build_server(args, placement=None):
 
     from engine.async_engine import AsyncLLM
     from engine.server.app import build_app
+    from engine.server.journal_barrier import journaled
     from engine.server.load_shedding import default_max_queue
     from engine.server.model_info import ServedModel
     from engine.server.preflight import preflight
@@ -105,10 +111,11 @@ def build_server(args, placement=None):
                           else args.max_queue}
     model_name = config.served_model_name or Path(config.model).resolve().name
     spool = {"spool_dir": args.spool_dir or replica_spool_dir(config.replica_id),  # a restart replays it
-             "spool_max_bytes": args.spool_max_bytes}
+             "spool_max_bytes": args.spool_max_bytes, "journal": True}  # answered requests survive a kill -9
     observer, parts = build_observer(config.replica_id, model_name, store_target=args.store,
                                      store_text=args.store_text, tracing=args.tracing,
-                                     otlp_endpoint=args.otlp_endpoint, recorder_kwargs=spool)
+                                     otlp_endpoint=args.otlp_endpoint, recorder_kwargs=spool,
+                                     vllm_names=args.vllm_metrics)
     throughput = StepThroughput() if args.stats_interval > 0 else None
     if throughput is not None:  # the stats line counts tokens per step, as the engine computes them
         observer = MultiObserver([observer, throughput])
@@ -122,9 +129,12 @@ def build_server(args, placement=None):
         logging.getLogger("infersight.access").setLevel(logging.WARNING)
     app = build_app(served, api_key=args.api_key, metrics_registry=parts.registry, max_queue=args.max_queue,
                     metrics_observer=parts.metrics, stats=stats)
+    app = journaled(app, parts.recorder)  # every finished request's record on disk before its answer leaves
+    connections = connection_limits_from_args(args)  # slow or idle clients cannot hold the server's sockets
+    raise_open_files_limit(connections.max_connections + 256)  # + the model's files, the store's sockets
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
-                               access_log=False)
+                               access_log=False, http=connections.protocol())
     # everything loaded so far (torch, transformers, the model) lives until exit: move it out of the
     # collector's sight, so no collection walks it while serving, nor for seconds at exit
     gc.collect()

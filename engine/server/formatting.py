@@ -24,6 +24,7 @@ class ResponseOptions:
     n: int = 1  # choices per prompt
     best_of: int = 1  # samples per prompt
     echo_texts: list[str] | None = None  # completions' echo: each prompt's text
+    echo_only: bool = False  # echo with max_tokens 0: the prompt alone, the engine's one token not shown
     skip_special_tokens: bool = True
     show_prompt_logprobs: bool = True  # False: the engine computed them for echo only
     stop: list[str] = dataclasses.field(default_factory=list)
@@ -40,6 +41,7 @@ def with_choices(opts: ResponseOptions, served: ServedModel, admitted, req) -> R
             if admitted.echo else None)
     return dataclasses.replace(
         opts, n=admitted.n, best_of=admitted.best_of, echo_texts=echo,
+        echo_only=admitted.echo_only,
         skip_special_tokens=admitted.skip_special_tokens,
         show_prompt_logprobs=getattr(req, "prompt_logprobs", None) is not None,
         stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
@@ -65,7 +67,7 @@ def _completion_logprobs(served: ServedModel, items: list[TokenLogprob], offset:
     for item in items:
         tokens.append(choice_fields.token_piece(served, item.token_id))  # "</s>", not ""
         lps.append(item.logprob)
-        tops.append({choice_fields.token_piece(served, t): lp for t, lp in item.top.items()} if item.top else None)
+        tops.append(choice_fields.completion_top_logprobs(served, item))
         offsets.append(offset)
         offset += len(served.decode([item.token_id]))
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
@@ -108,12 +110,16 @@ def prompt_logprobs(served: ServedModel, items: list[TokenLogprob | None]) -> li
 def _logprobs(served, opts: ResponseOptions, items: list[TokenLogprob] | None, text_offset: int):
     if opts.logprobs is None or items is None:
         return None
+    if opts.echo_only:
+        items = []
     if opts.kind == "completion":
         return _completion_logprobs(served, items, text_offset)
     return _chat_logprobs(served, items)
 
 
 def _text(served, opts: ResponseOptions, out: RequestOutput) -> str:
+    if opts.echo_only:
+        return ""
     if opts.skip_special_tokens:
         return out.text
     return choice_fields.text_with_specials(served, out, opts.stop, opts.stop_token_ids, opts.ignore_eos)
@@ -183,6 +189,12 @@ def full_response(served: ServedModel, opts: ResponseOptions, out: RequestOutput
     return body
 
 
+def _fingerprint(opts: ResponseOptions) -> dict:
+    """A stream's last chunk carries the replica's system_fingerprint, as vLLM's does (and the whole
+    response's body)."""
+    return {"system_fingerprint": opts.system_fingerprint} if opts.system_fingerprint is not None else {}
+
+
 class StreamFormatter:
     """Builds the SSE events of one streamed response, increment by increment."""
 
@@ -228,6 +240,8 @@ class StreamFormatter:
                             "logprobs": _logprobs(self.served, opts, items, self.text_offset)}
             if out.finished:
                 choice["stop_reason"] = _stop_reason(self.served, opts, out)
+            elif opts.kind == "completion":  # vLLM's completion chunks all carry it (its chat chunks do not)
+                choice["stop_reason"] = None
             if opts.kind == "completion":
                 choice["text"] = new_text
                 if echo is not None:  # the prompt first, once
@@ -243,13 +257,17 @@ class StreamFormatter:
                 choice["token_ids"] = new_ids
             if out.finished and opts.return_metrics:
                 extra["metrics"] = timings(out)
+            if out.finished and not opts.include_usage:  # else the usage chunk is the last: it carries it
+                extra.update(_fingerprint(opts))
             self.text_offset += len(new_text) + len(echo or "")
             events.append(self._chunk(choice, **extra))
         if out.finished and opts.include_usage and self.usage:
-            events.append(self._chunk(None, usage=usage(out)))
+            events.append(self._chunk(None, usage=usage(out), **_fingerprint(opts)))
         return events
 
     def _new_text(self, out: RequestOutput) -> str:
+        if self.opts.echo_only:
+            return ""
         if self.opts.skip_special_tokens:
             return out.new_text
         # special tokens kept: the output decoded again; an incomplete character at the end waits for the
@@ -280,5 +298,6 @@ class GroupStreamFormatter:
     def events(self, group: GroupOutput) -> list[str]:
         events = self.parts[group.index].events(group.out)
         if group.finished and self.opts.include_usage:
-            events.append(self.parts[0]._chunk(None, usage=group_usage(group.finals, self.opts.best_of)))
+            events.append(self.parts[0]._chunk(None, usage=group_usage(group.finals, self.opts.best_of),
+                                               **_fingerprint(self.opts)))
         return events

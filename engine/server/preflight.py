@@ -107,9 +107,12 @@ def check_vocabulary(tokenizer_size: int, model_vocab: int, model_dir: str = "")
 
 
 def preflight(config: EngineConfig) -> EngineConfig:
-    """Both checks; returns the config to build the engine with."""
-    from engine.tokenization import load_hf_tokenizer
+    """Both checks (and that a --chat-template can be read), before the model loads; returns the config to
+    build the engine with."""
+    from engine.tokenization import load_chat_template, load_hf_tokenizer
 
+    if config.chat_template is not None:
+        load_chat_template(config.chat_template)
     model_cfg = _model_config(config.model)
     check_vocabulary(len(load_hf_tokenizer(config.model)), model_cfg.vocab_size, config.model)
     return fit_context(config, model_cfg)

@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-MAX_LOGPROBS = 20
+from engine.sampling_params import INT64_MAX, MAX_LOGPROBS
 MAX_STOP_STRINGS = 16
 # OpenAI's rule for a function's name (tools, tool_choice) and a json_schema format's name
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -62,6 +62,8 @@ PromptText = Annotated[str, _served("prompt_text")]  # maxLength: what can fit t
 CountableText = Annotated[str, _served("countable_text")]  # maxLength: what /tokenize counts (text_check.py)
 StopString = Annotated[str, admitted(minLength=1)]
 NewTokens = Annotated[_int(), admitted(minimum=1), _served("new_tokens")]  # maximum: max_model_len - 1
+# a completion's: 0 too, with echo (the prompt alone, as vLLM answers it: _echo_without_generation)
+EchoNewTokens = Annotated[_int(), admitted(minimum=0), _served("new_tokens")]
 # up to 2**53 - 1, the integers every JSON parser keeps exactly (I-JSON, RFC 7493): a larger seed written
 # as a float would round to another number
 Seed = _int(Field(ge=0, le=2**53 - 1))
@@ -73,6 +75,17 @@ LogitBias = Annotated[float, Field(ge=-100.0, le=100.0)]
 def _stream_options_need_stream() -> dict:
     return {"if": {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]},
             "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]}}
+
+
+def _echo_without_generation() -> dict:
+    return {"if": {"properties": {"max_tokens": {"const": 0}}, "required": ["max_tokens"]},
+            "then": {"properties": {"echo": {"const": True}}, "required": ["echo"]}}
+
+
+def _tools_need_a_template_that_renders_them() -> dict:
+    """Filled in by openapi.py (tool_calls.openapi_keywords): where the chat template does not render tools,
+    tools only with tool_choice 'none' (answered as without them, as vLLM does)."""
+    return {"x-infersight": "tools_without_template"}
 
 
 class _Request(BaseModel):
@@ -90,7 +103,9 @@ class _SamplingFields(_Request):
                                                     description="the served model name (see /v1/models)")
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 means greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: _int(Field(ge=-1)) = Field(-1, description="-1: off, else >= 1", json_schema_extra={"not": {"const": 0}})
+    # at most the sampler's int64 (SamplingParams checks it, naming the field); past the vocabulary it is off
+    top_k: _int(Field(ge=-1)) = Field(-1, description="-1: off, else >= 1",
+                                      json_schema_extra={"not": {"const": 0}, "maximum": INT64_MAX})
     seed: Seed | None = None
     stop: (StopString | Annotated[list[StopString], admitted(maxItems=MAX_STOP_STRINGS)] | None) = Field(
         None, description=f"stop strings (up to {MAX_STOP_STRINGS}, none empty)")
@@ -113,7 +128,7 @@ class _SamplingFields(_Request):
 
 
 class CompletionRequest(_SamplingFields):
-    model_config = ConfigDict(json_schema_extra={"allOf": [_stream_options_need_stream()]})
+    model_config = ConfigDict(json_schema_extra={"allOf": [_stream_options_need_stream(), _echo_without_generation()]})
 
     # a list of prompts (texts or token-ID lists): one choice per prompt and sample (index i * n + j)
     prompt: (PromptText | Annotated[list[TokenId], admitted(minItems=1)]
@@ -121,7 +136,8 @@ class CompletionRequest(_SamplingFields):
              | Annotated[list[Annotated[list[TokenId], admitted(minItems=1)]],
                          admitted(minItems=1, maxItems=MAX_CHOICES)]
              ) = Field(description="a string, a non-empty list of token IDs, or a list of either")
-    max_tokens: NewTokens | None = Field(16, description="tokens to generate; null: up to the context length")
+    max_tokens: EchoNewTokens | None = Field(16, description="tokens to generate; null: up to the context length; "
+                                                              "0 only with echo: the prompt alone")
     logprobs: TopLogprobs | None = Field(None, description="top-n logprobs per token")
     prompt_logprobs: TopLogprobs | None = Field(
         None, description="vLLM's extension: the logprob of each prompt token (teacher forcing) and its top-n")
@@ -209,6 +225,7 @@ class ChatCompletionRequest(_SamplingFields):
          "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}},
         {"not": {"properties": {"max_tokens": {"type": "integer"}, "max_completion_tokens": {"type": "integer"}},
                  "required": ["max_tokens", "max_completion_tokens"]}},
+        _tools_need_a_template_that_renders_them(),
     ]})
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -216,11 +233,11 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: NewTokens | None = None
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = Field(None, description="only with logprobs: true")
-    # accepted where the chat template renders tools (engine/server/tool_calls.py): openapi.py fills in the
-    # served model's schema (tool_calls.openapi_keywords: the tools' shape, or maxItems 0 where it does not)
+    # accepted where the chat template renders tools (engine/server/tool_calls.py), elsewhere only with
+    # tool_choice 'none': openapi.py fills in the served model's schema (tool_calls.openapi_keywords)
     tools: Annotated[list[dict], _served("tools")] | None = Field(
-        None, description="[{type: function, function: {name, description, parameters}}]: only where the "
-                          "model's chat template renders tools")
+        None, description="[{type: function, function: {name, description, parameters}}]: where the model's "
+                          "chat template renders tools; elsewhere only with tool_choice 'none'")
     tool_choice: str | dict | None = Field(
         None, description="'none', 'auto' (default with tools), 'required' or {type: function, function: "
                           "{name}}; without tools: null or 'none'", json_schema_extra={"x-infersight": "tool_choice"})
@@ -406,6 +423,10 @@ class DetokenizeResponse(BaseModel):
 
 class VersionResponse(BaseModel):
     version: str
+
+
+class ServerLoad(BaseModel):
+    server_load: int  # vLLM's /load: generation requests held now
 
 
 class Health(BaseModel):

@@ -114,14 +114,20 @@ class RefusalRecorder:
             return await self.app(scope, receive, send)
         arrival = time.time()
         state = scope.setdefault("state", {})
-        seen = {"status": 0}
+        seen = {"status": 0, "recorded": False}
         body = bytearray()
 
         async def watch(message):
             if message["type"] == "http.response.start":
                 seen["status"] = message["status"]
-            elif message["type"] == "http.response.body" and seen["status"] >= 400 and len(body) < MAX_ERROR_BODY:
-                body.extend(message.get("body", b"")[:MAX_ERROR_BODY - len(body)])
+            elif message["type"] == "http.response.body" and seen["status"] >= 400:
+                if len(body) < MAX_ERROR_BODY:
+                    body.extend(message.get("body", b"")[:MAX_ERROR_BODY - len(body)])
+                if not message.get("more_body") and not state.get(ENGINE_ROW):
+                    # recorded before its last byte goes out: the journal barrier outside (journal_barrier.py)
+                    # makes it survive a kill -9 like any answered request's row
+                    seen["recorded"] = True
+                    self._record(scope, seen["status"], bytes(body), arrival)
             await send(message)
 
         status = 0
@@ -135,7 +141,7 @@ class RefusalRecorder:
             status = seen["status"] or 500
             raise
         finally:
-            if status >= 400 and not state.get(ENGINE_ROW):
+            if status >= 400 and not state.get(ENGINE_ROW) and not seen["recorded"]:
                 self._record(scope, status, bytes(body), arrival)
 
     def _record(self, scope, status: int, body: bytes, arrival: float) -> None:

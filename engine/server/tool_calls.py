@@ -105,7 +105,7 @@ def describe(served) -> str:
     """The start summary's line about tool calls."""
     if not template_renders_tools(served.tokenizer):
         return ("tool calls: not available (this model's chat template does not render `tools`; requests "
-                "with tools get a 400)")
+                "with tools get a 400 unless tool_choice is 'none')")
     name, source = parser_name(served)
     if name is None:
         return ("tool calls: the chat template renders tools, but no parser was detected: tool_choice 'auto' "
@@ -132,11 +132,15 @@ NAMED_CHOICE = {"type": "object", "required": ["type", "function"], "properties"
 
 def openapi_keywords(served) -> dict[str, dict]:
     """The schema of `tools` and `tool_choice` for this served model (engine/server/openapi.py fills them in):
-    a template that does not render tools takes none (and tool_choice null or 'none' only)."""
+    a template that does not render tools takes them only with tool_choice 'none' (and tool_choice null or
+    'none' only)."""
     if not template_renders_tools(served.tokenizer):
-        return {"tools": {"maxItems": 0}, "tool_choice": {"anyOf": [{"const": "none"}, {"type": "null"}]}}
+        return {"tools": {"items": TOOL_SCHEMA}, "tool_choice": {"anyOf": [{"const": "none"}, {"type": "null"}]},
+                "tools_without_template": {
+                    "if": {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]},
+                    "then": {"properties": {"tool_choice": {"const": "none"}}, "required": ["tool_choice"]}}}
     modes = ["none", "auto", "required"] if parser_name(served)[0] is not None else ["none", "required"]
-    return {"tools": {"items": TOOL_SCHEMA},
+    return {"tools": {"items": TOOL_SCHEMA}, "tools_without_template": {},
             "tool_choice": {"anyOf": [{"enum": modes}, NAMED_CHOICE, {"type": "null"}]}}
 
 
@@ -213,9 +217,12 @@ def plan_tools(req, served) -> ToolPlan | None:
                            param="tool_choice")
         return None
     if not template_renders_tools(served.tokenizer):
+        if req.tool_choice == "none":  # the model may not call them: answered as without tools, as vLLM does
+            _check_tools(req.tools)
+            return None
         raise APIError("tools: tool calling is not supported by this model: its chat template does not render "
                        "`tools`; serve a model whose chat template does (its chat_template.jinja, e.g. Qwen2.5's "
-                       "or Hermes'); this server has no --chat-template option", param="tools",
+                       "or Hermes', or give one with --chat-template), or send tool_choice 'none'", param="tools",
                        code="unsupported_parameter")
     tools = _check_tools(req.tools)
     names = [t["function"]["name"] for t in tools]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.logits_processors import uses_processors
-from engine.outputs import TokenLogprob
+from engine.outputs import TokenLogprob, error_text
 from engine.sampler import Sampler, apply_top_k_top_p, sampled_logprobs, token_logprobs
 from engine.spec_decode.metrics import SpecDecodeStats
 from engine.spec_decode.ngram import NgramProposer
@@ -46,6 +46,7 @@ MODES = ("none", "ngram", "draft")
 class SpecSampleOutput:
     token_ids: list[list[int]]  # per sampling sequence: the tokens to append, in order
     logprobs: list[list[TokenLogprob] | None]  # per sampling sequence, one per token (None: not asked)
+    errors: dict[int, str] | None = None  # sampling sequences that failed on their own -> the error (no tokens)
 
     @property
     def num_tokens(self) -> int:
@@ -149,11 +150,15 @@ class Speculator:
         plain = [j for j, seq in enumerate(sampling) if id(seq) not in spec_index]
         token_ids: list[list[int]] = [[] for _ in sampling]
         logprobs: list[list[TokenLogprob] | None] = [None] * len(sampling)
+        errors: dict[int, str] = {}
         if plain:
             rows = torch.tensor(plain, device=outputs.sample_logits.device)
             plain_logits = outputs.sample_logits if len(plain) == len(sampling) else outputs.sample_logits[rows]
             out = self.sampler(plain_logits, [sampling[j] for j in plain])
-            for j, tok, lp in zip(plain, out.token_ids, out.logprobs):
+            for row, (j, tok, lp) in enumerate(zip(plain, out.token_ids, out.logprobs)):
+                if out.errors and row in out.errors:
+                    errors[j] = out.errors[row]
+                    continue
                 token_ids[j] = [tok]
                 logprobs[j] = [lp] if lp is not None else None
         if spec_index:
@@ -169,26 +174,32 @@ class Speculator:
                 del seq.token_ids[-len(drafts):]  # drafts leave the sequence; accepted ones come back
                 self._in_sequence.discard(i)
                 batch.num_new_tokens[i] = 1  # the engine counts the committed token; `commit` the rest
-                params = seq.sampling_params
-                if params.greedy:
-                    result = verify_greedy(logits, drafts)
-                else:
-                    generator = seq.generator if seq.generator is not None else self.sampler.generator
-                    result = rejection_sample(target_probs(logits, params), drafts, None, generator)
-                token_ids[j] = result.token_ids
-                # raw logprobs of the accepted drafts and the correction / bonus token: the target's
-                # logits at those positions (row i scores the token after draft i - 1)
-                emitted = torch.tensor(result.token_ids, device=logits.device)
-                seq.output_logprobs.extend(sampled_logprobs(logits[:len(result.token_ids)], emitted).tolist())
-                if params.logprobs is not None:
-                    n = len(result.token_ids)
-                    logprobs[j] = token_logprobs(logits[:n], torch.tensor(result.token_ids, device=logits.device),
-                                                 [params.logprobs] * n)
-                seq.spec_proposed += len(drafts)
-                seq.spec_accepted += result.num_accepted
-                self.step_stats.observe(len(drafts), result.num_accepted)
+                try:  # a failure here is this request's alone (the engine ends it, the batch goes on)
+                    token_ids[j], logprobs[j] = self._verify(seq, drafts, logits)
+                except Exception as e:  # noqa: BLE001
+                    errors[j] = error_text(e)
             self.total_stats.merge(self.step_stats)
-        return SpecSampleOutput(token_ids, logprobs)
+        return SpecSampleOutput(token_ids, logprobs, errors or None)
+
+    def _verify(self, seq, drafts: list[int], logits: torch.Tensor) -> tuple[list[int], list[TokenLogprob] | None]:
+        """One drafted sequence's tokens (the accepted drafts and a correction or bonus token) and, when
+        asked, their logprobs; `logits`: the target's rows at the drafts' positions and one past."""
+        params = seq.sampling_params
+        if params.greedy:
+            result = verify_greedy(logits, drafts)
+        else:
+            generator = seq.generator if seq.generator is not None else self.sampler.generator
+            result = rejection_sample(target_probs(logits, params), drafts, None, generator)
+        # raw logprobs of the accepted drafts and the correction / bonus token: the target's
+        # logits at those positions (row i scores the token after draft i - 1)
+        n = len(result.token_ids)
+        emitted = torch.tensor(result.token_ids, device=logits.device)
+        seq.output_logprobs.extend(sampled_logprobs(logits[:n], emitted).tolist())
+        logprobs = token_logprobs(logits[:n], emitted, [params.logprobs] * n) if params.logprobs is not None else None
+        seq.spec_proposed += len(drafts)
+        seq.spec_accepted += result.num_accepted
+        self.step_stats.observe(len(drafts), result.num_accepted)
+        return result.token_ids, logprobs
 
     def discard(self, batch) -> None:
         """The step failed between `propose` and `sample`: take the drafts back out of the

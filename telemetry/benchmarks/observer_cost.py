@@ -73,6 +73,7 @@ def main() -> None:
     n, n_req = args.calls, max(1, args.calls // 10)
 
     metrics = MetricsObserver("r0", "m")
+    plain = MetricsObserver("r0", "m", vllm_names=False)  # the infersight_* names only (serve --no-vllm-metrics)
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter(), max_queue_size=1 << 16))
     tracing = TracingObserver("m", "r0", tracer_provider=provider)
@@ -94,6 +95,9 @@ def main() -> None:
                                                                            request(16), n_req)),
         ("MetricsObserver", "on_request_finished (256 tokens)", per_call_us(metrics.on_request_finished,
                                                                             request(256), n_req)),
+        ("MetricsObserver without vLLM names", "on_step", per_call_us(plain.on_step, step(False), n)),
+        ("MetricsObserver without vLLM names", "on_request_finished (256 tokens)",
+         per_call_us(plain.on_request_finished, request(256), n_req)),
         ("TracingObserver", "on_request_finished (queued)", drained(tracing, per_call_us(
             tracing.on_request_finished, request(16), n_req))),
         ("TracingObserver", "span tree build (worker thread)", per_call_us(inline.on_request_finished,

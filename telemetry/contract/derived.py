@@ -96,6 +96,23 @@ ITL_PER_GAP_QUANTILES_SQL = itl_per_gap_quantiles_sql()
 # -- TTFT and its split, decode time, time per output token ---------------------------------------
 # Lifecycle instants are epoch seconds, 0.0 for a stage the request never reached; the record's
 # duration columns (queue_seconds, prefill_seconds, ttft_seconds, e2e_seconds) are computed here.
+# A duration its writer could not measure is UNKNOWN (nan), never 0: a recording proxy sees neither
+# the upstream's queue nor its prefill, nor when the first token of a whole (non-streamed) response
+# came. Every percentile keeps such rows out (`known`, `known_sql`: ClickHouse's quantile functions skip
+# nan as well, numpy's do not, and a comparison with nan is false, so a filter on a duration must say
+# what it does with them); the engine's own measure of a proxied request, where its plugin wrote one,
+# is `engine_timed_sql` below.
+
+UNKNOWN = math.nan
+
+
+def known(seconds: float) -> bool:
+    """Was this duration measured (not UNKNOWN)?"""
+    return math.isfinite(seconds)
+
+
+def known_sql(column: str) -> str:
+    return f"isFinite({column})"
 
 
 def ttft_split(arrival: float, scheduled: float, first_token: float) -> tuple[float, float, float]:
@@ -122,10 +139,12 @@ def tpot(e2e: float, ttft: float, output_tokens: int) -> float:
     return (e2e - ttft) / (output_tokens - 1) if output_tokens > 1 else math.nan
 
 
-# SQL over the `requests` columns: TTFT is a request that got its first token (output_tokens > 0
-# exactly when first_token_time was set); the duration columns hold ttft_split's values
+# SQL over the `requests` columns: TTFT is a request that got its first token (output_tokens > 0;
+# the engine sets first_token_time exactly then) and whose writer saw when (TTFT_KNOWN_SQL: a proxied
+# whole response got its tokens at an unknown time); the duration columns hold ttft_split's values
 HAS_FIRST_TOKEN_SQL = "output_tokens > 0"
-TTFT_QUANTILES_SQL = quantiles_sql("ttft_seconds", HAS_FIRST_TOKEN_SQL)
+TTFT_KNOWN_SQL = f"{HAS_FIRST_TOKEN_SQL} AND {known_sql('ttft_seconds')}"
+TTFT_QUANTILES_SQL = quantiles_sql("ttft_seconds", TTFT_KNOWN_SQL)
 TPOT_SQL = "if(output_tokens > 1, (e2e_seconds - ttft_seconds) / (output_tokens - 1), nan)"
 
 

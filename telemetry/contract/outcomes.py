@@ -21,7 +21,7 @@ OUTCOMES = (ANSWERED, REJECTED, SHED, FAILED, TIMED_OUT, ABORTED)
 
 # error_code -> outcome; "" is an answered request
 ERROR_CODES: dict[str, str] = {
-    "invalid_request": REJECTED,  # 400: a field is invalid (error_param names it)
+    "invalid_request": REJECTED,  # 400 (404 for an unknown model): a field is invalid (error_param names it)
     "context_length": REJECTED,  # 400: the prompt (and max_tokens) longer than the context (detail: length, limit)
     "unauthorized": REJECTED,  # 401: missing or wrong API key
     "duplicate_request_id": REJECTED,  # 409: a request with this id is in flight

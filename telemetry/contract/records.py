@@ -66,7 +66,8 @@ class RequestRecord:
     scheduled_time: float  # first time the scheduler ran any of its tokens
     first_token_time: float
     finish_time: float
-    # derived durations (seconds)
+    # derived durations (seconds); nan where the writer could not measure one (derived.UNKNOWN: a
+    # recording proxy's queue and prefill, a proxied whole response's TTFT), never 0
     queue_seconds: float  # arrival -> scheduled
     prefill_seconds: float  # scheduled -> first token
     ttft_seconds: float  # arrival -> first token

@@ -16,7 +16,7 @@ import weakref
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 
-from telemetry.metrics import buckets
+from telemetry.metrics import buckets, vllm_buckets
 from telemetry.metrics.engine_histogram import EngineHistogram
 
 LABELS = ("replica", "model")
@@ -52,10 +52,11 @@ SIDECAR_ERRORS = "infersight_sidecar_errors_total"
 SIDECAR_REQUEST_DURATION = "infersight_sidecar_request_duration_seconds"
 SIDECAR_REJECTED = "infersight_sidecar_rejected_total"
 SIDECAR_STORE_DAMAGE = "infersight_sidecar_store_damage"
+SIDECAR_FAILED_WRITES = "infersight_sidecar_failed_writes_total"
 SIDECAR_FAMILIES = {  # name -> type
     FINDING_ACTIVE: "gauge", FINDING_SEVERITY_LEVEL: "gauge", FINDINGS: "counter", SIDECAR_INSERT_ROWS: "counter",
     SIDECAR_QUERIES: "counter", SIDECAR_ERRORS: "counter", SIDECAR_REQUEST_DURATION: "histogram",
-    SIDECAR_REJECTED: "counter", SIDECAR_STORE_DAMAGE: "gauge",
+    SIDECAR_REJECTED: "counter", SIDECAR_STORE_DAMAGE: "gauge", SIDECAR_FAILED_WRITES: "counter",
 }
 
 
@@ -68,8 +69,10 @@ class EngineMetrics:
         self.before_collect = FoldDeferred()
         registry.register(self.before_collect)
 
-        def histogram(name, doc, bounds):
-            return EngineHistogram(name, doc, LABELS, bounds, registry)  # lock-free: see engine_histogram.py
+        def histogram(name, doc, bounds, vllm=()):
+            # lock-free: see engine_histogram.py. `vllm`: the bounds of the vLLM-named family exported from the
+            # same children (vllm_names.py), kept too so that both export exact counts
+            return EngineHistogram(name, doc, LABELS, bounds, registry, resolve=vllm)
 
         def gauge(name, doc, extra=()):
             return Gauge(name, doc, LABELS + tuple(extra), registry=registry)
@@ -80,21 +83,29 @@ class EngineMetrics:
 
         # request latencies (observed once per finished request)
         self.ttft = histogram("infersight_time_to_first_token_seconds",
-                              "Arrival to first output token, seconds", buckets.TTFT_SECONDS)
+                              "Arrival to first output token, seconds", buckets.TTFT_SECONDS,
+                              vllm_buckets.TIME_TO_FIRST_TOKEN)
         self.itl = histogram("infersight_inter_token_latency_seconds",
-                             "Time between consecutive output tokens of a request, seconds", buckets.ITL_SECONDS)
+                             "Time between consecutive output tokens of a request, seconds", buckets.ITL_SECONDS,
+                             vllm_buckets.INTER_TOKEN_LATENCY)
         self.e2e = histogram("infersight_e2e_request_latency_seconds",
-                             "Arrival to finish of a request, seconds", buckets.REQUEST_SECONDS)
+                             "Arrival to finish of a request, seconds", buckets.REQUEST_SECONDS,
+                             vllm_buckets.REQUEST_LATENCY)
         self.queue = histogram("infersight_request_queue_time_seconds",
-                               "Arrival to first scheduled, seconds", buckets.REQUEST_SECONDS)
+                               "Arrival to first scheduled, seconds", buckets.REQUEST_SECONDS,
+                               vllm_buckets.REQUEST_LATENCY)
         self.prefill = histogram("infersight_request_prefill_time_seconds",
-                                 "First scheduled to first output token, seconds", buckets.REQUEST_SECONDS)
+                                 "First scheduled to first output token, seconds", buckets.REQUEST_SECONDS,
+                                 vllm_buckets.REQUEST_LATENCY)
         self.decode = histogram("infersight_request_decode_time_seconds",
-                                "First output token to finish, seconds", buckets.REQUEST_SECONDS)
+                                "First output token to finish, seconds", buckets.REQUEST_SECONDS,
+                                vllm_buckets.REQUEST_LATENCY)
         self.request_prompt_tokens = histogram("infersight_request_prompt_tokens",
-                                               "Prompt tokens per finished request", buckets.TOKENS)
+                                               "Prompt tokens per finished request", buckets.TOKENS,
+                                               vllm_buckets.request_tokens(vllm_buckets.TOKENS_KEPT_UP_TO))
         self.request_generation_tokens = histogram("infersight_request_generation_tokens",
-                                                   "Output tokens per finished request", buckets.TOKENS)
+                                                   "Output tokens per finished request", buckets.TOKENS,
+                                                   vllm_buckets.request_tokens(vllm_buckets.TOKENS_KEPT_UP_TO))
         # steps
         self.step_duration = histogram("infersight_step_duration_seconds",
                                        "Wall time of one scheduler step, seconds", buckets.STEP_SECONDS)

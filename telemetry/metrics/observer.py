@@ -12,6 +12,10 @@ evict the caches, the eager hooks cost ~10 us each where a fold costs ~1 us per
 record: in the telemetry-overhead benchmark this took the metrics' share of the
 engine thread from 0.17% + 0.07% to <0.05%. Queue time and TTFT stay immediate
 (alerts on them must not wait for a fold).
+
+With `vllm_names` (the default) the registry also shows vLLM's names for the same data
+(vllm_names.py: views built at scrape time) and the few series only vLLM had, folded in the
+same loop (vllm_fold.py).
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ class MetricsObserver(EngineObserver):
 
     enabled = True
 
-    def __init__(self, replica_id: str, model: str, registry: CollectorRegistry | None = None):
+    def __init__(self, replica_id: str, model: str, registry: CollectorRegistry | None = None,
+                 vllm_names: bool = True):
         self.replica_id = replica_id
         self.model = model
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -94,6 +99,8 @@ class MetricsObserver(EngineObserver):
         self._spec_per_pos: list = []  # grown on demand: the draft length is the engine's config
         self._tok_queries = m.tokenization_queries.labels(*ids)
         self._tok_hits = m.tokenization_hits.labels(*ids)
+        self.vllm_names = vllm_names  # the server adds vLLM's http_* series too (http_metrics.py)
+        self._vllm = self._vllm_fold(vllm_names)
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -107,6 +114,8 @@ class MetricsObserver(EngineObserver):
             self.metrics.replica_info.remove(*self._info_labels)  # a restart with a new identity
         self._info_labels = labels
         self.metrics.replica_info.labels(*labels).set(1)
+        if self._vllm is not None:
+            self._vllm.replica_start(record)
 
     # steps and finished requests: deferred (module docstring)
 
@@ -132,8 +141,12 @@ class MetricsObserver(EngineObserver):
                     if isinstance(r, StepRecord):
                         self._fold_step(r)
                         step = r
+                        if self._vllm is not None:
+                            self._vllm.step(r)
                     else:
                         self._fold_finished(r)
+                        if self._vllm is not None:
+                            self._vllm.finished(r)
                 except Exception:  # a malformed record: counted, logged once; the others still fold
                     self.failures += 1
                     if self.failures == 1:
@@ -227,6 +240,23 @@ class MetricsObserver(EngineObserver):
         self._tok_queries.inc()
         if cache_hit:
             self._tok_hits.inc()
+
+    # -- vLLM's names -------------------------------------------------------------------
+
+    def _vllm_fold(self, enabled: bool):
+        """The vLLM-only series' fold for this replica (None: the registry shows infersight's names only)."""
+        if not enabled:
+            return None
+        from telemetry.metrics.vllm_fold import VllmFold
+        from telemetry.metrics.vllm_names import vllm_families
+
+        return VllmFold(vllm_families(self.registry), self.replica_id, self.model)
+
+    def set_max_model_len(self, max_model_len: int) -> None:
+        """The replica's context length (the engine's, resolved from the model when not configured): vLLM's
+        token-count histograms end their bounds there."""
+        if self._vllm is not None and max_model_len:
+            self._vllm.families.set_max_model_len(self.replica_id, self.model, int(max_model_len))
 
     # -- speculative decoding ----------------------------------------------------------
 

@@ -159,8 +159,14 @@ class SidecarApp:
     # other routes and errors -----------------------------------------------------------------------
 
     def _health(self) -> Response:
+        """damaged (store_health.py), else degraded while inserts are not being stored
+        (write_health.py), else the store check's state; 503 unless sound."""
         status = self.health.status()
-        return Response(503 if status["status"] == "damaged" else 200,
+        status["writes"] = self.sidecar.writes.status()
+        if status["status"] != "damaged" and status["writes"]["failing"]:
+            status["status"] = "degraded"
+            status["reason"] = f"inserts are not being stored: {status['writes']['reason']}"
+        return Response(503 if status["status"] in ("damaged", "degraded") else 200,
                         json.dumps(status, indent=1).encode() + b"\n", {"Content-Type": "application/json"})
 
     def _busy(self, message: str, reason: str) -> Response:

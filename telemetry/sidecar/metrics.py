@@ -4,7 +4,9 @@
 (diagnostics refresh last_seen each time they confirm a finding), so Prometheus alert rules
 can fire on findings; `infersight_finding_severity_level` carries the severity as a number.
 `infersight_sidecar_store_damage` is the number of problems the store check found per table (0:
-sound), `infersight_sidecar_rejected_total` the requests and connections refused by a bound.
+sound), `infersight_sidecar_rejected_total` the requests and connections refused by a bound,
+`infersight_sidecar_failed_writes_total` the inserts the store did not store (answered 503, so the
+writer sends them again).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 
 from telemetry.metrics.definitions import (
-    FINDING_ACTIVE, FINDING_SEVERITY_LEVEL, FINDINGS, SIDECAR_ERRORS, SIDECAR_INSERT_ROWS, SIDECAR_QUERIES,
-    SIDECAR_REJECTED, SIDECAR_REQUEST_DURATION, SIDECAR_STORE_DAMAGE,
+    FINDING_ACTIVE, FINDING_SEVERITY_LEVEL, FINDINGS, SIDECAR_ERRORS, SIDECAR_FAILED_WRITES, SIDECAR_INSERT_ROWS,
+    SIDECAR_QUERIES, SIDECAR_REJECTED, SIDECAR_REQUEST_DURATION, SIDECAR_STORE_DAMAGE,
 )
 
 log = logging.getLogger(__name__)
@@ -104,8 +106,11 @@ class SidecarMetrics:
                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
         self.rejected = Counter(SIDECAR_REJECTED, "Requests and connections refused by a bound (see reason)",
                                 ("sidecar", "reason"), registry=self.registry)
+        self.failed_writes = Counter(SIDECAR_FAILED_WRITES, "Inserts the store did not store (answered 503)",
+                                     ("sidecar",), registry=self.registry)
         self.queries.labels(name)
         self.errors.labels(name)
+        self.failed_writes.labels(name)
         for reason in REJECT_REASONS:
             self.rejected.labels(name, reason)
         self.registry.register(FindingsCollector(store, name, finding_active_window_seconds))

@@ -14,15 +14,23 @@ files, system tables answer anyone) is refused here, for every user, from the pa
   so a new chdb's new functions are refused too), anywhere; `file()` and `disk()` as functions;
 - a SETTINGS clause (a `Set` node) anywhere but in a CREATE TABLE, whose settings must be numbers;
 - system tables outside ALLOWED_SYSTEM_TABLES, and information_schema;
-- for the full user: statement kinds other than reads, INSERT into WRITABLE_TABLES, and the
-  migrations' CREATE TABLE (MergeTree engines) and ALTER TABLE ... ADD / MODIFY / COMMENT COLUMN.
+- for the full user (the writer, whose credentials every replica holds): statement kinds other than
+  reads, INSERT into WRITABLE_TABLES (the contract's tables) in INSERT_FORMATS or INSERT ... SELECT,
+  and, of DDL, only the schema's own statements: a CREATE TABLE / ALTER TABLE whose canonical text
+  is one of the shipped migrations' (`schema_statements`). The sidecar applies its migrations itself
+  when it starts (chdb: one process per data directory, so the sidecar owns the schema); what
+  `infersight migrate --store <sidecar URL>` sends is then exactly those idempotent statements, and
+  nothing of another schema (a forged table, a dropped column) can be created through the writer.
+  No INSERT into schema_migrations either: a forged migration record would stop the next start.
 
 Settings in the URL: the read-only user may send none (as ClickHouse's readonly = 1); the full user
-only URL_SETTINGS, and a limit only below the sidecar's own.
+only URL_SETTINGS, each value checked (`_URL_VALUES`), and a limit (max_threads among them) only
+below the sidecar's own.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 
@@ -30,8 +38,13 @@ from telemetry.contract.records import RECORD_TYPES
 from telemetry.sidecar import protocol as p
 from telemetry.sidecar.statements import Statement
 
-# the contract's tables, and the migrations' bookkeeping (`infersight migrate --store URL`)
-WRITABLE_TABLES = frozenset(RECORD_TYPES) | {"schema_migrations"}
+# the contract's tables
+WRITABLE_TABLES = frozenset(RECORD_TYPES)
+# the formats the writer's data may come in: the recorder's and the migrator's (Arrow, via
+# clickhouse-connect), clickhouse-connect's own insert (Native), and the plain ones a person types;
+# none that reads a schema or template file (Protobuf, CapnProto, Template ...). name.lower() -> name
+INSERT_FORMATS = {f.lower(): f for f in ("Arrow", "ArrowStream", "Native", "RowBinary", "Values", "JSONEachRow",
+                                         "CSV", "CSVWithNames", "TabSeparated", "TSV", "TabSeparatedWithNames")}
 # generators of rows from their arguments alone: the benchmarks and tests seed with numbers();
 # `format` is also a scalar function (format('{}-{}', a, b)), and both share one name in the tree
 ALLOWED_TABLE_FUNCTIONS = frozenset({"numbers", "numbers_mt", "zeros", "zeros_mt", "generateSeries",
@@ -65,15 +78,18 @@ NODE_KINDS = frozenset({
 })
 # a CREATE TABLE's own settings as ClickHouse prints them at its end: names = numbers (no disk(...))
 _TABLE_SETTINGS = re.compile(r" SETTINGS [a-z_]+ = \d+(?:, [a-z_]+ = \d+)*$")
-# what the migrations create (telemetry/schema/migrations) and change
-ALLOWED_ENGINES = frozenset({"MergeTree", "ReplacingMergeTree"})
-ALLOWED_ALTER_COMMANDS = frozenset({"ADD_COLUMN", "MODIFY_COLUMN", "COMMENT_COLUMN"})
 # settings the full user may send in the URL: insert deduplication (the recorder), the two
 # clickhouse-connect sets on every request, its Arrow string switch, and max_threads
-URL_SETTINGS = frozenset({"insert_deduplication_token", "insert_deduplicate", "date_time_input_format",
-                          "cast_string_to_dynamic_use_inference", "output_format_arrow_string_as_string",
-                          "max_threads"})
-LIMIT_SETTINGS = ("max_execution_time", "max_result_bytes", "max_memory_usage")  # lowered only, never lifted
+_BOOL = re.compile(r"^(?:0|1|true|false)$", re.I)
+_URL_VALUES = {
+    "insert_deduplication_token": re.compile(r"^[A-Za-z0-9_.:\-]{1,256}$"),  # as telemetry/store/base.py's
+    "insert_deduplicate": _BOOL,
+    "date_time_input_format": re.compile(r"^(?:basic|best_effort|best_effort_us)$"),
+    "cast_string_to_dynamic_use_inference": _BOOL,
+    "output_format_arrow_string_as_string": _BOOL,
+}
+URL_SETTINGS = frozenset(_URL_VALUES)
+LIMIT_SETTINGS = ("max_execution_time", "max_result_bytes", "max_memory_usage", "max_threads")  # lowered only
 
 
 class Refused(Exception):
@@ -83,13 +99,17 @@ class Refused(Exception):
 
 
 class QueryPolicy:
-    def __init__(self, table_functions: Iterable[str], database: str, limits: Mapping[str, str]):
-        """`table_functions`: every name in system.table_functions; `limits`: the per-query limits."""
+    def __init__(self, table_functions: Iterable[str], database: str, limits: Mapping[str, str],
+                 schema_statements: Iterable[str] = ()):
+        """`table_functions`: every name in system.table_functions; `limits`: the per-query limits
+        (max_threads defaults to the CPUs); `schema_statements`: the canonical text of every DDL
+        statement of the shipped migrations, the only DDL the full user may run."""
         allowed = {name.lower() for name in ALLOWED_TABLE_FUNCTIONS}
         self.denied_functions = frozenset(n.lower() for n in table_functions if n.lower() not in allowed) \
             | DENIED_FUNCTIONS
         self.database = database
-        self.limits = dict(limits)
+        self.limits = {"max_threads": str(os.cpu_count() or 1), **limits}
+        self.schema_statements = frozenset(schema_statements)
 
     # URL ------------------------------------------------------------------------------------------
 
@@ -102,6 +122,9 @@ class QueryPolicy:
             elif name not in URL_SETTINGS:
                 raise Refused(f"setting '{name}' is not accepted by the sidecar (the full user may send "
                               f"{', '.join(sorted(URL_SETTINGS | set(LIMIT_SETTINGS)))})", p.ACCESS_DENIED)
+            elif not _URL_VALUES[name].match(value):
+                raise Refused(f"'{value[:80]}' is not a value the sidecar accepts for {name} "
+                              f"(pattern {_URL_VALUES[name].pattern})", p.BAD_ARGUMENTS)
 
     def _check_lowered(self, name: str, value: str) -> None:
         limit = float(self.limits[name])
@@ -117,15 +140,20 @@ class QueryPolicy:
         if database is not None and database != self.database:
             raise Refused(f"the sidecar serves database {self.database} only, not {database}", p.ACCESS_DENIED)
 
-    # INSERT with data in the body -------------------------------------------------------------------
+    # INSERT with data -----------------------------------------------------------------------------------
 
-    def check_insert(self, table: str, database: str | None, readonly: bool) -> None:
+    def check_insert(self, head: Statement, fmt: str, readonly: bool) -> str:
+        """`head`: ClickHouse's parse of `INSERT INTO t [(cols)] FORMAT fmt` (its data apart). Returns
+        the format's name as ClickHouse spells it."""
         if readonly:
             raise Refused("Cannot execute query in readonly mode", p.READONLY)
-        self.check_database(database)
-        if table not in WRITABLE_TABLES:
-            raise Refused(f"INSERT into {table} is not allowed: only into {', '.join(sorted(WRITABLE_TABLES))}",
-                          p.ACCESS_DENIED)
+        if head.kind != "insert":  # the head regex and ClickHouse disagree: never run it
+            raise Refused(f"{head.root} is not an INSERT's head", p.ACCESS_DENIED)
+        if fmt.lower() not in INSERT_FORMATS:
+            raise Refused(f"INSERT data in format {fmt} is not accepted by the sidecar (formats: "
+                          f"{', '.join(INSERT_FORMATS.values())})", p.ACCESS_DENIED)
+        self.check(head, readonly)
+        return INSERT_FORMATS[fmt.lower()]
 
     # statements ----------------------------------------------------------------------------------
 
@@ -193,6 +221,11 @@ class QueryPolicy:
 
     def _check_write(self, statement: Statement) -> None:
         verb = _VERBS[statement.kind]
+        if statement.kind != "insert":  # DDL: the schema's own statements, word for word
+            if statement.canonical not in self.schema_statements:
+                raise Refused(f"{verb} is allowed only as one of the schema migrations' own statements (the "
+                              "sidecar applies them itself when it starts)", p.ACCESS_DENIED)
+            return
         target = statement.target()
         if target is None or target[1] not in WRITABLE_TABLES:
             name = ".".join(filter(None, target)) if target else "that target"
@@ -203,16 +236,6 @@ class QueryPolicy:
             if node.depth == 1 and node.kind == "Identifier" and node.name not in WRITABLE_TABLES | {self.database}:
                 raise Refused(f"{verb} {node.name} is not allowed: only {', '.join(sorted(WRITABLE_TABLES))}",
                               p.ACCESS_DENIED)
-        for i, node in enumerate(statement.nodes):
-            if node.kind == "Storage" and node.text.startswith("definition"):
-                engine = statement.nodes[i + 1] if i + 1 < len(statement.nodes) else None
-                if engine is None or engine.kind != "Function" or engine.name not in ALLOWED_ENGINES:
-                    raise Refused(f"CREATE TABLE needs ENGINE = {' or '.join(sorted(ALLOWED_ENGINES))}",
-                                  p.ACCESS_DENIED)
-        for node in statement.of_kind("AlterCommand"):
-            if node.name not in ALLOWED_ALTER_COMMANDS:
-                raise Refused(f"ALTER TABLE ... {node.name.replace('_', ' ')} is not allowed through the sidecar "
-                              f"(allowed: {', '.join(sorted(ALLOWED_ALTER_COMMANDS))})", p.ACCESS_DENIED)
 
 
 _VERBS = {"insert": "INSERT into", "create_table": "CREATE TABLE", "alter_table": "ALTER TABLE"}

@@ -68,9 +68,11 @@ class SidecarProcess:
 def start_sidecar(data_dir: str | os.PathLike, port: int = 0, host: str = "127.0.0.1", user: str | None = None,
                   password: str = "", readonly_user: str | None = None, readonly_password: str = "",
                   tls_cert: str | None = None, tls_key: str | None = None,
-                  extra_args: tuple[str, ...] = (), timeout: float = 90) -> SidecarProcess:
-    """Start `infersight sidecar` on `data_dir` (port 0: a free port) and wait until it serves."""
-    args = [sys.executable, "-m", "dashboards.console.cli", "sidecar", "--data-dir", str(data_dir), "--port", str(port),
+                  extra_args: tuple[str, ...] = (), timeout: float = 90,
+                  wrapper: tuple[str, ...] = ()) -> SidecarProcess:
+    """Start `infersight sidecar` on `data_dir` (port 0: a free port) and wait until it serves.
+    `wrapper`: a command the sidecar runs under (e.g. setpriv, to drop a capability)."""
+    args = [*wrapper, sys.executable, "-m", "dashboards.console.cli", "sidecar", "--data-dir", str(data_dir), "--port", str(port),
             "--host", host, "--log-level", "warning", *extra_args]
     env = dict(os.environ)
     if user:

@@ -45,11 +45,27 @@ _STATUS_BY_CODE = {
     202: 503,  # TOO_MANY_SIMULTANEOUS_QUERIES
 }
 
+# codes that mean the server, not the request, failed: out of memory, disk, descriptors, slots; an
+# error of its own. Any other ClickHouse code raised by a client's statement or data is about that
+# statement or data (syntax, parse depth 306 / 167, sleepEachRow's 160, a malformed body's 128 / 33 ...):
+# a 4xx with ClickHouse's message, so no input can make the sidecar look broken (and a writer does
+# not retry what can never succeed). Reads of corrupt parts: handler.py answers those 500.
+SERVER_FAULT_CODES = frozenset({
+    49,  # LOGICAL_ERROR
+    74, 75, 76, 77,  # CANNOT_READ_FROM / WRITE_TO_FILE_DESCRIPTOR, CANNOT_OPEN_FILE, CANNOT_CLOSE_FILE
+    173, 241, 243,  # CANNOT_ALLOCATE_MEMORY, MEMORY_LIMIT_EXCEEDED (server-wide), NOT_ENOUGH_SPACE
+    202, 209, 210, 236, 394, 425,  # TOO_MANY_SIMULTANEOUS_QUERIES, SOCKET_TIMEOUT, NETWORK_ERROR, ABORTED,
+                                   # QUERY_WAS_CANCELLED, SYSTEM_ERROR
+    1000, 1001, 1002,  # POCO_EXCEPTION, STD_EXCEPTION, UNKNOWN_EXCEPTION
+})
+
 _CODE_IN_MESSAGE = re.compile(r"^Code: (\d+)\. ")
 
 
 def http_status(code: int | None) -> int:
-    return _STATUS_BY_CODE.get(code or 0, 500)
+    if code in _STATUS_BY_CODE:
+        return _STATUS_BY_CODE[code]
+    return 500 if code is None or code in SERVER_FAULT_CODES else 400
 
 
 def error_text(message: str, code: int) -> str:

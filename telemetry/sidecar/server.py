@@ -3,42 +3,18 @@
 from __future__ import annotations
 
 import logging
-import resource
-import socket
 
 import uvicorn
 
+from telemetry.connections import bind_socket, guarded_protocol, raise_open_files_limit
 from telemetry.schema import migrate
 from telemetry.sidecar.app import SidecarApp
-from telemetry.sidecar.connections import guarded_protocol
 from telemetry.sidecar.handler import Sidecar, Users
 from telemetry.sidecar.limits import Limits
 from telemetry.sidecar.store_health import StoreHealth
 from telemetry.store import open_store
 
 log = logging.getLogger(__name__)
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: any free port; read it back from getsockname())."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
-    sock.set_inheritable(True)
-    return sock
-
-
-def raise_open_files_limit(wanted: int) -> None:
-    """Sockets and chdb's part files share one descriptor limit: lift the soft limit towards the hard one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        soft = target
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        log.warning("open files limit %d is below the %d that --max-connections needs", soft, wanted)
 
 
 def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8123, users: Users = Users(), name: str = "sidecar",

@@ -1,8 +1,13 @@
-"""What a request asks for: an INSERT with data in the body, or one statement, as ClickHouse parses it.
+"""What a request asks for: an INSERT with its data, or one statement, as ClickHouse parses it.
 
-An INSERT whose data follows in the body is recognised by its head (the data itself never goes
-through the SQL parser). Anything else is one statement, and the sidecar decides on two answers
-of ClickHouse's own parser, never on the text it was sent:
+An INSERT with data (`INSERT INTO t [(cols)] FORMAT f <data>` or `... VALUES <data>`) is split
+into its head and its data here: the head is checked on ClickHouse's parse like any statement,
+and the data goes to the store's insert stream as data, never through the SQL parser (chdb runs
+every statement of a text, and ClickHouse's parse of an INSERT ends where its data begins, so
+the raw text of an INSERT is never what runs). VALUES data ends at a `;` for ClickHouse:
+`values_data_end` finds it, so that anything after it is refused as a second statement rather than
+dropped. Anything else is one statement, and the sidecar decides on two answers of ClickHouse's
+own parser, never on the text it was sent:
 
 - `formatQuerySingleLine`, fed the text as a bound parameter: a syntax error or a second
   statement fails here, before anything runs; its canonical text names the statement's targets;
@@ -20,11 +25,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# an INSERT whose data follows in the body: INSERT INTO [db.]table [(cols)] FORMAT name <data>
+# an INSERT with data: INSERT INTO [db.]table [(cols)] FORMAT name <data> | VALUES <data>
 _IDENT = r"(?:[A-Za-z_][A-Za-z0-9_]*|`[^`\\\n]+`)"
 INSERT_HEAD = re.compile(
     rf"\s*INSERT\s+INTO\s+(?:TABLE\s+)?(?:(?P<database>{_IDENT})\.)?(?P<table>{_IDENT})\s*"
-    rf"(?P<columns>\(\s*{_IDENT}(?:\s*,\s*{_IDENT})*\s*\))?\s*FORMAT\s+(?P<format>[A-Za-z][A-Za-z0-9_]*)",
+    rf"(?P<columns>\(\s*{_IDENT}(?:\s*,\s*{_IDENT})*\s*\))?\s*"
+    rf"(?:FORMAT\s+(?P<format>[A-Za-z][A-Za-z0-9_]*)|(?P<values>VALUES)\b)",
     re.I,
 )
 LOOKS_LIKE_INSERT = re.compile(rb"\s*INSERT\b", re.I)
@@ -46,29 +52,52 @@ READ_ROOTS = frozenset({"SelectWithUnionQuery", "SelectIntersectExceptQuery", "D
 
 @dataclass(frozen=True)
 class InsertHead:
-    sql: str  # INSERT INTO table (cols) -- what the store runs, rebuilt from validated tokens
-    table: str  # unqualified, unquoted
-    database: str | None  # unquoted, None when the head names none
-    format: str
+    text: str  # the head as sent, through FORMAT name or VALUES: what ClickHouse parses and the policy checks
+    format: str  # "Values" for VALUES
     data_offset: int  # where the data starts in the text the head was found in
 
 
 def parse_insert_head(text: str) -> InsertHead | None:
-    """The INSERT ... FORMAT head at the start of `text` (latin-1 decoded bytes), or None."""
+    """The INSERT ... FORMAT / VALUES head at the start of `text` (latin-1 decoded bytes), or None."""
     m = INSERT_HEAD.match(text)
     if not m:
         return None
     end = m.end()
+    if m["values"]:  # the Values format skips the whitespace before its first row itself
+        return InsertHead(text[:end], "Values", end)
     while end < len(text) and text[end] in " \t\f":  # ClickHouse: data starts after the first newline,
         end += 1                                    # or after the whitespace when there is none
     if text.startswith("\r", end):
         end += 1
     if text.startswith("\n", end):
         end += 1
-    columns = f" {m['columns']}" if m["columns"] else ""
-    target = f"{m['database']}.{m['table']}" if m["database"] else m["table"]
-    database = m["database"].strip("`") if m["database"] else None
-    return InsertHead(f"INSERT INTO {target}{columns}", m["table"].strip("`"), database, m["format"], end)
+    return InsertHead(text[:m.end()], m["format"], end)
+
+
+def values_data_end(data: bytes) -> int | None:
+    """Where ClickHouse's Values format stops reading `data`: the offset of the first `;` outside a
+    quoted string, or None when there is none. Quotes as the format reads them (backslash escapes,
+    a doubled quote); with expressions off (VALUES_AS_DATA) rows hold only literals."""
+    quote = None
+    i, n = 0, len(data)
+    while i < n:
+        c = data[i]
+        if quote is not None:
+            if c == 0x5C:  # backslash: the next byte is escaped
+                i += 1
+            elif c == quote:
+                quote = None  # a doubled quote closes and reopens: the same as one escaped quote
+        elif c in (0x27, 0x22, 0x60):  # ' " `
+            quote = c
+        elif c == 0x3B:  # ;
+            return i
+        i += 1
+    return None
+
+
+def without_format(canonical: str) -> str:
+    """`INSERT INTO t (a, b) FORMAT Values` -> `INSERT INTO t (a, b)`: the statement the insert stream runs."""
+    return _TRAILING_FORMAT.sub("", canonical).rstrip()
 
 
 @dataclass(frozen=True)
@@ -87,6 +116,12 @@ class Node:
 class Statement:
     canonical: str  # formatQuerySingleLine of the statement
     nodes: tuple[Node, ...]  # EXPLAIN AST, in order: nodes[0] is the root
+
+    @property
+    def sql(self) -> bytes:
+        """The canonical text as the bytes ClickHouse printed it (a literal's bytes that are not UTF-8
+        included: `canonical` holds them as surrogates): what runs."""
+        return self.canonical.encode("utf-8", "surrogateescape")
 
     @property
     def root(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -22,9 +23,12 @@ from clickhouse_connect.driver.binding import format_bind_value
 
 from telemetry.store import dir_lock
 from telemetry.store.base import Store, check_dedup_token, check_identifier
-from telemetry.store.errors import StoreError
+from telemetry.store.errors import InsertNotStoredError, StoreError
 
 DEFAULT_POOL_SIZE = 4
+# chdb's insert stream answers an insert whose part could not be written (an unwritable or full
+# data directory) with its rows as written and no error; the engine counts it here all the same
+_FAILED_INSERTS = "SELECT toUInt64(sum(value)) FROM system.events WHERE name = 'FailedInsertQuery'"
 # transport-level names that are not ClickHouse settings (never SET)
 NOT_SETTINGS = frozenset({"readonly"})
 
@@ -40,8 +44,17 @@ def bind_values(parameters: Mapping | None) -> dict[str, str]:
     return {str(k): format_bind_value(v) for k, v in (parameters or {}).items()}
 
 
+def _failed_inserts(session) -> int:
+    return int(session.query(_FAILED_INSERTS, "TSVRaw").bytes().strip() or 0)
+
+
 def _chdb_error(e: Exception) -> StoreError:
-    return StoreError(str(e).strip())
+    undecodable = e if isinstance(e, UnicodeDecodeError) else e.__cause__
+    if isinstance(undecodable, UnicodeDecodeError):  # ClickHouse's message quoted bytes that are not UTF-8
+        message = undecodable.object.decode("utf-8", "replace")  # (a query's or its data's): its own words
+    else:  # the insert stream's wrapper words before ClickHouse's own ("Code: N. DB::Exception: ...")
+        message = re.sub(r"^Streaming insert \w+ failed: ", "", str(e).strip())
+    return StoreError(message.strip())
 
 
 class EmbeddedStore(Store):
@@ -146,10 +159,11 @@ class EmbeddedStore(Store):
 
     # raw access (the sidecar's HTTP endpoint uses these) ----------------------------------------
 
-    def execute(self, sql: str, fmt: str = "TabSeparated", params: Mapping[str, str] | None = None,
+    def execute(self, sql: str | bytes, fmt: str = "TabSeparated", params: Mapping[str, str] | None = None,
                 settings: Mapping[str, str] | None = None, readonly: bool = False, database: str | None = None):
         """Run one statement; returns chdb's result (`.bytes()`, `.rows_read()` ...).
-        `params` are already in ClickHouse text form (see `bind_values`)."""
+        `params` are already in ClickHouse text form (see `bind_values`). `sql` as bytes: a statement
+        whose string literals hold bytes that are not UTF-8 (`SELECT '\\xff'`), passed through as they are."""
         with self.session(settings, readonly, database) as s:
             try:
                 return s.query(sql, fmt, params=dict(params or {}))
@@ -158,9 +172,14 @@ class EmbeddedStore(Store):
 
     def insert_stream(self, insert_sql: str, fmt: str, chunks: Iterable[bytes],
                       settings: Mapping[str, str] | None = None, database: str | None = None) -> int:
-        """`INSERT INTO t (cols)` (no FORMAT, no data) fed with `chunks` in format `fmt`."""
+        """`INSERT INTO t (cols)` (no FORMAT, no data) fed with `chunks` in format `fmt`; returns the
+        rows written. Raises InsertNotStoredError when the engine counted a failed insert while this
+        one ran: possibly this one, which then reported success without storing anything. Another
+        insert failing at the same moment can cost this one a retry, never an acknowledged loss (a
+        retry with the same dedup token stores the rows once)."""
         with self.session(settings, database=database) as s:
             try:
+                failed_before = _failed_inserts(s)
                 inserter = s.send_insert(insert_sql, fmt)
             except Exception as e:
                 raise _chdb_error(e) from None
@@ -169,11 +188,18 @@ class EmbeddedStore(Store):
                     for chunk in chunks:
                         if chunk:
                             inserter.append(chunk)
-                    return inserter.finish().rows_written
+                    rows = inserter.finish().rows_written
+                    failed = _failed_inserts(s) - failed_before
                 except StoreError:
                     raise
                 except Exception as e:
                     raise _chdb_error(e) from None
+            if failed:
+                raise InsertNotStoredError(
+                    f"the insert was not stored: the engine counted {failed} failed insert(s) while it ran, though "
+                    f"its stream reported {rows} rows written (an unwritable or full data directory does this); "
+                    "nothing of it may be taken as stored: send it again with the same insert_deduplication_token")
+            return rows
 
     # Store interface -----------------------------------------------------------------------------
 

@@ -49,6 +49,15 @@ class StoreUnavailableError(StoreError):
         return False
 
 
+class InsertNotStoredError(StoreError):
+    """The engine answered an insert as done but did not store it (chdb's insert stream reports the
+    rows it read as written even when writing the part failed): retry it with the same dedup token."""
+
+    @property
+    def permanent(self) -> bool:
+        return False
+
+
 class StoreLockedError(StoreError):
     """Another process holds the embedded store's data directory."""
 

@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import time
-
-import httpx
 import pytest
-import yaml
+from live_prometheus import free_port, running_prometheus
 
 from dashboards.promql import ALERTS_FILE
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -46,47 +34,13 @@ def prometheus_url(tmp_path_factory, engine_metrics_target, sidecar_metrics_targ
     """Debian's `prometheus` on a free loopback port, loading our alert rules and scraping the
     live engine exporter (job infersight-replicas) and a live sidecar (job infersight-sidecar)
     every second."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("the `prometheus` binary is missing: run .ci/setup (Debian package prometheus)")
-    tmp = tmp_path_factory.mktemp("prometheus")
-    config = tmp / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(ALERTS_FILE)],
-        "scrape_configs": [
-            {"job_name": "infersight-replicas", "honor_labels": True,
-             "static_configs": [{"targets": [engine_metrics_target], "labels": {"replica": "r0"}}]},
-            {"job_name": "infersight-sidecar", "static_configs": [{"targets": [sidecar_metrics_target]}]},
-        ],
-    }))
-    port = free_port()
-    log = open(tmp / "prometheus.log", "wb")
-    proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"prometheus did not start: {(tmp / 'prometheus.log').read_text()[-2000:]}")
-            time.sleep(0.2)
+    scrape_configs = [
+        {"job_name": "infersight-replicas", "honor_labels": True,
+         "static_configs": [{"targets": [engine_metrics_target], "labels": {"replica": "r0"}}]},
+        {"job_name": "infersight-sidecar", "static_configs": [{"targets": [sidecar_metrics_target]}]},
+    ]
+    with running_prometheus(tmp_path_factory.mktemp("prometheus"), scrape_configs, [ALERTS_FILE]) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 # -- the Streamlit dashboard's fixtures ----------------------------------------------------------

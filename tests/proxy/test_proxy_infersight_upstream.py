@@ -5,6 +5,7 @@ without the proxy, and every answered request is stored with the token IDs the u
 from __future__ import annotations
 
 import json
+import math
 import uuid
 
 import httpx
@@ -70,9 +71,11 @@ def test_a_whole_response_is_what_the_upstream_says_and_its_row_holds_the_upstre
         assert m[column] == t[column], column
     assert m["sampling_params_json"] == client_params(t["sampling_params_json"])
     assert m["trace_id"] == TRACEPARENT.split("-")[1] and m["workload"] == "chat"
-    # a whole response has no per-token times: it is kept out of the latency views, not faked
-    assert list(m["token_times"]) == [] and m["ttft_seconds"] == 0
-    assert m["e2e_seconds"] > 0
+    # a whole response has no per-token times: its TTFT is unknown (nan, kept out of the percentiles), not 0;
+    # nor does the proxy see the upstream's queue and prefill
+    assert list(m["token_times"]) == [] and math.isnan(m["ttft_seconds"])
+    assert math.isnan(m["queue_seconds"]) and math.isnan(m["prefill_seconds"])
+    assert m["first_token_time"].timestamp() == 0 and m["e2e_seconds"] > 0
 
 
 @pytest.mark.parametrize("path, make", [("/v1/completions", completion), ("/v1/chat/completions", chat)])
@@ -100,8 +103,34 @@ def test_a_stream_keeps_its_events_and_its_row_has_a_time_per_token(clients, ups
     assert m["output_tokens"] == len(m["token_times"]) == len(t["output_token_ids"]) == body["max_tokens"]
     assert list(m["token_times"]) == sorted(m["token_times"]) and m["token_times"][0] > 0
     assert m["ttft_seconds"] == pytest.approx(m["token_times"][0], abs=1e-5)
+    assert math.isnan(m["queue_seconds"]) and math.isnan(m["prefill_seconds"])  # the upstream's, unseen
     assert m["workload"] == "agent" and m["sampling_params_json"] == client_params(t["sampling_params_json"])
     assert m["finish_reason"] == t["finish_reason"] == "length"
+
+
+def test_the_ttft_percentiles_hold_only_the_requests_whose_first_token_was_seen(clients, upstream, proxy, store):
+    """Every request shape through the proxy: a stream's TTFT is measured, a whole response's is unknown,
+    and the TTFT quantiles every view shows (derived.TTFT_QUANTILES_SQL) are the measured ones alone."""
+    from telemetry.contract import derived
+
+    via = clients[1]
+    before = proxy.proxy.recorded
+    streamed = {}
+    for stream in (False, True):
+        for path, make in (("/v1/completions", completion), ("/v1/chat/completions", chat)):
+            request_id = rid()
+            assert via.post(path, json=make(upstream.model, stream=stream), headers=headers(request_id)).status_code == 200
+            streamed[request_id] = stream
+    proxy.wait_recorded(before + len(streamed))
+    proxy.flush()
+    stored = rows(store, "px", list(streamed))
+    assert {r: derived.known(row["ttft_seconds"]) for r, row in stored.items()} == streamed
+    measured = [row["ttft_seconds"] for r, row in stored.items() if streamed[r]]
+    assert all(t > 0 for t in measured)
+    got = store.query_df(f"SELECT {derived.TTFT_QUANTILES_SQL} AS q FROM requests "
+                         "WHERE replica_id = 'px' AND has({ids:Array(String)}, request_id)",
+                         {"ids": list(streamed)})["q"][0]
+    assert list(got) == pytest.approx(derived.quantiles(measured))
 
 
 def test_what_the_client_asked_for_it_keeps(clients, upstream):
@@ -119,30 +148,31 @@ def test_upstream_errors_pass_through_unchanged_and_each_is_a_row(clients, upstr
     before = proxy.proxy.recorded
     long_prompt = " ".join(["token"] * 600)  # past the upstream's 512-token context
     sent = {}
-    for path, body, code in (("/v1/completions", completion("no-such-model"), "invalid_request"),
-                             ("/v1/chat/completions", chat(upstream.model, temperature=-1), "invalid_request"),
-                             ("/v1/completions", completion(upstream.model, prompt=long_prompt), "context_length")):
+    for path, body, status, code in (
+            ("/v1/completions", completion("no-such-model"), 404, "invalid_request"),
+            ("/v1/chat/completions", chat(upstream.model, temperature=-1), 400, "invalid_request"),
+            ("/v1/completions", completion(upstream.model, prompt=long_prompt), 400, "context_length")):
         a = direct.post(path, json=body)
         request_id = rid()
         b = via.post(path, json=body, headers=headers(request_id))
-        assert b.status_code == a.status_code == 400
+        assert b.status_code == a.status_code == status
         assert b.json() == a.json()
-        sent[request_id] = code
+        sent[request_id] = (code, status)
     a = direct.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     request_id = rid()
     b = via.post("/v1/completions", content=b"{not json",
                  headers={"content-type": "application/json", "X-Request-Id": request_id})
     assert (b.status_code, b.json()) == (a.status_code, a.json())
-    sent[request_id] = "invalid_request"
+    sent[request_id] = ("invalid_request", 400)
     assert proxy.proxy.recorded == before + len(sent)  # every request is a row, the refused ones too
     proxy.flush()
     stored = rows(store, "px", list(sent))
     assert set(stored) == set(sent)
-    for request_id, code in sent.items():
+    for request_id, (code, status) in sent.items():
         row = stored[request_id]
-        assert (row["error_code"], row["http_status"], row["upstream_status"]) == (code, 400, 400), request_id
+        assert (row["error_code"], row["http_status"], row["upstream_status"]) == (code, status, status), request_id
         assert row["upstream_error_body"] == ""  # it may quote the request: text, stored only with --store-text
-    long_row = next(stored[i] for i, code in sent.items() if code == "context_length")
+    long_row = next(stored[i] for i, (code, _) in sent.items() if code == "context_length")
     limit = direct.get("/v1/models").json()["data"][0]["max_model_len"]
     assert long_row["prompt_tokens"] > limit and json.loads(long_row["error_detail_json"])["max_model_len"] == limit
 

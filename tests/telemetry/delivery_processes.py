@@ -4,7 +4,6 @@ directory, loopback traffic with known request ids, the replica's telemetry coun
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import threading
@@ -128,18 +127,6 @@ class Traffic:
         self._thread.join(120)
         assert not self._thread.is_alive(), "the traffic thread did not finish"
         return list(self.answered)
-
-
-def run_marker(spool_dir: Path, pid: int) -> dict:
-    """What the recorder of process `pid` last wrote in its run marker ({} if none readable)."""
-    for path in Path(spool_dir).glob("run-*.json"):
-        try:
-            state = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if state.get("pid") == pid:
-            return state
-    return {}
 
 
 def stored_request_ids(store_url: str, replica_id: str) -> list[str]:

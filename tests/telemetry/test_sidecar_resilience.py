@@ -298,7 +298,7 @@ def test_a_clean_store_reports_no_damage(tmp_path):
         _fill(sidecar)
         health = _health(sidecar)
         assert health.status_code == 200 and health.json() == {"status": "ok", "full_check_done": True,
-                                                               "damage": []}
+                                                               "damage": [], "writes": {"failing": False}}
         gauges = _damage_gauges(sidecar)
         assert {"requests", "steps", "findings", "schema_migrations"} <= set(gauges)
         assert set(gauges.values()) == {0.0}

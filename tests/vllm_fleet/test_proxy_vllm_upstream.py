@@ -5,6 +5,7 @@ what vLLM alone would give it, and every answered request is stored with the tok
 from __future__ import annotations
 
 import json
+import math
 import uuid
 
 import httpx
@@ -137,8 +138,13 @@ def test_the_client_sees_what_vllm_says_and_the_row_holds_vllms_token_ids(vllm, 
     assert row["output_tokens"] == len(output_ids) == 8
     assert "token_ids_source" not in json.loads(row["sampling_params_json"])  # vLLM's own IDs
     assert row["replica_id"] == "v0" and row["workload"] == "chat" and row["model_name"] == SERVED
+    # the proxy's times: a stream's first token it saw; a whole response's it did not (unknown, never 0), nor
+    # vLLM's queue and prefill (vLLM's plugin writes those to engine_request_timings)
     if stream:
         assert len(row["token_times"]) == 8 and row["ttft_seconds"] > 0
+    else:
+        assert list(row["token_times"]) == [] and math.isnan(row["ttft_seconds"]) and row["e2e_seconds"] > 0
+    assert math.isnan(row["queue_seconds"]) and math.isnan(row["prefill_seconds"])
     if path.endswith("chat/completions"):  # vLLM returned the prompt its template rendered
         assert row["rendered_prompt_hash"] != ""
 

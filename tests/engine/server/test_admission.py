@@ -85,8 +85,17 @@ def test_a_text_prompt_is_tokenized_once_through_the_cache(tiny_llama):
                                                                       "capacity": tok.cache_size}
 
 
+def test_an_unknown_model_is_a_404_and_echo_alone_asks_for_no_tokens(served):
+    for admit, req in ((admit_completion, _completion(model="gpt-4")), (admit_chat, _chat(model="gpt-4"))):
+        with pytest.raises(APIError) as e:
+            admit(req, served)
+        assert (e.value.status, e.value.param, e.value.code) == (404, "model", "model_not_found")
+    echoed = admit_completion(_completion(max_tokens=0, echo=True), served)  # vLLM's: the engine runs one step
+    assert echoed.echo_only and echoed.sampling_params.max_tokens == 1
+    assert not admit_completion(_completion(max_tokens=1, echo=True), served).echo_only
+
+
 @pytest.mark.parametrize("make, param, words", [
-    (lambda: _completion(model="gpt-4"), "model", "does not exist"),
     (lambda: _completion(max_tokens=0), "max_tokens", "at least 1"),
     (lambda: _completion(max_tokens=-5), "max_tokens", "at least 1"),
     (lambda: _completion(max_tokens=10**9), "max_tokens", "maximum context length is 64"),

@@ -38,7 +38,7 @@ def test_each_refusal_is_one_row_with_its_status_code_and_numbers(live, client, 
         f"{tag}-bad": ({"model": model, "prompt": "hello", "max_tokens": 2, "temperature": -1}, 400,
                        "invalid_request", "temperature"),
         f"{tag}-unknown": ({"model": model, "prompt": "hello", "nonsense": 1}, 400, "invalid_request", "nonsense"),
-        f"{tag}-model": ({"model": "other", "prompt": "hello"}, 400, "invalid_request", "model"),
+        f"{tag}-model": ({"model": "other", "prompt": "hello"}, 404, "invalid_request", "model"),
         f"{tag}-long": ({"model": model, "prompt": long_prompt, "max_tokens": 2}, 400, "context_length", "prompt"),
     }
     before = _metrics(live.url)

@@ -320,8 +320,17 @@ def test_a_template_without_tools_is_a_400_that_says_so(tiny_llama):
     with pytest.raises(APIError) as e:
         admit_chat(ChatCompletionRequest(model="tiny", messages=USER, tools=TOOLS), served)
     assert e.value.status == 400 and e.value.param == "tools"
-    assert "chat template does not render `tools`" in e.value.message and "no --chat-template" in e.value.message
+    assert "chat template does not render `tools`" in e.value.message and "--chat-template" in e.value.message
     assert "not available" in describe(served)
+    # tools the model may not call (tool_choice 'none') are answered as without them, as vLLM does; their
+    # shape is still checked
+    plain = admit_chat(ChatCompletionRequest(model="tiny", messages=USER), served)
+    none = admit_chat(ChatCompletionRequest(model="tiny", messages=USER, tools=TOOLS, tool_choice="none"), served)
+    assert none.tools is None and none.engine_prompt.token_ids == plain.engine_prompt.token_ids
+    with pytest.raises(APIError) as e:
+        admit_chat(ChatCompletionRequest(model="tiny", messages=USER, tools=[{"type": "retrieval"}],
+                                         tool_choice="none"), served)
+    assert e.value.param == "tools"
 
 
 @pytest.mark.parametrize("name, ok", [("get_weather-2", True), ("x" * 64, True), ("x" * 65, False), ("", False),
