@@ -12,7 +12,7 @@ Conventions for the parameters most queries share:
 
 from __future__ import annotations
 
-from telemetry.contract import derived
+from telemetry.contract import derived, outcomes
 
 # the definitions (window, replica filter, ITL, quantile set, latest replica start) are
 # telemetry.contract.derived's, shared with diagnostics, the demo report and the metrics
@@ -22,7 +22,8 @@ STEP_WINDOW = derived.window_sql("start_time")
 TTFT = derived.TTFT_QUANTILES_SQL
 # per-gap ITL quantiles: the same numbers as Prometheus' inter-token-latency histogram and the demo report
 ITL = derived.ITL_PER_GAP_QUANTILES_SQL
-E2E = derived.quantiles_sql("e2e_seconds")
+# over the requests the engine had: a refused request's e2e is the refusal's microseconds
+E2E = derived.quantiles_sql("e2e_seconds", outcomes.ENGINE_HAD_SQL)
 REPLICA_COLUMNS = ("host", "pid", "engine_version", "model_name", "dtype", "quantization", "speculative_mode",
                    "attention_backend", "device", "cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes",
                    "gpu_numa_node", "numa_mismatch", "config_hash", "weights_hash", "tokenizer_hash",
@@ -44,10 +45,11 @@ ORDER BY start_time DESC
 LIMIT 1000
 """
 
+# how each request ended (telemetry/contract/outcomes.py): answered, rejected, shed, failed, timed_out, aborted
 REPLICA_HEALTH = f"""
 SELECT replica_id,
        count() AS requests,
-       countIf(finish_reason IN ('error', 'abort')) AS failed,
+       {outcomes.outcome_counts_sql()},
        {TTFT} AS ttft,
        {ITL} AS itl,
        {E2E} AS e2e,
@@ -85,7 +87,7 @@ LIMIT 1000
 # -- requests --------------------------------------------------------------------------------------
 
 _SEARCH = f"""
-SELECT arrival_time, replica_id, request_id, trace_id, workload, finish_reason,
+SELECT arrival_time, replica_id, request_id, trace_id, workload, finish_reason, http_status, error_code,
        ttft_seconds, e2e_seconds, queue_seconds, prompt_tokens, output_tokens, cached_tokens,
        preemptions, error
 FROM requests

@@ -108,6 +108,10 @@ UNMAPPED = {
     "infersight_tokenization_cache_hits_total": "vLLM has no tokenization cache",
     "infersight_telemetry_rows_*_total": "the recorders' own: the proxy exports them at /infersight/metrics",
     "infersight_observer_failures_total": "the proxy exports it at /infersight/metrics",
+    "infersight_requests_rejected_total": "vLLM counts no refused request: the recording proxy exports it at "
+                                          "/infersight/metrics",
+    "infersight_requests_failed_total": "vLLM counts no failed HTTP request: the recording proxy exports it at "
+                                        "/infersight/metrics",
 }
 
 

@@ -11,6 +11,7 @@ import logging
 import time
 
 from diagnostics import (
+    availability,
     cross_scores,
     identity_drift,
     identity_events,
@@ -43,6 +44,7 @@ DIAGNOSTICS = {
     "speculative": speculative,
     "overhead": overhead,
     "steps": step_model,
+    "availability": availability,
 }
 DEFAULT_WINDOW = "24h"
 

@@ -90,9 +90,14 @@ def run(args) -> int:
     except (StoreError, OSError) as e:
         print(f"infersight diagnose: cannot open the store {args.store}: {e}", file=sys.stderr)
         return 2
+    availability_table = ""
     try:
         request = DiagnosticRequest(scope, baseline, candidate, model_dirs)
         findings = run_diagnostics(names, store, request, write=not args.no_write, errors=errors)
+        if "availability" in names and not args.json:  # each replica's error budget beside its latency
+            from diagnostics.availability import replica_table
+
+            availability_table = replica_table(store, scope)
     finally:
         store.close()
     if args.json:
@@ -101,6 +106,9 @@ def run(args) -> int:
                                        "subject": f.subject, "diagnostic": f.diagnostic, "summary": f.summary,
                                        "evidence": f.evidence})))
     else:
+        if availability_table:
+            print("availability and latency per replica (shares of the requests each received)\n"
+                  + availability_table + "\n")
         print(format_table(findings, table_width(args.wide)))
         if not args.no_write:
             print(f"\n{len(findings)} finding(s) recorded in the store's findings table")

@@ -18,6 +18,7 @@ from engine.model_files import SECTION, model_files
 from engine.placement import discover_placement
 from engine.sequence import Sequence
 from telemetry.contract.derived import e2e_seconds, ttft_split
+from telemetry.contract.outcomes import engine_error_code
 from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 
 ENGINE_DISTRIBUTION = "infersight"
@@ -128,6 +129,7 @@ def build_request_record(seq: Sequence, *, replica_id: str, model_name: str, out
         token_times=[t - arrival for t in seq.token_times],
         sampling_params_json=seq.sampling_params.to_json(),
         finish_reason=seq.finish_reason or "abort", error=seq.error or "",
+        error_code=engine_error_code(seq.finish_reason or "abort"),
         preemptions=seq.num_preemptions, spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted,
         prompt_text_hash=seq.prompt_text_hash, rendered_prompt_hash=seq.rendered_prompt_hash,
         prompt_text=seq.prompt_text or "", output_text=output_text,

@@ -74,7 +74,8 @@ DEFAULT_FLUSH_INTERVAL = 2.0
 # few hundred bytes, and only when the counts changed.
 DEFAULT_CHECKPOINT_INTERVAL = 0.5
 DROP_LOG_INTERVAL = 30.0
-TEXT_COLUMNS = ("prompt_text", "output_text")  # of `requests`: written empty unless store_text
+# of `requests`: written empty unless store_text (an upstream's error body may quote the request)
+TEXT_COLUMNS = ("prompt_text", "output_text", "upstream_error_body")
 _REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestRecord))
 
 

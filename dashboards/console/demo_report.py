@@ -7,20 +7,20 @@ shows what an operator would see after the fact.
 
 from __future__ import annotations
 
-from telemetry.contract import derived
+from telemetry.contract import derived, outcomes
 
 # latencies as the dashboards define them (telemetry.contract.derived): ITL per gap between
 # consecutive output tokens, so "itl p99" here is the Streamlit and the Grafana "ITL p99"
 PER_REPLICA = f"""
 SELECT replica_id,
        count() AS requests,
-       countIf(finish_reason IN ('abort', 'error')) AS failed,
+       {outcomes.outcome_counts_sql()},
        sum(prompt_tokens) AS prompt_tok,
        sum(output_tokens) AS output_tok,
        sum(cached_tokens) / greatest(sum(prompt_tokens), 1) AS prefix_hit_rate,
        {derived.TTFT_QUANTILES_SQL} AS ttft,
        {derived.ITL_PER_GAP_QUANTILES_SQL} AS itl,
-       {derived.quantiles_sql("e2e_seconds")} AS e2e
+       {derived.quantiles_sql("e2e_seconds", outcomes.ENGINE_HAD_SQL)} AS e2e
 FROM requests
 WHERE request_id LIKE {{prefix:String}}
 GROUP BY replica_id ORDER BY replica_id
@@ -63,6 +63,10 @@ def _ms(values, i: int) -> str:
         return "-"
 
 
+def _share(part, whole) -> str:
+    return f"{part / whole:.1%}" if whole else "-"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
@@ -77,13 +81,18 @@ def format_report(data: dict) -> str:
     for _, r in reps.iterrows():
         rid = r["replica_id"]
         s = steps.loc[rid] if rid in steps.index else None
-        rows.append([rid, int(r["requests"]), int(r["failed"]), int(r["prompt_tok"]), int(r["output_tok"]),
+        n = r["requests"]
+        rows.append([rid, int(n), _share(r["answered"], n), _share(r["rejected"], n), _share(r["shed"], n),
+                     _share(r["failed"] + r["timed_out"], n),
+                     int(r["prompt_tok"]), int(r["output_tok"]),
                      *(_ms(r["ttft"], i) for i in range(len(q))), *(_ms(r["itl"], i) for i in range(len(q))),
                      _ms(r["e2e"], q.index("p90")), f"{r['prefix_hit_rate']:.0%}",
                      "-" if s is None else f"{s['kv_mean']:.0%}/{s['kv_peak']:.0%}",
                      "-" if s is None else f"{s['host_share']:.0%}"])
-    out = ["per replica (from the store; latencies in ms; itl per gap between consecutive tokens)",
-           _table(["replica", "req", "fail", "prompt tok", "output tok", f"ttft {q[0]}", *q[1:], f"itl {q[0]}",
+    out = ["per replica (from the store; latencies in ms; itl per gap between consecutive tokens; availability: "
+           "the share of every request received that was answered, rejected, shed or failed)",
+           _table(["replica", "req", "answered", "rejected", "shed", "failed", "prompt tok", "output tok",
+                   f"ttft {q[0]}", *q[1:], f"itl {q[0]}",
                    *q[1:], "e2e p90", "prefix hit", "kv mean/peak", "host share"], rows)]
     w = data["workloads"]
     if len(w):

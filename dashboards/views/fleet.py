@@ -43,17 +43,23 @@ else:
     findings = data.query(queries.OPEN_FINDINGS_BY_SUBJECT)
     open_findings = dict(zip(findings["subject"], findings["findings"])) if not findings.empty else {}
     health["findings"] = health["replica_id"].map(lambda r: int(open_findings.get(r, 0)))
-    health["error rate"] = (health["failed"] / health["requests"]).round(4)
+    # availability: the share of each outcome (every request received is a row, refused ones too)
+    for outcome in ("answered", "rejected", "shed", "failed"):
+        health[f"{outcome} %"] = (100 * health[outcome] / health["requests"]).round(2)
     health["idle for (s)"] = (window.end - health["last_finish"].map(widgets.epoch)).clip(lower=0).round(1)
     cols = st.columns(4)
     cols[0].metric("Replicas", len(replicas))
     cols[1].metric("Requests", f"{int(health['requests'].sum()):,}")
     worst = health.sort_values("ttft_p99", ascending=False).iloc[0]
     cols[2].metric("Worst TTFT p99", f"{worst['ttft_p99']:.3f} s", help=f"replica {worst['replica_id']}")
-    cols[3].metric("Failed requests", f"{int(health['failed'].sum()):,}")
+    unanswered = int(health["requests"].sum() - health["answered"].sum())
+    cols[3].metric("Not answered", f"{unanswered:,}", help="rejected, shed, failed, timed out or aborted; "
+                   "`infersight diagnose availability` compares the replicas' rates like for like")
     widgets.table(widgets.rounded(health, 4), key="fleet_health")
     st.caption("itl: per gap between consecutive output tokens of the window's requests (as Prometheus' "
-               "inter-token-latency histogram counts them); ttft over requests that produced a token.")
+               "inter-token-latency histogram counts them); ttft over requests that produced a token; e2e over "
+               "those the engine had. answered / rejected (400, 401, 409, 413) / shed (429, 503) / failed (5xx, "
+               "engine errors): shares of every request the replica received.")
 
 st.subheader("Latency percentiles per replica over time")
 series = data.query(queries.LATENCY_OVER_TIME, **params, bucket_ms=window.bucket_ms)

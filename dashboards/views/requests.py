@@ -52,7 +52,9 @@ cols[1].metric("End-to-end", f"{r['e2e_seconds']:.3f} s")
 cols[2].metric("Queue", widgets.seconds(r["queue_seconds"]))
 cols[3].metric("Prompt tokens", int(r["prompt_tokens"]), help=f"{int(r['cached_tokens'])} from the prefix cache")
 cols[4].metric("Output tokens", int(r["output_tokens"]))
-cols[5].metric("Finish", r["finish_reason"], help=r["error"] or None)
+# a refused request (telemetry/contract/outcomes.py): its status and error code say how it ended
+cols[5].metric("Finish", r["error_code"] or r["finish_reason"], help=(f"HTTP {int(r['http_status'])}: "
+               if r["http_status"] else "") + (r["error"] or "") or None)
 st.caption(f"workload `{r['workload'] or '-'}` · trace `{r['trace_id'] or '-'}` · preemptions "
            f"{int(r['preemptions'])} · speculative {int(r['spec_accepted'])}/{int(r['spec_proposed'])} accepted · "
            f"arrived {r['arrival_time']}")

@@ -10,9 +10,11 @@ is down), off the response's path: a broken store never slows or breaks proxying
 
 Anything else (GET /v1/models, /metrics, /tokenize ...) and any body that is not a JSON object
 passes through untouched, and so does every upstream error: the client sees exactly what the
-upstream said. GET /health answers as a replica does (the proxy is the replica's endpoint): the
-upstream's status code, its JSON body where it has one (vLLM's is empty), with the replica id the
-rows are stored under. The proxy's own telemetry counters are at GET /infersight/metrics.
+upstream said. Every generation request is a row: an upstream's refusal or failure (and the proxy's
+502 when it cannot reach it) with the upstream's status and error body (engine/proxy/refusals.py).
+GET /health answers as a replica does (the proxy is the replica's endpoint): the upstream's status
+code, its JSON body where it has one (vLLM's is empty), with the replica id the rows are stored under.
+The proxy's own telemetry counters are at GET /infersight/metrics.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ from starlette.routing import Route
 from engine.proxy import sse
 from engine.proxy.capture import ResponseCapture
 from engine.proxy.extras import UNASKED_STYLES, UpstreamExtras, dumps_like, strip, strip_keys
+from engine.proxy.refusals import upstream_refusal
 from engine.proxy.request_row import ProxiedRequest, build_records, needs_tokenizer
 from engine.proxy.upstream_info import UpstreamInfo, fetch_info, replica_record
 from engine.server.headers import parse_traceparent
 from telemetry.contract.hooks import replay_request
+from telemetry.contract.outcomes import engine_error_code
 
 log = logging.getLogger(__name__)
 
@@ -207,15 +211,15 @@ class RecordingProxy:
         return _raw_response(upstream)
 
     async def generation(self, request: Request) -> Response:
+        arrival = time.time()
         raw = await request.body()
         try:
             body = json.loads(raw)
         except ValueError:
             body = None
         if not isinstance(body, dict):  # the upstream says what is wrong with it
-            return await self.passthrough(request, raw)
+            return await self._forward_unparsed(request, raw, arrival)
         kind = GENERATION_PATHS[request.url.path]
-        arrival = time.time()
         await self._ensure_info()
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         traceparent = parse_traceparent(request.headers.get("traceparent"))
@@ -233,7 +237,7 @@ class RecordingProxy:
                     self._client.build_request("POST", url, headers=headers, content=json.dumps(sent).encode()),
                     stream=True)
             except httpx.HTTPError as e:
-                return _bad_gateway(self.upstream, e)
+                return self._refused(request, request_id, _bad_gateway(self.upstream, e), 0, arrival, body)
             if upstream.status_code in (400, 422) and added:
                 text = (await upstream.aread()).decode(errors="replace")
                 if self.extras.refuse(added, text):  # it refused what we added: ask again without it
@@ -242,8 +246,9 @@ class RecordingProxy:
                              ", ".join(sorted(self.extras.refused)))
                     continue
             break
-        if upstream.status_code != 200:
-            return _read_response(upstream) if upstream.is_stream_consumed else _raw_response(upstream)
+        if upstream.status_code != 200:  # passed on as it came, and recorded
+            await upstream.aread()
+            return self._refused(request, request_id, _read_response(upstream), upstream.status_code, arrival, body)
         capture = ResponseCapture(kind, arrival)
         keys = strip_keys(added)
         style = self.unasked if self.unasked in UNASKED_STYLES else "omit"
@@ -285,7 +290,40 @@ class RecordingProxy:
         _copy_headers(response, upstream, request_id)
         return response
 
+    async def _forward_unparsed(self, request: Request, raw: bytes, arrival: float) -> Response:
+        """A body that is not a JSON object: forwarded as it is (the upstream says what is wrong with it);
+        its answer recorded like any refusal."""
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        url = httpx.URL(self.upstream + request.url.path, query=request.url.query.encode())
+        try:
+            upstream = await self._client.send(self._client.build_request(
+                "POST", url, headers=_forward_headers(request.headers), content=raw), stream=True)
+        except httpx.HTTPError as e:
+            return self._refused(request, request_id, _bad_gateway(self.upstream, e), 0, arrival, {})
+        if upstream.status_code < 400:
+            return _raw_response(upstream)
+        await upstream.aread()
+        return self._refused(request, request_id, _read_response(upstream), upstream.status_code, arrival, {})
+
     # -- recording -------------------------------------------------------------------------------
+
+    def _refused(self, request: Request, request_id: str, response: Response, upstream_status: int, arrival: float,
+                 body: dict) -> Response:
+        """Record the request `response` refuses (the upstream's answer, or the proxy's 502); returns it."""
+        try:
+            # the served model's name, as the replica's own server records its refusals (not what the client asked)
+            model = self.info.model if self.info else str(body.get("model") or "")
+            record = upstream_refusal(request.scope, replica_id=self.replica_id, model_name=model,
+                                      request_id=request_id, status=response.status_code,
+                                      upstream_status=upstream_status, body=bytes(response.body), arrival=arrival,
+                                      finish=time.time())
+            replay_request(self.observer, record)
+            self.recorded += 1
+        except Exception:  # noqa: BLE001 - telemetry never breaks proxying
+            self.record_failures += 1
+            if self.record_failures == 1:
+                log.exception("proxy: cannot record refused request %s (further failures only counted)", request_id)
+        return response
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -303,6 +341,8 @@ class RecordingProxy:
             else:
                 records = build_records(proxied, capture, max_model_len=max_model_len)
             for record in records:
+                record.http_status = 200  # the upstream's answer: a stream cut short is an abort, by finish_reason
+                record.error_code = engine_error_code(record.finish_reason)
                 replay_request(self.observer, record)
                 self.recorded += 1
         except Exception:  # noqa: BLE001 - telemetry never breaks proxying

@@ -126,7 +126,7 @@ def _max_tokens(requested: int | None, prompt_len: int, served: ServedModel, par
         raise APIError(f"the prompt is {prompt_len} tokens but this model's maximum context length is "
                        f"{context} tokens (prompt plus at least one generated token)",
                        param="messages" if param == "max_completion_tokens" else "prompt",
-                       code="context_length_exceeded")
+                       code="context_length_exceeded", detail={"prompt_tokens": prompt_len, "max_model_len": context})
     room = context - prompt_len
     if requested is None:  # the model's max_new_tokens where it has one (vLLM's), else the context
         return served.generation_defaults.max_tokens(None, room)
@@ -135,7 +135,8 @@ def _max_tokens(requested: int | None, prompt_len: int, served: ServedModel, par
     if requested > room:
         raise APIError(f"this model's maximum context length is {context} tokens; the request asks for "
                        f"{prompt_len} prompt + {requested} completion tokens; lower {param} to at most {room}",
-                       param=param, code="context_length_exceeded")
+                       param=param, code="context_length_exceeded",
+                       detail={"prompt_tokens": prompt_len, "max_model_len": context, param: requested})
     return served.generation_defaults.max_tokens(requested, room)  # a directory's max_new_tokens caps it
 
 

@@ -34,7 +34,7 @@ from engine.server.choices import merged
 from engine.server.errors import APIError, install_error_handlers, sse_error
 from engine.server.formatting import GroupStreamFormatter, ResponseOptions, StreamFormatter, full_response, with_choices
 from engine.server.headers import REQUEST_ID_HEADER, RequestContext, request_context
-from engine.server.load_shedding import RETRY_AFTER_SECONDS, LoadShedder, default_max_queue, shed_counter
+from engine.server.load_shedding import RETRY_AFTER_SECONDS, LoadShedder, default_max_queue
 from engine.server.model_info import ServedModel
 from engine.server.openapi import install_openapi
 from engine.server.protocol import (
@@ -52,6 +52,7 @@ from engine.server.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
+from engine.server.rejections import ENGINE_ROW, RefusalRecorder
 from engine.server.request_id import RequestIdMiddleware
 from engine.server.server_log import log_access
 from engine.server.tool_calls import tool_response
@@ -93,12 +94,16 @@ class Server:
         self.in_flight: dict[str, float] = {}  # request id -> arrival (duplicates are refused)
         self.admitting = 0  # requests between the capacity check and the engine (tokenizing on a thread)
         self.shedder = LoadShedder(served.max_num_seqs, default_max_queue(served.max_num_seqs)
-                                   if max_queue is None else max_queue,
-                                   shed_counter(metrics_registry, served.replica_id, served.name))
+                                   if max_queue is None else max_queue)
 
     async def admit(self, admission, body) -> Admitted:
         """Refuse at once when full (429); else run `admission` (it tokenizes) on a worker thread."""
-        self.shedder.check(self.admitting + len(self.in_flight))
+        try:
+            self.shedder.check(self.admitting + len(self.in_flight))
+        except APIError as e:  # the queue's state in the shed request's row (rejections.py)
+            with contextlib.suppress(Exception):
+                e.detail.update({k: v for k, v in self.served.engine_state().items() if k in ("running", "waiting")})
+            raise
         self.admitting += 1
         try:
             return await anyio.to_thread.run_sync(admission, body, self.served)
@@ -143,6 +148,7 @@ class Server:
                     await collect
                 log.info("client disconnected, aborting %s", ctx.request_id)
                 status = 499
+                setattr(request.state, ENGINE_ROW, True)  # the engine records the abort
                 return Response(status_code=499)
             out = _engine_result(collect)
             done = True
@@ -154,6 +160,8 @@ class Server:
             return response
         except APIError as e:
             status = e.status
+            if e.code == "engine_error":  # the engine failed it, and wrote its row
+                setattr(request.state, ENGINE_ROW, True)
             raise
         finally:
             if not done:
@@ -278,7 +286,7 @@ def _engine_result(task: asyncio.Future):
     if out is None:
         raise APIError("the engine produced no output", status=500, type="internal_error")
     if out.finish_reason == "error":
-        raise APIError(f"generation failed: {out.error}", status=500, type="internal_error")
+        raise APIError(f"generation failed: {out.error}", status=500, type="internal_error", code="engine_error")
     return out
 
 
@@ -332,6 +340,9 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
                   description="OpenAI-compatible completions and chat completions of one infersight replica.")
     app.state.server = server
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
+    # every refused generation request is a row (rejections.py): outside all that refuses, inside the id
+    app.add_middleware(RefusalRecorder, observer=getattr(getattr(served.engine, "engine", None), "observer", None),
+                       replica_id=served.replica_id, model_name=served.name)
     app.add_middleware(RequestIdMiddleware)  # outermost: even a refused request gets its id back
     install_error_handlers(app)
     auth = [Depends(_bearer_check(api_key))] if api_key else []

@@ -96,6 +96,7 @@ def build_server(args, placement=None):
     from engine.async_engine import AsyncLLM
     from engine.server.app import build_app
     from engine.server.journal_barrier import journaled
+    from engine.server.load_shedding import default_max_queue
     from engine.server.model_info import ServedModel
     from engine.server.preflight import preflight
     from engine.server.server_log import StatsLogger, StepThroughput, start_summary
@@ -106,7 +107,10 @@ def build_server(args, placement=None):
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     config = preflight(engine_config_from_args(args.model, args))
-    config = dataclasses.replace(config, serve_options=serve_options(args))  # the server's flags: identity too
+    # the server's flags in the identity, the queue bound as it takes effect (load_shedding.py): a replica
+    # that sheds more is explained by it
+    effective_queue = default_max_queue(config.max_num_seqs) if args.max_queue is None else args.max_queue
+    config = dataclasses.replace(config, serve_options={**serve_options(args), "max_queue": effective_queue})
     model_name = config.served_model_name or Path(config.model).resolve().name
     spool = {"spool_dir": args.spool_dir or replica_spool_dir(config.replica_id),  # a restart replays it
              "spool_max_bytes": args.spool_max_bytes, "journal": True}  # answered requests survive a kill -9

@@ -20,13 +20,25 @@ log = logging.getLogger(__name__)
 
 class APIError(Exception):
     def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None,
+                 detail: dict | None = None):
         super().__init__(message)
         self.message, self.status, self.type, self.param, self.code = message, status, type, param, code
         self.headers = headers  # e.g. Retry-After on a 429 / 503
+        # numbers for the request's row, not the client (a length refusal's prompt length and limit, the
+        # queue's state when shed): engine/server/rejections.py
+        self.detail = detail
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
+
+
+ROW_DETAIL = "infersight_row_detail"  # the request's scope state: what its row records beside the error body
+
+
+def note_detail(scope, detail: dict) -> None:
+    """Numbers for the row of a request the server refuses (engine/server/rejections.py writes it)."""
+    scope.setdefault("state", {}).setdefault(ROW_DETAIL, {}).update(detail)
 
 
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
@@ -131,6 +143,8 @@ def _describe_validation(errors: list[dict]) -> tuple[str, str | None, str]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
+        if exc.detail:
+            note_detail(request.scope, exc.detail)
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)

@@ -69,7 +69,8 @@ def check_fits(num_chars: int, param: str, max_model_len: int, chars_per_token: 
     if num_chars > limit:
         raise APIError(f"{param}: the text is {num_chars} characters; this model's maximum context length is "
                        f"{max_model_len} tokens and no token is longer than {chars_per_token} characters, so at most "
-                       f"{limit} characters can fit", param=param, code="context_length_exceeded")
+                       f"{limit} characters can fit", param=param, code="context_length_exceeded",
+                       detail={"prompt_chars": num_chars, "max_model_len": max_model_len, "max_chars": limit})
 
 
 TOKENIZE_HEADROOM = 16  # /tokenize measures texts that may not fit (the loadgen sizes its prompts with it)

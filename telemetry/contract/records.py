@@ -112,6 +112,18 @@ class RequestRecord:
     # prompt_logprobs asked: the raw logprob of each prompt token after the first, given those before it
     # (teacher-forced scoring: telemetry.contract.probes' rescore requests); [] otherwise
     prompt_logprobs: list[float] = field(default_factory=list)
+    # availability (telemetry/contract/outcomes.py): every request received is a row, refused ones too.
+    # The status the client got; 0 on the engine's own rows (their finish_reason says how they ended).
+    http_status: int = 0
+    error_code: str = ""  # outcomes.ERROR_CODES: why it was not answered; "" when answered
+    error_param: str = ""  # a rejected request: the field at fault (as the 400 named it)
+    # the numbers behind error_code as JSON: the API's own code, a length refusal's prompt length and limit,
+    # the queue's state when shed, the upstream's error type and code; "" when answered
+    error_detail_json: str = ""
+    upstream_status: int = 0  # a recording proxy: the upstream's HTTP status (0: not proxied, or unreachable)
+    # a recording proxy: the upstream's error body as it came; it may quote the request (a validation
+    # error's input), so it is text like prompt_text: stored only where the operator allows it
+    upstream_error_body: str = ""
 
 
 @dataclass(slots=True)

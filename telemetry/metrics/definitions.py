@@ -129,7 +129,8 @@ class EngineMetrics:
                                        ("finished_reason",))
         self.preemptions = counter("infersight_num_preemptions_total", "Requests preempted (KV blocks ran out)")
         self.requests_shed = counter("infersight_requests_shed_total",
-                                     "Requests refused with 429 because the replica's queue was full")
+                                     "Requests shed: refused with 429 because the replica's queue was full, "
+                                     "or with 503 while it cannot serve")
         self.prefix_queries = counter("infersight_prefix_cache_queries_total",
                                       "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = counter("infersight_prefix_cache_hits_total",
@@ -147,6 +148,14 @@ class EngineMetrics:
                                             "Prompts looked up in the tokenization cache")
         self.tokenization_hits = counter("infersight_tokenization_cache_hits_total",
                                          "Prompts served from the tokenization cache")
+        # availability: requests answered without the engine (telemetry/contract/outcomes.py), by the
+        # error code; the shed ones count in requests_shed, engine failures in request_success{error}
+        self.requests_rejected = counter("infersight_requests_rejected_total",
+                                         "Requests refused as sent (400 / 401 / 409 / 413), by reason (the error "
+                                         "code: context_length, invalid_request ...)", ("reason",))
+        self.requests_failed = counter("infersight_requests_failed_total",
+                                       "Requests failed outside the engine's own records (a server error, an "
+                                       "upstream's 5xx behind a proxy, a timeout), by reason", ("reason",))
 
 
 class FoldDeferred:

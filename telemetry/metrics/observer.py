@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from telemetry.contract.derived import decode_seconds, itl_gaps, ttft_split
 from telemetry.contract.hooks import EngineObserver
+from telemetry.contract.outcomes import REJECTED, SHED, engine_error_code, outcome_of
 from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 from telemetry.metrics.definitions import engine_metrics
 
@@ -35,6 +36,10 @@ log = logging.getLogger(__name__)
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 FOLD_EVERY = 64  # deferred records folded at once on the engine thread
+# the codes the engine writes on its own rows (counted in request_success by finish reason)
+ENGINE_ERROR_CODES = frozenset(engine_error_code(reason) for reason in FINISH_REASONS) - {""}
+USUAL_REJECTIONS = ("invalid_request", "context_length")
+USUAL_FAILURES = ("internal_error", "upstream_error", "timeout")
 
 
 class MetricsObserver(EngineObserver):
@@ -80,7 +85,11 @@ class MetricsObserver(EngineObserver):
         # the usual reasons exist from the start (rate() needs a series before its first increment)
         self._success = {reason: m.request_success.labels(*ids, reason) for reason in FINISH_REASONS}
         self._preemptions = m.preemptions.labels(*ids)
-        self._requests_shed = m.requests_shed.labels(*ids)  # the server's load shedder increments it; 0 from the start
+        self._requests_shed = m.requests_shed.labels(*ids)  # 0 from the start
+        # refused and failed requests by reason (their error code); the usual ones exist from the start: the
+        # availability burn-rate alerts add these families per replica, and rate() needs a series to add
+        self._refused = {code: m.requests_rejected.labels(*ids, code) for code in USUAL_REJECTIONS}
+        self._refused.update({code: m.requests_failed.labels(*ids, code) for code in USUAL_FAILURES})
         self._prefix_queries = m.prefix_queries.labels(*ids)
         self._prefix_hits = m.prefix_hits.labels(*ids)
         self._evictions = m.evictions.labels(*ids)
@@ -193,7 +202,23 @@ class MetricsObserver(EngineObserver):
         if arrival is not None:
             self._ttft.observe(ttft_split(arrival, 0.0, when)[2])
 
+    def _fold_refused(self, r: RequestRecord) -> None:
+        """A request the HTTP layer answered itself: counted by outcome and reason, never in the latency
+        and token metrics of the requests the engine served."""
+        outcome = outcome_of(r.error_code, r.finish_reason)
+        if outcome == SHED:
+            self._requests_shed.inc()
+            return
+        child = self._refused.get(r.error_code)
+        if child is None:
+            family = self.metrics.requests_rejected if outcome == REJECTED else self.metrics.requests_failed
+            child = self._refused[r.error_code] = family.labels(self.replica_id, self.model, r.error_code)
+        child.inc()
+
     def _fold_finished(self, r: RequestRecord) -> None:
+        if r.error_code and r.error_code not in ENGINE_ERROR_CODES:
+            self._fold_refused(r)
+            return
         success = self._success.get(r.finish_reason)
         if success is None:  # an unexpected reason still counts, under its own name
             success = self._success[r.finish_reason] = self.metrics.request_success.labels(

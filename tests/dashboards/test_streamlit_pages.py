@@ -42,7 +42,7 @@ def open_page(page: str | None) -> AppTest:
 # each page's tables, told apart by columns only they have (AppTest keeps no dataframe keys)
 TABLES = {
     "fleet_replicas": ["replica_id", "cpu_affinity", "config_hash drift"],
-    "fleet_health": ["replica_id", "ttft_p50", "error rate"],
+    "fleet_health": ["replica_id", "ttft_p50", "answered %", "rejected %", "shed %", "failed %"],
     "rq_results": ["request_id", "e2e_seconds", "workload"],
     "rq_prompt_tokens": ["position", "id"],
     "rq_output_tokens": ["position", "id", "gap (ms)"],
@@ -92,6 +92,10 @@ def test_fleet(app, seeded):
     assert any("NUMA mismatch" in w.value and "r1" in w.value for w in at.warning)
     health = frame(at, "fleet_health").set_index("replica_id")
     assert health["requests"].to_dict() == {"r0": 101, "r1": 100, "r2": 101}
+    # availability: every request in exactly one outcome
+    outcomes = ["answered", "rejected", "shed", "failed", "timed_out", "aborted"]
+    assert (health[outcomes].sum(axis=1) == health["requests"]).all()
+    assert (health["answered %"] <= 100).all() and health.loc["r0", "answered %"] > 0
     assert health.loc["r2", "ttft_p50"] > 2 * health.loc["r0", "ttft_p50"]  # r2 was seeded 3x slower
     assert metrics(at)["Requests"] == f"{info.requests:,}"
     specs = chart_specs(at)

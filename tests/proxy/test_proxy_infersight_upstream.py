@@ -8,6 +8,7 @@ import json
 import math
 import uuid
 
+import httpx
 import pytest
 from proxy_support import rows, sse_payloads, without_volatile
 
@@ -142,18 +143,52 @@ def test_what_the_client_asked_for_it_keeps(clients, upstream):
     assert b["prompt_token_ids"] and b["choices"][0]["token_ids"]
 
 
-def test_upstream_errors_pass_through_unchanged(clients, upstream, proxy):
+def test_upstream_errors_pass_through_unchanged_and_each_is_a_row(clients, upstream, proxy, store):
     direct, via = clients
     before = proxy.proxy.recorded
-    for path, body, status in (("/v1/completions", completion("no-such-model"), 404),
-                               ("/v1/chat/completions", chat(upstream.model, temperature=-1), 400)):
-        a, b = direct.post(path, json=body), via.post(path, json=body)
+    long_prompt = " ".join(["token"] * 600)  # past the upstream's 512-token context
+    sent = {}
+    for path, body, status, code in (
+            ("/v1/completions", completion("no-such-model"), 404, "invalid_request"),
+            ("/v1/chat/completions", chat(upstream.model, temperature=-1), 400, "invalid_request"),
+            ("/v1/completions", completion(upstream.model, prompt=long_prompt), 400, "context_length")):
+        a = direct.post(path, json=body)
+        request_id = rid()
+        b = via.post(path, json=body, headers=headers(request_id))
         assert b.status_code == a.status_code == status
         assert b.json() == a.json()
+        sent[request_id] = (code, status)
     a = direct.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
-    b = via.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    request_id = rid()
+    b = via.post("/v1/completions", content=b"{not json",
+                 headers={"content-type": "application/json", "X-Request-Id": request_id})
     assert (b.status_code, b.json()) == (a.status_code, a.json())
-    assert proxy.proxy.recorded == before  # nothing was answered: nothing is recorded
+    sent[request_id] = ("invalid_request", 400)
+    assert proxy.proxy.recorded == before + len(sent)  # every request is a row, the refused ones too
+    proxy.flush()
+    stored = rows(store, "px", list(sent))
+    assert set(stored) == set(sent)
+    for request_id, (code, status) in sent.items():
+        row = stored[request_id]
+        assert (row["error_code"], row["http_status"], row["upstream_status"]) == (code, status, status), request_id
+        assert row["upstream_error_body"] == ""  # it may quote the request: text, stored only with --store-text
+    long_row = next(stored[i] for i, (code, _) in sent.items() if code == "context_length")
+    limit = direct.get("/v1/models").json()["data"][0]["max_model_len"]
+    assert long_row["prompt_tokens"] > limit and json.loads(long_row["error_detail_json"])["max_model_len"] == limit
+
+
+def test_an_unreachable_upstream_is_a_502_row(sidecar, store, upstream):
+    from engine.proxy.background import BackgroundProxy
+
+    request_id = rid()
+    with BackgroundProxy.start("http://127.0.0.1:9", sidecar.store_url, "px-gone") as gone:
+        r = httpx.post(gone.url + "/v1/completions", json=completion(upstream.model), headers=headers(request_id),
+                       timeout=30)
+        assert r.status_code == 502
+        gone.flush()
+    row = rows(store, "px-gone", [request_id])[request_id]
+    assert (row["http_status"], row["upstream_status"], row["error_code"], row["workload"]) == \
+        (502, 0, "upstream_error", "chat")
 
 
 def test_other_paths_pass_through(clients):

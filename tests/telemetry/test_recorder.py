@@ -95,12 +95,13 @@ def test_text_is_stored_only_when_allowed(store, spool_dir):
         rid = f"r-text-{store_text}"
         record = synthetic.request(0, rid)
         record.prompt_text, record.output_text = "secret prompt", "secret output"
+        record.upstream_error_body = '{"detail": [{"input": "secret prompt"}]}'  # a proxy's upstream 422 quotes it
         with Recorder(store, rid, spool_dir=spool_dir, store_text=store_text) as rec:
             rec.on_request_finished(record)
-        row = store.query_df("SELECT prompt_text, output_text, prompt_text_hash FROM requests "
+        row = store.query_df("SELECT prompt_text, output_text, upstream_error_body, prompt_text_hash FROM requests "
                          "WHERE replica_id = {r:String}", {"r": rid}).iloc[0]
-        expected = ("secret prompt", "secret output") if store_text else ("", "")
-        assert (row["prompt_text"], row["output_text"]) == expected
+        expected = ("secret prompt", "secret output", record.upstream_error_body) if store_text else ("", "", "")
+        assert (row["prompt_text"], row["output_text"], row["upstream_error_body"]) == expected
         assert row["prompt_text_hash"] == record.prompt_text_hash  # the hash is always kept
 
 

@@ -205,3 +205,29 @@ def test_promtool_maps_a_live_vllm_scrape_through_the_proxy(proxy, tmp_path):
     assert shutil.which("promtool"), "promtool is missing: run .ci/setup"
     result = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_vllms_refusals_are_rows_with_its_status_and_numbers(vllm, proxy, store):
+    """vLLM's 400s pass through unchanged and are rows: a prompt past its context (the length and the limit
+    read from its message) and an invalid parameter."""
+    long_prompt = " ".join(["the cat sat"] * 120)  # ~490 tokens: past the reference model's 256
+    sent = {uuid.uuid4().hex: ({"model": SERVED, "prompt": long_prompt, "max_tokens": 8}, "context_length"),
+            uuid.uuid4().hex: ({"model": SERVED, "prompt": PROMPT, "max_tokens": 8, "temperature": -1},
+                               "invalid_request")}
+    before = proxy.proxy.recorded
+    with httpx.Client(base_url=vllm.url, timeout=120) as direct, httpx.Client(base_url=proxy.url, timeout=120) as via:
+        for request_id, (body, _) in sent.items():
+            plain = direct.post("/v1/completions", json=body)
+            proxied = via.post("/v1/completions", json=body, headers={"X-Request-Id": request_id})
+            assert proxied.status_code == plain.status_code == 400
+            assert proxied.json()["error"]["message"] == plain.json()["error"]["message"]
+    proxy.wait_recorded(before + len(sent))
+    proxy.flush()
+    rows = store.query_df("SELECT * FROM requests WHERE request_id IN {ids:Array(String)}",
+                          {"ids": list(sent)}).set_index("request_id")
+    assert sorted(rows.index) == sorted(sent)
+    for request_id, (_, code) in sent.items():
+        assert (rows.loc[request_id, "error_code"], rows.loc[request_id, "upstream_status"]) == (code, 400)
+    long_row = rows.loc[next(i for i, (_, c) in sent.items() if c == "context_length")]
+    detail = json.loads(long_row["error_detail_json"])
+    assert detail["max_model_len"] == 256 and long_row["prompt_tokens"] > 256

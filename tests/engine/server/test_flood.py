@@ -1,8 +1,8 @@
 """Many clients at once on one replica (loopback only, loops bounded in count and time):
 
 - a flood (2,000 requests at concurrency 64) is shed with 429 + Retry-After once the queue bound is
-  reached, instead of queueing without limit; every request answered 200 is in the store once, no
-  refused one is, and /metrics counts both;
+  reached, instead of queueing without limit; every request sent is in the store once (the shed ones
+  with 429, queue_full and the queue's state), and /metrics counts both;
 - 250 streams whose clients hang up mid-stream free their KV blocks, and /metrics shows it without
   any further request (the gauges used to stay at the last step's running / KV numbers).
 """
@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
@@ -69,13 +70,13 @@ async def _flood(url: str, model: str, tag: str) -> list[tuple[str, int, str | N
     return results
 
 
-def _stored_ids(store, tag: str, expected: int, timeout: float = 60.0) -> list[str]:
+def _stored_rows(store, tag: str, expected: int, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while True:
-        df = store.query_df("SELECT request_id FROM requests WHERE startsWith(request_id, {tag:String})",
-                            {"tag": tag + "-"})
+        df = store.query_df("SELECT request_id, http_status, error_code, finish_reason, error_detail_json "
+                            "FROM requests WHERE startsWith(request_id, {tag:String})", {"tag": tag + "-"})
         if len(df) >= expected or time.monotonic() > deadline:
-            return list(df["request_id"])
+            return df
         time.sleep(0.5)
 
 
@@ -105,9 +106,15 @@ def test_a_flood_is_shed_with_429_and_every_answer_is_stored(live, bounded, stor
     assert finished[1] - finished[0] == len(answered)  # refused requests never reached the engine
 
     live.flush()
-    stored = _stored_ids(store, tag, len(answered))
-    assert len(stored) == len(set(stored)) == len(answered)  # each answered request once
-    assert set(stored) == set(answered)  # and no refused one
+    rows = _stored_rows(store, tag, len(results))
+    stored = list(rows["request_id"])
+    assert len(stored) == len(set(stored)) == len(results)  # every request sent is one row, shed ones too
+    refused = rows[rows["error_code"] != ""]
+    assert set(refused["request_id"]) == {rid for rid, _, _ in shed}
+    assert set(refused["error_code"]) == {"queue_full"} and set(refused["http_status"]) == {429}
+    state = json.loads(refused["error_detail_json"].iloc[0])  # the queue's state when it was shed
+    assert state["in_flight"] >= state["max_running"] + state["max_queue"] == 8 + MAX_QUEUE
+    assert set(rows[rows["error_code"] == ""]["finish_reason"]) <= {"stop", "length"}
 
 
 async def _abort_streams(url: str, model: str) -> int:

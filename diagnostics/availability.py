@@ -1,0 +1,288 @@
+"""Availability, like for like: a replica that refuses, sheds or fails more of its requests than its peers do
+with the same kind of requests, named with the identity key that explains it.
+
+Every request a replica (or a recording proxy) received is a `requests` row, refused ones included, with an
+error code of a fixed vocabulary (telemetry/contract/outcomes.py). The outcome kinds compared:
+- `length`: refused for its length (context_length). A length limit refuses only long prompts, so these are
+  compared in strata of workload x prompt length (sqrt-2 buckets of prompt_tokens): a replica sent more long
+  prompts than its peers is not named for refusing those its peers refuse too. Rows of unknown length (a
+  request shed or rejected before it was tokenized) never reached the length check: not at risk, left out;
+- `rejected`: any other refusal of the request as sent (400 / 401 / 409 / 413), per workload;
+- `shed`: 429 for a full queue, 503 while the replica cannot serve, per workload;
+- `failed`: failed by the engine, the server or the upstream, or timed out, per workload.
+Aborts are the client's choice and are not compared.
+
+Each (replica, kind) against the replica's peers (the other replicas of its model, pooled): a stratified
+2 x 2 x S comparison, the Cochran-Mantel-Haenszel test one-sided (the replica's events above what its peers'
+rates predict in its own strata), only in strata both sides served. Holm over replicas x kinds, per model.
+It fires when the adjusted p < ALPHA and the excess is material: the replica's rate at least MIN_EXCESS above
+the rate its peers would have had on its traffic (their per-stratum rates weighted by its requests) and at
+least MIN_RATIO times it. The finding gives the replica's rate with its Wilson interval, that expected rate,
+the peers' own rate with its Wilson interval, and the config keys of the kind on which the replica differs
+from its peers (max_model_len for length, serve_options.max_queue / max_num_seqs for shed; any key for the
+others). A check that ran and named nothing leaves one info finding per model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+from diagnostics import config_keys, hypothesis_tests
+from diagnostics.findings import Finding, insufficient
+from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope, replicas_in, requests_in
+from telemetry.contract import derived, outcomes
+from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
+
+DIAGNOSTIC = "availability"
+KIND = "availability_gap"
+CLEAN = "availability_consistent"
+ALPHA = 0.01
+MIN_EXCESS = 0.02  # absolute: two more requests in a hundred
+MIN_RATIO = 1.5  # and half again the expected rate (a real canary at 96 tokens: 32.9% against 19.4%)
+MIN_REQUESTS = 20  # of a replica (and of its peers) in the strata compared
+CRITICAL_EXCESS = 0.25
+EXACT_MAX_EVENTS = 2000  # events of a comparison up to which its p is exact (convolved hypergeometrics)
+
+# kind -> (its error codes, stratified by prompt length, the config keys that explain it: None = any)
+KINDS: dict[str, tuple[frozenset, bool, tuple | None]] = {
+    "length": (frozenset({"context_length"}), True, ("max_model_len", "max_position_embeddings", "max_num_batched")),
+    "rejected": (frozenset(c for c, o in outcomes.ERROR_CODES.items() if o == outcomes.REJECTED) - {"context_length"},
+                 False, None),
+    "shed": (frozenset(c for c, o in outcomes.ERROR_CODES.items() if o == outcomes.SHED), False,
+             ("max_queue", "max_num_seqs", "max_num_batched", "kv_cache", "num_kv_blocks")),
+    "failed": (frozenset(c for c, o in outcomes.ERROR_CODES.items() if o in (outcomes.FAILED, outcomes.TIMED_OUT)),
+               False, None),
+}
+LABELS = {"length": "refused for length", "rejected": "rejected", "shed": "shed", "failed": "failed"}
+
+def _sql(scope: Scope) -> str:
+    source = requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.workload AS workload, "
+                         "t.prompt_tokens AS prompt_tokens, t.error_code AS error_code, "
+                         "t.finish_reason AS finish_reason", scope=scope)
+    return (f"SELECT model_name, replica_id, workload, pbucket, outcome, error_code, count() AS n FROM ("
+            f"SELECT model_name, replica_id, workload, "
+            f"if(prompt_tokens = 0, -1, toInt32(floor(2 * log2(prompt_tokens)))) AS pbucket, "
+            f"{outcomes.outcome_sql()} AS outcome, error_code FROM {source}) "
+            f"WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL} "
+            f"GROUP BY model_name, replica_id, workload, pbucket, outcome, error_code")
+
+
+def counts(store, scope: Scope) -> list[dict]:
+    """Requests by (model, replica, workload, prompt-length bucket (-1: unknown), outcome, error code)."""
+    return store.query_arrow(_sql(scope), scope.parameters()).to_pylist()
+
+
+_STATED_LIMITS = """
+SELECT replica_id, groupUniqArray(8)(JSONExtractInt(error_detail_json, 'max_model_len')) AS limits,
+       min(prompt_tokens) AS shortest
+FROM requests AS t
+WHERE {window} AND error_code = 'context_length' AND has({ids:Array(String)}, replica_id) AND prompt_tokens > 0
+GROUP BY replica_id
+"""
+
+
+def stated_limits(store, scope: Scope, replicas: list[str]) -> dict[str, dict]:
+    """replica -> {"limits": the context lengths its length refusals stated, "shortest": the shortest prompt it
+    refused}: the effective limit, where a config leaves it to the model (max_model_len null)."""
+    sql = _STATED_LIMITS.replace("{window}", derived.window_sql("t.arrival_time"))
+    rows = store.query_arrow(sql, {**scope.parameters(), "ids": replicas}).to_pylist()
+    return {r["replica_id"]: {"limits": sorted(x for x in r["limits"] if x), "shortest": r["shortest"]} for r in rows}
+
+
+_PER_REPLICA = """
+SELECT model_name, replica_id, count() AS requests, {counts},
+       {ttft} AS ttft, {e2e} AS e2e
+FROM {source}
+GROUP BY model_name, replica_id ORDER BY model_name, replica_id
+"""
+
+
+def replica_table(store, scope: Scope) -> str:
+    """Each replica's availability (the share of its requests answered, rejected, shed, failed) beside its
+    latency (TTFT over requests that produced a token, e2e over those its engine had): `diagnose` prints it."""
+    source = requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.error_code AS error_code, "
+                         "t.finish_reason AS finish_reason, t.ttft_seconds AS ttft_seconds, "
+                         "t.e2e_seconds AS e2e_seconds, t.output_tokens AS output_tokens", scope=scope)
+    sql = (_PER_REPLICA.replace("{counts}", outcomes.outcome_counts_sql()).replace("{source}", source)
+           .replace("{ttft}", derived.TTFT_QUANTILES_SQL)
+           .replace("{e2e}", derived.quantiles_sql("e2e_seconds", outcomes.ENGINE_HAD_SQL)))
+    rows = store.query_arrow(sql, scope.parameters()).to_pylist()
+    if not rows:
+        return ""
+    share = lambda part, whole: f"{part / whole:.1%}" if whole else "-"  # noqa: E731
+    ms = lambda qs, i: f"{qs[i] * 1000:.0f}" if qs and qs[i] == qs[i] else "-"  # noqa: E731 - NaN: none
+    p50, p99 = derived.QUANTILE_NAMES.index("p50"), derived.QUANTILE_NAMES.index("p99")
+    table = [("MODEL", "REPLICA", "REQUESTS", "ANSWERED", "REJECTED", "SHED", "FAILED", "TTFT P50 MS", "TTFT P99 MS",
+              "E2E P99 MS")]
+    table += [(r["model_name"], r["replica_id"], str(r["requests"]), share(r["answered"], r["requests"]),
+               share(r["rejected"], r["requests"]), share(r["shed"], r["requests"]),
+               share(r["failed"] + r["timed_out"], r["requests"]), ms(r["ttft"], p50), ms(r["ttft"], p99),
+               ms(r["e2e"], p99)) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in table)
+
+
+def by_replica(rows: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
+    """(model, replica) -> requests by outcome, and their total: the availability table of the reports."""
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for r in rows:
+        entry = out.setdefault((r["model_name"], r["replica_id"]), {o: 0 for o in (*outcomes.OUTCOMES, "total")})
+        entry[r["outcome"]] += r["n"]
+        entry["total"] += r["n"]
+    return out
+
+
+def _tables(rows: list[dict], kind: str) -> dict[str, dict[tuple, list[int]]]:
+    """replica -> stratum -> [events of the kind, requests at risk]."""
+    codes, by_length, _ = KINDS[kind]
+    out: dict[str, dict[tuple, list[int]]] = {}
+    for r in rows:
+        if r["outcome"] == outcomes.ABORTED or (by_length and r["pbucket"] < 0):
+            continue  # aborts are the client's; a request of unknown length never reached the length check
+        stratum = (r["workload"], r["pbucket"]) if by_length else (r["workload"],)
+        cell = out.setdefault(r["replica_id"], {}).setdefault(stratum, [0, 0])
+        cell[0] += r["n"] if r["error_code"] in codes else 0
+        cell[1] += r["n"]
+    return out
+
+
+def wilson(events: int, n: int) -> tuple[float, float]:
+    ci = stats.binomtest(events, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def compare(mine: dict[tuple, list[int]], peers: dict[tuple, list[int]]) -> dict | None:
+    """The replica's strata against its peers' pooled ones (those both served): rates, the rate its peers'
+    per-stratum rates predict on its traffic, and the one-sided Cochran-Mantel-Haenszel p. None when either
+    side has fewer than MIN_REQUESTS requests in those strata."""
+    shared = [s for s in mine if s in peers and mine[s][1] > 0 and peers[s][1] > 0]
+    a = np.array([mine[s][0] for s in shared], dtype=float)
+    n1 = np.array([mine[s][1] for s in shared], dtype=float)
+    c = np.array([peers[s][0] for s in shared], dtype=float)
+    n2 = np.array([peers[s][1] for s in shared], dtype=float)
+    if n1.sum() < MIN_REQUESTS or n2.sum() < MIN_REQUESTS:
+        return None
+    p, test = _cmh_p(a, n1, n2, a + c)
+    mine_events, mine_n, peer_events, peer_n = int(a.sum()), int(n1.sum()), int(c.sum()), int(n2.sum())
+    return {"events": mine_events, "requests": mine_n, "rate": mine_events / mine_n,
+            "rate_ci": wilson(mine_events, mine_n),
+            "expected_rate": float((n1 * c / n2).sum() / n1.sum()), "peer_events": peer_events,
+            "peer_requests": peer_n, "peer_rate": peer_events / peer_n, "peer_rate_ci": wilson(peer_events, peer_n),
+            "strata": len(shared), "p": p, "test": test}
+
+
+def _cmh_p(a, n1, n2, events) -> tuple[float, str]:
+    """One-sided p of the replica's events (a, summed over strata) given each stratum's margins: exact (the
+    convolution of the strata's hypergeometric distributions, as R's mantelhaen.test(exact=TRUE)) while the
+    events are few, where the normal approximation is far too small for rare events (2 of 30 against 0 of
+    600: 1.6e-7 against the exact 0.0022); beyond EXACT_MAX_EVENTS the continuity-corrected normal one."""
+    if events.sum() <= EXACT_MAX_EVENTS:
+        dist, offset = np.array([1.0]), 0
+        for k, m, e in zip(n1.astype(int), n2.astype(int), events.astype(int)):
+            low = max(0, e - m)
+            dist = np.convolve(dist, stats.hypergeom(k + m, k, e).pmf(np.arange(low, min(k, e) + 1)))
+            offset += low
+        return float(min(1.0, dist[max(0, int(a.sum()) - offset):].sum())), \
+            "exact conditional (Cochran-Mantel-Haenszel, one-sided: the replica above its peers)"
+    total = n1 + n2
+    expected = (n1 * events / total).sum()
+    variance = (n1 * n2 * events * (total - events) / (total ** 2 * np.maximum(total - 1, 1))).sum()
+    p = float(stats.norm.sf((a.sum() - expected - 0.5) / math.sqrt(variance))) if variance > 0 else 1.0
+    return p, "Cochran-Mantel-Haenszel, one-sided (the replica above its peers), continuity-corrected"
+
+
+def _material(t: dict) -> bool:
+    excess = t["rate"] - t["expected_rate"]
+    return excess >= MIN_EXCESS and t["rate"] >= MIN_RATIO * t["expected_rate"]
+
+
+def _tests(rows: list[dict], replicas: list[str]) -> list[dict]:
+    out = []
+    for kind in KINDS:
+        tables = _tables(rows, kind)
+        for rid in replicas:
+            peers: dict[tuple, list[int]] = {}
+            for other in replicas:
+                if other != rid:
+                    for stratum, (e, n) in tables.get(other, {}).items():
+                        cell = peers.setdefault(stratum, [0, 0])
+                        cell[0] += e
+                        cell[1] += n
+            t = compare(tables.get(rid, {}), peers)
+            if t is not None:
+                out.append({"replica": rid, "kind": kind, **t})
+    for t, q in zip(out, hypothesis_tests.holm([t["p"] for t in out])):
+        t["holm_p"] = q
+    return out
+
+
+def _wanted(kind: str):
+    keys = KINDS[kind][2]
+    return (lambda key: True) if keys is None else (lambda key: any(k in key for k in keys))
+
+
+def run(store, request: DiagnosticRequest) -> list[Finding]:
+    scope = request.scope
+    rows = counts(store, scope)
+    identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
+    findings: list[Finding] = []
+    table = by_replica(rows)
+    for model in sorted({m for m, _ in table}):
+        replicas = sorted(rid for m, rid in table if m == model)
+        mine = [r for r in rows if r["model_name"] == model]
+        availability = {rid: table[(model, rid)] for rid in replicas}
+        if len(replicas) < 2:
+            findings.append(insufficient(KIND, model, DIAGNOSTIC, scope,
+                                         f"{model} has one replica in the window ({replicas[0]}): no peers to "
+                                         "compare its error, rejection and shed rates with",
+                                         model_name=model, availability=availability))
+            continue
+        tests = _tests(mine, replicas)
+        named = [t for t in tests if t["holm_p"] < ALPHA and _material(t)]
+        limits = stated_limits(store, scope, replicas) if any(t["kind"] == "length" for t in named) else {}
+        for t in named:
+            findings.append(_finding(model, t, replicas, identity, scope, len(tests), availability, limits))
+        if not named:
+            findings.append(Finding(CLEAN, "info", model, _clean_summary(model, replicas, tests, availability),
+                                    DIAGNOSTIC, scope, {"model_name": model, "replicas": replicas,
+                                                        "tests_in_family": len(tests), "availability": availability,
+                                                        "tests": tests}))
+    return findings
+
+
+def _clean_summary(model: str, replicas: list[str], tests: list[dict], availability: dict) -> str:
+    rates = ", ".join(f"{rid} {1 - a['answered'] / a['total']:.1%}" for rid, a in availability.items() if a["total"])
+    return (f"{model}: no replica refuses, sheds or fails more than its peers in the same workload and prompt-length "
+            f"strata ({len(tests)} tests, Holm alpha {ALPHA}); requests not answered: {rates}")
+
+
+def _finding(model, t, replicas, identity, scope, family, availability, limits) -> Finding:
+    rid, kind = t["replica"], t["kind"]
+    peers = [identity.get(p, {"replica_id": p}) for p in replicas if p != rid]
+    diffs = config_keys.differences(identity.get(rid, {}), peers, _wanted(kind))
+    low, high = t["rate_ci"]
+    why = ("; config differs: " + config_keys.describe(diffs)) if diffs else \
+        "; no identity key of it differs from its peers' (look at its host and its clients)"
+    if kind == "length" and limits.get(rid):
+        peer_limits = sorted({x for p in replicas if p != rid for x in limits.get(p, {}).get("limits", [])})
+        why += (f"; its refusals state a context of {'/'.join(map(str, limits[rid]['limits']))} tokens (shortest "
+                f"prompt refused: {limits[rid]['shortest']})" +
+                (f", its peers' {'/'.join(map(str, peer_limits))}" if peer_limits else ""))
+    strata = "workload and prompt-length strata" if KINDS[kind][1] else "workloads"
+    summary = (f"{rid} ({model}) {LABELS[kind]} {t['rate']:.1%} of its requests [{low:.1%}, {high:.1%}] vs "
+               f"{t['expected_rate']:.1%} expected from its peers' rates in the same {strata} (peers: "
+               f"{t['peer_rate']:.1%} of {t['peer_requests']}; p={t['p']:.1e}, Holm {t['holm_p']:.1e})" + why)
+    excess = t["rate"] - t["expected_rate"]
+    evidence = {"model_name": model, "replica": rid, "outcome": kind, "codes": sorted(KINDS[kind][0]),
+                "peers": [p["replica_id"] for p in peers], "comparison": t, "config_differences": diffs,
+                "availability": availability, "tests_in_family": family, "unit": "request",
+                "stated_limits": limits,
+                "correction": f"Holm over {family} tests (replicas x outcome kinds)",
+                "strata": "workload x prompt-length bucket (sqrt 2)" if KINDS[kind][1] else "workload"}
+    # the subject is the replica (as every replica finding's); each outcome kind a finding of its own id
+    return Finding(KIND, "critical" if excess >= CRITICAL_EXCESS else "warning", rid, summary, DIAGNOSTIC, scope,
+                   evidence, id_kind=f"{KIND}:{kind}")
