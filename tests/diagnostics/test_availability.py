@@ -106,7 +106,7 @@ def test_a_queue_limit_is_named_as_shedding_with_the_key(clean):
     fleet(clean, t0, queues={"b": 1}, rows=shed_on_b)
     found = named(diagnose(clean, t0))
     assert set(found) == {"b:shed"}
-    assert "serve_options.max_queue 1" in found["b:shed"].summary
+    assert "max_queue 1 vs 256 in serve flags" in found["b:shed"].summary
 
 
 @pytest.mark.parametrize("requests_on_c", [300, 30], ids=["immaterial", "not-significant"])
