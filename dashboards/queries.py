@@ -121,6 +121,16 @@ ORDER BY arrival_time DESC
 LIMIT 1
 """
 
+# the identity a replica served a request with: its latest start at or before `at` (else its latest),
+# for the model directory (config_json's "model") and the tokenizer hash the dashboard decodes with
+REPLICA_IDENTITY_AT = """
+SELECT replica_id, model_name, tokenizer_hash, config_json
+FROM replicas
+WHERE replica_id = {replica_id:String}
+ORDER BY start_time <= toDateTime64({at:Float64}, 6, 'UTC') DESC, start_time DESC
+LIMIT 1
+"""
+
 # what the engine itself measured of the request, where a proxy wrote its row (vLLM's plugin behind
 # `infersight proxy`: telemetry.contract.derived.ENGINE_TIMING_JOIN_SQL)
 ENGINE_TIMING = """

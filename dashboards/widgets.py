@@ -92,6 +92,32 @@ def decoder_for(model_name: str) -> Tokenizer | None:
         return None
 
 
+@st.cache_resource(show_spinner=False)
+def _recorded_tokenizers():
+    """The diagnostics' loader of the tokenizer each replica recorded (one per directory, hash-checked)."""
+    from diagnostics.replica_tokenizers import TokenizerSource
+
+    return TokenizerSource()
+
+
+def replica_decoder(replica_id: str, model_name: str, at: float) -> tuple[Tokenizer | None, str]:
+    """(tokenizer, "") for what `replica_id` served at `at`, else (None, why not).
+
+    A tokenizer given on the command line (--model / --tokenizer) wins; otherwise the store's
+    `replicas` row names the model directory the replica started with and its tokenizer hash, and the
+    directory's tokenizer is used when it is on this host and still hashes the same."""
+    configured = decoder_for(model_name)
+    if configured is not None or settings.from_env().tokenizer_dir(model_name):
+        return configured, "" if configured is not None else "the configured tokenizer does not load"
+    identity = data.query(queries.REPLICA_IDENTITY_AT, replica_id=replica_id, at=float(at))
+    if identity.empty:
+        return None, f"the store has no start of replica `{replica_id}`, so no model directory"
+    source = _recorded_tokenizers()
+    source.problems.pop(replica_id, None)
+    tokenizer = source.for_replica(identity.iloc[0].to_dict())
+    return tokenizer, "" if tokenizer is not None else source.problems.get(replica_id, "no tokenizer")
+
+
 def no_data(what: str) -> None:
     st.info(f"No {what} in the store for this selection yet.")
 
