@@ -131,7 +131,14 @@ def build_server(args, placement=None):
 def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from engine.models.errors import ModelLoadError
+    from engine.server.listen_check import cannot_listen
+    from engine.server.quiet_exit import exit_now
 
+    busy = cannot_listen(args.host, args.port)
+    if busy is not None:  # before the weights load, not after
+        print(f"infersight serve: cannot listen on {args.host}:{args.port}: {busy} (another server there? "
+              "choose another --port)", file=sys.stderr)
+        return 2
     try:
         server, parts = build_server(args, _pin(args))
     except (ValueError, FileNotFoundError, OSError, ModelLoadError) as e:
@@ -145,4 +152,5 @@ def run(args) -> int:
         server.run()
     finally:
         parts.close()  # idempotent: the engine's shutdown already flushed its observers
-    return 0 if server.started else 1
+    exit_now(0 if server.started else 1)  # without triton's nanobind leak report at finalization
+    return 1  # not reached
