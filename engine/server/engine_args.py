@@ -79,22 +79,56 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
     return EngineConfig(model=model, **engine_overrides(args))
 
 
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _toml_kind(value) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "a table"}.get(type(value), type(value).__name__)
+
+
+def check_engine_option(key: str, value) -> None:
+    """A configuration file's value for an EngineConfig field has the field's type, else a ValueError that
+    names the option, the type it takes and what it got (TOML gives typed values: "8" is not 8)."""
+    fields = {f.name: f for f in engine_fields()}
+    name = key.replace("-", "_")
+    if name not in fields:
+        raise ValueError(f"unknown engine option {key!r}; valid: {', '.join(sorted(fields))}")
+    conv = _converter(fields[name])
+    if conv is parse_size:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError(f"engine option {key!r} must be a size (4096, \"64MiB\"), got {value!r} "
+                             f"({_toml_kind(value)})")
+        try:
+            parse_size(value)
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"engine option {key!r}: {e}") from None
+        return
+    if conv is _str_list:
+        ok, expected = isinstance(value, (list, str)), "an array of strings"
+    elif conv is float:
+        ok, expected = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    elif conv is int:
+        ok, expected = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    else:
+        ok, expected = isinstance(value, conv), _KIND_NAMES[conv]
+    if not ok:
+        raise ValueError(f"engine option {key!r} must be {expected}, got {value!r} ({_toml_kind(value)})")
+
+
 def engine_cli_args(options: dict) -> list[str]:
     """Inverse of the parser: {'block_size': 8, 'enable_prefix_caching': False} -> CLI args.
 
     Used by the fleet to turn a TOML table into `infersight serve` options.
-    Unknown keys raise ValueError naming the key and the valid ones.
+    Unknown keys and values of the wrong type raise ValueError naming the key (`check_engine_option`).
     """
     fields = {f.name: f for f in engine_fields()}
     out: list[str] = []
     for key, value in options.items():
+        check_engine_option(key, value)
         name = key.replace("-", "_")
-        if name not in fields:
-            raise ValueError(f"unknown engine option {key!r}; valid: {', '.join(sorted(fields))}")
         flag = "--" + name.replace("_", "-")
         if _converter(fields[name]) is bool:
-            if not isinstance(value, bool):
-                raise ValueError(f"engine option {key!r} must be true or false, got {value!r}")
             out.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, list):
             out += [flag, ",".join(str(v) for v in value)]
