@@ -68,7 +68,8 @@ _SECTIONS = {"run": ("suites", "max_items", "per_task", "max_tokens"),
 
 
 def load_policy(path: str | Path) -> Policy:
-    """Read a policy TOML; suite paths are resolved relative to the current directory, else the policy file."""
+    """Read a policy TOML; suite paths are resolved relative to the current directory, else the policy file,
+    else infersight's source tree (`_resolve`)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"policy file not found: {path}")
@@ -100,12 +101,20 @@ def load_policy(path: str | Path) -> Policy:
     return policy
 
 
+# the source tree the shipped suites are in: a policy's `evals/suites/...` finds them from any directory
+_SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
+
 def _resolve(suite: str, policy_path: Path) -> str:
+    """A suite path as written, else beside the policy file, else in infersight's source tree (the shipped
+    suites); as written when none exists (the error then names it)."""
     p = Path(suite)
     if p.is_absolute() or p.exists():
         return str(p)
-    beside = policy_path.parent / p
-    return str(beside) if beside.exists() else str(p)
+    for base in (policy_path.parent, _SOURCE_ROOT):
+        if (base / p).exists():
+            return str(base / p)
+    return str(p)
 
 
 def policy_dict(policy: Policy) -> dict:
