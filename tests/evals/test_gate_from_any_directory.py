@@ -3,8 +3,12 @@ the example configurations' models are found wherever the command runs."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
+import pytest
+
+from engine.fleet.processes import infersight_command
 from evals.cli import DEFAULT_POLICY
 from evals.policy import load_policy
 from evals.sides import load_engine_config
@@ -35,3 +39,22 @@ def test_example_configurations_load_outside_the_repository(tmp_path, monkeypatc
     for name in ("production.toml", "candidate.toml"):
         config = load_engine_config(EXAMPLES / name)
         assert (Path(config.model) / "config.json").is_file(), name
+
+
+def test_example_contexts_fit_the_model():
+    import json
+
+    for name in ("production.toml", "candidate.toml"):
+        config = load_engine_config(EXAMPLES / name)
+        positions = json.loads((Path(config.model) / "config.json").read_text())["max_position_embeddings"]
+        assert config.max_model_len is None or config.max_model_len <= positions, name
+
+
+@pytest.mark.slow
+def test_readme_gate_command_runs_from_another_directory(tmp_path):
+    r = subprocess.run(infersight_command("eval", "gate", "--baseline", str(EXAMPLES / "production.toml"),
+                                          "--candidate", str(EXAMPLES / "candidate.toml"), "--report-md", "gate.md",
+                                          "--no-progress"),
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (tmp_path / "gate.md").read_text().startswith("# Eval gate: **PASS**")
