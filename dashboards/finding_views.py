@@ -29,6 +29,15 @@ SEVERITY_COLOR = {"critical": "red", "warning": "orange", "info": "blue"}
 LATENCY_METRICS = ("queue", "prefill", "ttft", "tpot", "itl", "e2e")
 
 
+TITLE_CHARS = 80  # a heading that fits one line of the page
+
+
+def title(kind: str, subject: str) -> str:
+    """A finding's one-line heading: its kind in words and its subject, shortened to TITLE_CHARS."""
+    text = f"{kind.replace('_', ' ')} · {' '.join(str(subject).split())}"
+    return text if len(text) <= TITLE_CHARS else text[:TITLE_CHARS - 1].rstrip() + "…"
+
+
 def severity_badge(severity: str) -> str:
     """Streamlit's own coloured badge markdown (no emoji: those render as boxes without an emoji font)."""
     return f":{SEVERITY_COLOR.get(severity, 'gray')}-badge[{severity.upper()}]"

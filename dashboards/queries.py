@@ -75,8 +75,10 @@ LIMIT 20000
 """
 
 OPEN_FINDINGS_BY_SUBJECT = """
-SELECT subject, count() AS findings, groupUniqArray(kind) AS kinds
-FROM (SELECT finding_id, argMax(subject, last_seen) AS subject, argMax(kind, last_seen) AS kind
+SELECT subject, count() AS findings, groupUniqArray(kind) AS kinds,
+       countIf(severity = 'critical') AS critical, countIf(severity = 'warning') AS warning
+FROM (SELECT finding_id, argMax(subject, last_seen) AS subject, argMax(kind, last_seen) AS kind,
+             argMax(severity, last_seen) AS severity
       FROM findings GROUP BY finding_id)
 GROUP BY subject
 LIMIT 1000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,6 +117,30 @@ def replica_decoder(replica_id: str, model_name: str, at: float) -> tuple[Tokeni
     source.problems.pop(replica_id, None)
     tokenizer = source.for_replica(identity.iloc[0].to_dict())
     return tokenizer, "" if tokenizer is not None else source.problems.get(replica_id, "no tokenizer")
+
+
+SEVERITY_ORDER = ("critical", "warning", "info")
+
+
+def worst_severity(findings: pd.DataFrame, replica_ids) -> dict[str, str]:
+    """{replica: its worst finding's severity} from OPEN_FINDINGS_BY_SUBJECT, over the findings whose subject
+    names the replica ("r2", or both of "r0 vs r2"); a replica without findings is absent."""
+    out: dict[str, str] = {}
+    for row in findings.to_dict("records"):
+        severity = "critical" if row["critical"] else "warning" if row["warning"] else "info"
+        named = set(re.split(r"[\s,;:()]+", str(row["subject"])))
+        for rid in named.intersection(replica_ids):
+            if rid not in out or SEVERITY_ORDER.index(severity) < SEVERITY_ORDER.index(out[rid]):
+                out[rid] = severity
+    return out
+
+
+def mark_replicas_with_findings(health: pd.DataFrame) -> None:
+    """One line above a table of replicas naming those with critical, then warning findings."""
+    for severity, say in (("critical", st.error), ("warning", st.warning)):
+        named = health.loc[health["worst finding"] == severity, "replica_id"].tolist()
+        if named:
+            say(f"{severity.capitalize()} findings on {', '.join(named)}: see the Findings page.")
 
 
 def no_data(what: str) -> None:

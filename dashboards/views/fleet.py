@@ -43,6 +43,7 @@ else:
     findings = data.query(queries.OPEN_FINDINGS_BY_SUBJECT)
     open_findings = dict(zip(findings["subject"], findings["findings"])) if not findings.empty else {}
     health["findings"] = health["replica_id"].map(lambda r: int(open_findings.get(r, 0)))
+    health.insert(1, "worst finding", health["replica_id"].map(widgets.worst_severity(findings, health["replica_id"])))
     health["error rate"] = (health["failed"] / health["requests"]).round(4)
     health["idle for (s)"] = (window.end - health["last_finish"].map(widgets.epoch)).clip(lower=0).round(1)
     cols = st.columns(4)
@@ -51,6 +52,7 @@ else:
     worst = health.sort_values("ttft_p99", ascending=False).iloc[0]
     cols[2].metric("Worst TTFT p99", f"{worst['ttft_p99']:.3f} s", help=f"replica {worst['replica_id']}")
     cols[3].metric("Failed requests", f"{int(health['failed'].sum()):,}")
+    widgets.mark_replicas_with_findings(health)
     widgets.table(widgets.rounded(health, 4), key="fleet_health")
     st.caption("itl: per gap between consecutive output tokens of the window's requests (as Prometheus' "
                "inter-token-latency histogram counts them); ttft over requests that produced a token.")

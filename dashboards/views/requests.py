@@ -76,7 +76,7 @@ with st.expander("Sampling parameters"):
 model = r["model_name"]
 decoder, why_not = widgets.replica_decoder(r["replica_id"], model, widgets.epoch(r["arrival_time"]))
 if decoder is None:
-    st.info(f"No tokenizer for replica `{r['replica_id']}` (model `{model}`): {why_not}. Showing token IDs "
+    st.info(f"No tokenizer for replica `{r['replica_id']}` (model `{model}`): {why_not}; showing token IDs "
             "only; point the dashboard at the tokenizer with --model DIR or --tokenizer MODEL=DIR.")
 
 
