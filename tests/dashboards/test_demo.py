@@ -8,14 +8,12 @@ import argparse
 import os
 import re
 import shlex
-import signal
 import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from conftest import free_port
+from dashboard_process import running_dashboard
 
 from dashboards.console.demo import canary_port
 from dashboards.console.demo_fault import canary_fleet
@@ -92,21 +90,7 @@ def test_printed_dashboard_command_decodes_tokens_in_chromium(demo_run, tiny_lla
     assert Path(store_dir).is_absolute()
     expected = _decoded_prompts(store_dir, tiny_llama)
     port = free_port()  # the one addition: the default port may be taken on a shared machine
-    log_path = tmp_path / "dashboard.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([*command, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the printed dashboard command did not start:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
+    with running_dashboard([*command, "--port", str(port)], port, tmp_path / "dashboard.log") as url:
         from playwright.sync_api import sync_playwright
 
         with sync_playwright() as p:
@@ -123,15 +107,8 @@ def test_printed_dashboard_command_decodes_tokens_in_chromium(demo_run, tiny_lla
                 shown = page.locator('[data-testid="stCode"] code').first.inner_text(timeout=TIMEOUT_MS).strip()
             finally:
                 context.close()
-        # the prompt panel's text is the selected request's prompt decoded with its replica's tokenizer
-        assert shown in {p.strip() for p in expected}, shown[:200]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    # the prompt panel's text is the selected request's prompt decoded with its replica's tokenizer
+    assert shown in {p.strip() for p in expected}, shown[:200]
 
 
 def test_demo_canary_listens_after_the_base_ports(tmp_path, tiny_llama):
