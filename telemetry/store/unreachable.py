@@ -8,6 +8,7 @@ a person needs the URL and one of: connection refused, timed out, host not found
 from __future__ import annotations
 
 import socket
+import ssl
 from http.client import RemoteDisconnected
 
 from urllib3 import exceptions as u3
@@ -18,7 +19,7 @@ _REASONS: tuple[tuple[tuple[type, ...], str], ...] = (
     ((u3.ConnectTimeoutError,), "timed out connecting"),
     ((u3.ReadTimeoutError, socket.timeout, TimeoutError), "timed out waiting for an answer"),
     ((u3.NameResolutionError, socket.gaierror), "host name not found"),
-    ((u3.SSLError,), "TLS handshake failed"),
+    ((u3.SSLError,), "TLS failed"),
     ((ConnectionResetError, RemoteDisconnected, u3.ProtocolError), "the connection was closed before an answer"),
 )
 
@@ -32,13 +33,16 @@ def _chain(e: BaseException):
             continue
         seen.add(id(x))
         yield x
-        todo += [x.__cause__, x.__context__, getattr(x, "reason", None)]
-        todo += [a for a in getattr(x, "args", ()) if isinstance(a, BaseException)]
+        linked = [x.__cause__, x.__context__, getattr(x, "reason", None), *getattr(x, "args", ())]
+        todo += [a for a in linked if isinstance(a, BaseException)]  # ssl's `reason` is a str
 
 
 def unreachable_reason(e: BaseException) -> str | None:
     """'connection refused', 'timed out connecting' ... for a transport failure; None when it is not one."""
     chain = list(_chain(e))
+    tls = next((x for x in chain if isinstance(x, ssl.SSLError)), None)
+    if tls is not None:  # its own words say which: an unverified certificate, a wrong host name ...
+        return f"TLS failed ({getattr(tls, 'verify_message', '') or getattr(tls, 'reason', '') or tls})"
     for kinds, reason in _REASONS:
         if any(isinstance(x, kinds) for x in chain):
             return reason

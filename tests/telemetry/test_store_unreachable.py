@@ -3,6 +3,7 @@ without urllib3's retry text, and the CLI says it in one line."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import threading
@@ -52,3 +53,38 @@ def test_the_cli_says_it_in_one_line(tmp_path):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "unreachable: connection refused" in lines[0], r.stderr
     _assert_plain(r.stderr)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make a certificate")
+def test_an_unverified_certificate_is_named(tmp_path):
+    """HTTPS to a server whose (self-signed) certificate this client does not trust: the TLS reason, plainly."""
+    import ssl
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    with socket.socket() as raw:
+        raw.bind(("127.0.0.1", 0))
+        raw.listen()
+        port = raw.getsockname()[1]
+
+        def serve():  # every attempt the client makes (it retries once)
+            while True:
+                try:
+                    conn, _ = raw.accept()
+                except OSError:
+                    return  # the test closed the socket
+                try:
+                    with context.wrap_socket(conn, server_side=True):
+                        pass
+                except OSError:
+                    pass  # the client hangs up mid-handshake: expected
+
+        threading.Thread(target=serve, daemon=True).start()
+        with pytest.raises(StoreUnavailableError) as e:
+            RemoteStore(f"https://127.0.0.1:{port}/infersight", connect_timeout=5, send_receive_timeout=5)
+    assert str(e.value).startswith(f"store https://127.0.0.1:{port}/infersight unreachable: TLS failed (")
+    assert "certificate" in str(e.value), str(e.value)
+    _assert_plain(str(e.value))
