@@ -127,8 +127,9 @@ def _is(value, kind: type) -> bool:
     return isinstance(value, kind)
 
 
-def _check_keys(table: dict, allowed: dict[str, type | tuple], where: str) -> None:
-    """Every key known, every value of its key's TOML type: else a ValueError naming the key."""
+def _check_keys(table: dict, allowed: dict[str, type | tuple], where: str, tables: bool = False) -> None:
+    """Every key known, every value of its key's TOML type: else a ValueError naming the key
+    (`tables`: the keys are the file's tables, named as TOML writes them, `[probe]`)."""
     unknown = sorted(set(table) - set(allowed))
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(allowed))}")
@@ -138,7 +139,8 @@ def _check_keys(table: dict, allowed: dict[str, type | tuple], where: str) -> No
             expected = " or ".join(_TYPE_NAMES[k] for k in kinds)
             got = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
                    dict: "a table"}.get(type(value), type(value).__name__)
-            raise ValueError(f"{where}: {key} must be {expected}, got {value!r} ({got})")
+            name = (f"[[{key}]]" if kinds == (list,) else f"[{key}]") if tables else key
+            raise ValueError(f"{where}: {name} must be {expected}, got {value!r} ({got})")
 
 
 def _engine_kind(value, where: str) -> str:
@@ -182,7 +184,7 @@ def default_run_dir(name: str) -> Path:
 
 def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
     _check_keys(data, {"fleet": dict, "sidecar": dict, "defaults": dict, "replica": list, "probe": dict},
-                "fleet config")
+                "fleet config", tables=True)
     fleet = dict(data.get("fleet", {}))
     _check_keys(fleet, _FLEET_KEYS, "[fleet]")
     name = str(fleet.get("name", source.stem if source else "local"))
