@@ -123,6 +123,17 @@ def test_requests_decode_with_the_tokenizer_the_replica_recorded(seeded, tokeniz
         tokens = next(df.value for df in at.dataframe if {"position", "id", "gap (ms)"} <= set(df.value.columns))
         assert "token" in tokens.columns and tokens["token"].str.len().gt(0).all()
 
+        # the Findings page's token view decodes each side with its replica's recorded tokenizer too
+        data.use_store(store)
+        at = AppTest.from_file(APP, default_timeout=120)
+        at.run()
+        at.switch_page("views/findings.py")
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert at.selectbox(key="fd_selected").value == "f-tok"
+        code = [c.value for c in at.code]
+        assert "<|bos|>hello·world" in code and "<|bos|>hello··world" in code, code
+
         restart(T0 - 200, "a-different-tokenizer")
         at = requests_page()
         infos = [i.value for i in at.info if "No tokenizer for replica" in i.value]
