@@ -131,13 +131,10 @@ def build_server(args, placement=None):
 def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from engine.models.errors import ModelLoadError
-    from engine.server.listen_check import cannot_listen
+    from telemetry.listen_check import refuse_busy_port
     from engine.server.quiet_exit import exit_now
 
-    busy = cannot_listen(args.host, args.port)
-    if busy is not None:  # before the weights load, not after
-        print(f"infersight serve: cannot listen on {args.host}:{args.port}: {busy} (another server there? "
-              "choose another --port)", file=sys.stderr)
+    if refuse_busy_port("serve", args.host, args.port):  # before the weights load, not after
         return 2
     try:
         server, parts = build_server(args, _pin(args))

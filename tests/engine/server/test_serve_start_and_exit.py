@@ -1,11 +1,14 @@
-"""`infersight serve`'s own start and end: a port in use is refused before the model loads, and a SIGTERM
-ends the process without the nanobind leak report triton's bindings print at interpreter teardown."""
+"""`infersight serve`'s own start and end: a port in use is refused before the model loads (and by the sidecar
+and the proxy before they set up), and a SIGTERM ends the process without the nanobind leak report triton's
+bindings print at interpreter teardown."""
 
 from __future__ import annotations
 
 import signal
 import socket
 import subprocess
+
+import pytest
 
 from engine.fleet.processes import free_port, infersight_command, process_ref, wait_healthy
 
@@ -38,3 +41,20 @@ def test_sigterm_exit_is_quiet(tiny_llama):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
     assert "nanobind" not in err and "leaked" not in err, err[-3000:]
+
+
+@pytest.mark.parametrize("command", [
+    ["sidecar", "--data-dir", "{tmp}/store"],
+    ["proxy", "--upstream", "http://127.0.0.1:9", "--store", "{tmp}/store"],
+])
+def test_sidecar_and_proxy_refuse_a_port_in_use_first(tmp_path, command):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        args = [a.replace("{tmp}", str(tmp_path)) for a in command] + ["--port", str(port)]
+        r = subprocess.run(infersight_command(*args), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"infersight {command[0]}: cannot listen on 127.0.0.1:{port}: address already in use "
+                                "(another server there? choose another --port)")
+    assert not (tmp_path / "store").exists()  # nothing opened or created before the check

@@ -1,7 +1,8 @@
-"""Can this process listen on host:port? Asked before the weights load, so a port in use fails at once.
+"""Can this process listen on host:port? Asked first, so a port in use fails at once, in one line.
 
-uvicorn binds only after the model is loaded; a port someone else holds would otherwise cost the whole
-load and end in uvicorn's bind error. The check binds as uvicorn will (SO_REUSEADDR, so a port left in
+`serve` binds only after the model is loaded, the sidecar after opening and checking its store, the
+proxy after its set-up: a port someone else holds would otherwise cost all of that and end in a bind
+error among the noise of a shutdown. The check binds as uvicorn will (SO_REUSEADDR, so a port left in
 TIME_WAIT by a previous run is not "in use") and lets go at once; a port taken in the moment between
 this check and uvicorn's bind still fails there.
 """
@@ -9,6 +10,7 @@ this check and uvicorn's bind still fails there.
 from __future__ import annotations
 
 import socket
+import sys
 
 
 def cannot_listen(host: str, port: int) -> str | None:
@@ -27,3 +29,13 @@ def cannot_listen(host: str, port: int) -> str | None:
             except OSError as e:
                 return (e.strerror or str(e)).lower()
     return None
+
+
+def refuse_busy_port(command: str, host: str, port: int) -> bool:
+    """Print `command`'s one-line refusal to stderr and return True when host:port cannot be listened on."""
+    busy = cannot_listen(host, port)
+    if busy is None:
+        return False
+    print(f"infersight {command}: cannot listen on {host}:{port}: {busy} (another server there? choose another "
+          "--port)", file=sys.stderr)
+    return True
