@@ -11,6 +11,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.config_values import wrong_type
+
 PAIRED_TESTS = ("mcnemar", "bootstrap")
 
 
@@ -67,6 +69,11 @@ _SECTIONS = {"run": ("suites", "max_items", "per_task", "max_tokens"),
              "": ("seed",)}
 
 
+# each field's TOML type, from its annotation ("float | None" -> float: None is written as false)
+_FIELD_KINDS = {f.name: {"list": list, "int": int, "float": float, "str": str, "bool": bool}[
+                    str(f.type).split("|")[0].split("[")[0].strip()] for f in dataclasses.fields(Policy)}
+
+
 def load_policy(path: str | Path) -> Policy:
     """Read a policy TOML; suite paths are resolved relative to the current directory, else the policy file,
     else infersight's source tree (`_resolve`)."""
@@ -95,6 +102,11 @@ def load_policy(path: str | Path) -> Policy:
                 "max_items", "per_task"):
         if values.get(key) is False:
             values[key] = None
+    for key, value in values.items():  # typed as Policy's fields, so a "0.02" is named, not compared
+        if value is not None and (problem := wrong_type(key, value, _FIELD_KINDS[key])):
+            raise ValueError(f"{path}: {problem}")
+    if not all(isinstance(suite, str) for suite in values.get("suites", [])):
+        raise ValueError(f"{path}: suites must be an array of suite files (strings), got {values['suites']!r}")
     policy = Policy(**values, path=str(path))
     policy.suites = [_resolve(s, path) for s in policy.suites]
     policy.validate()

@@ -40,6 +40,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.config_values import wrong_type
 from engine.fleet.vllm_replica import DEFAULT_LOGPROBS_FRACTION
 from engine.fleet.vllm_replica import check_spec as check_vllm_spec
 from engine.probe.interval import parse_interval
@@ -54,8 +55,6 @@ _REPLICA_KEYS = {"id": str, "model": str, "port": int, "cpus": (str, int), "numa
                  "args": list, "env": dict, "drain_timeout": float, "vllm": dict, "vllm_python": str,
                  "plugin": bool, "logprobs": (bool, float)}
 _PROBE_KEYS = {"interval": (str, float), "token_budget": int, "batched": bool, "enabled": bool, "rescore": int}
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "an array",
-               dict: "a table"}
 ENGINE_KINDS = ("infersight", "vllm")
 
 
@@ -119,14 +118,6 @@ class FleetConfig:
     probe: ProbeSpec | None = None  # a [probe] table: the scheduled prober runs beside the replicas
 
 
-def _is(value, kind: type) -> bool:
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, kind)
-
-
 def _check_keys(table: dict, allowed: dict[str, type | tuple], where: str, tables: bool = False) -> None:
     """Every key known, every value of its key's TOML type: else a ValueError naming the key
     (`tables`: the keys are the file's tables, named as TOML writes them, `[probe]`)."""
@@ -134,13 +125,10 @@ def _check_keys(table: dict, allowed: dict[str, type | tuple], where: str, table
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(allowed))}")
     for key, value in table.items():
-        kinds = allowed[key] if isinstance(allowed[key], tuple) else (allowed[key],)
-        if not any(_is(value, kind) for kind in kinds):
-            expected = " or ".join(_TYPE_NAMES[k] for k in kinds)
-            got = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
-                   dict: "a table"}.get(type(value), type(value).__name__)
-            name = (f"[[{key}]]" if kinds == (list,) else f"[{key}]") if tables else key
-            raise ValueError(f"{where}: {name} must be {expected}, got {value!r} ({got})")
+        name = (f"[[{key}]]" if allowed[key] is list else f"[{key}]") if tables else key
+        problem = wrong_type(name, value, allowed[key])
+        if problem:
+            raise ValueError(f"{where}: {problem}")
 
 
 def _engine_kind(value, where: str) -> str:

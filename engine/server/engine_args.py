@@ -12,6 +12,7 @@ import dataclasses
 import re
 
 from engine.config import EngineConfig
+from engine.config_values import value_kind, wrong_type
 
 # fields the serve command sets from its own options (or positional model)
 _OWN = {"model"}
@@ -79,14 +80,6 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
     return EngineConfig(model=model, **engine_overrides(args))
 
 
-_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-
-
-def _toml_kind(value) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-            dict: "a table"}.get(type(value), type(value).__name__)
-
-
 def check_engine_option(key: str, value) -> None:
     """A configuration file's value for an EngineConfig field has the field's type, else a ValueError that
     names the option, the type it takes and what it got (TOML gives typed values: "8" is not 8)."""
@@ -98,22 +91,16 @@ def check_engine_option(key: str, value) -> None:
     if conv is parse_size:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ValueError(f"engine option {key!r} must be a size (4096, \"64MiB\"), got {value!r} "
-                             f"({_toml_kind(value)})")
+                             f"({value_kind(value)})")
         try:
             parse_size(value)
         except argparse.ArgumentTypeError as e:
             raise ValueError(f"engine option {key!r}: {e}") from None
         return
-    if conv is _str_list:
-        ok, expected = isinstance(value, (list, str)), "an array of strings"
-    elif conv is float:
-        ok, expected = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-    elif conv is int:
-        ok, expected = isinstance(value, int) and not isinstance(value, bool), "an integer"
-    else:
-        ok, expected = isinstance(value, conv), _KIND_NAMES[conv]
-    if not ok:
-        raise ValueError(f"engine option {key!r} must be {expected}, got {value!r} ({_toml_kind(value)})")
+    kinds = {_str_list: (list, str), float: float, int: int, bool: bool}.get(conv, str)
+    problem = wrong_type(f"engine option {key!r}", value, kinds)
+    if problem:
+        raise ValueError(problem)
 
 
 def engine_cli_args(options: dict) -> list[str]:

@@ -1,6 +1,7 @@
-"""A configuration value of the wrong type is an error that names the key and the type it takes, for every
-key of a fleet TOML and every engine option (in a fleet's `engine` table and in an EngineConfig TOML for
-`infersight eval`), never Python's "invalid literal for int()" about a value nobody can find."""
+"""A configuration value of the wrong type is an error that names the key and the type it takes
+(engine/config_values.py), for every key of a fleet TOML, every engine option (in a fleet's `engine` table and
+in an EngineConfig TOML for `infersight eval`) and every eval policy key, never Python's "invalid literal for
+int()" or a TypeError about a value nobody can find."""
 
 from __future__ import annotations
 
@@ -90,3 +91,29 @@ def test_an_eval_engine_config_names_the_key(tmp_path, tiny_llama):
         load_engine_config(path)
     path.write_text(f'model = "{tiny_llama}"\nmax_num_seqs = 8\nkv_cache_memory_bytes = "64MiB"\n')
     assert load_engine_config(path).max_num_seqs == 8
+
+
+POLICY_KEYS = {"run": {"suites": list, "max_items": int, "per_task": int, "max_tokens": int},
+               "accuracy": {"max_accuracy_drop": float, "alpha": float, "paired_test": str,
+                            "bootstrap_resamples": int, "confidence": float},
+               "drift": {"max_mean_kl": float, "max_p99_kl": float, "min_same_top_p": float,
+                         "min_greedy_agreement": float, "require_logit_drift": bool}}
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.sampled_from([(s, k) for s, keys in POLICY_KEYS.items() for k in keys]),
+       value=st.sampled_from(['"0.5"', '"x"', "[1]", "{a = 1}", "true", "0.5", "3", '"mcnemar"', '["a.jsonl"]']))
+def test_an_eval_policy_value_of_the_wrong_type_is_named(tmp_path_factory, key, value):
+    from engine.config_values import is_kind
+    from evals.policy import load_policy
+
+    section, name = key
+    parsed = __import__("tomllib").loads(f"v = {value}")["v"]
+    kind = POLICY_KEYS[section][name]
+    if is_kind(parsed, kind) or (parsed is False and kind is float):
+        return  # the right type: its range is validate()'s business
+    path = tmp_path_factory.mktemp("policy") / "policy.toml"
+    path.write_text(f"[{section}]\n{name} = {value}\n")
+    with pytest.raises(ValueError) as e:
+        load_policy(path)
+    assert f"{name} must be" in str(e.value) and "policy.toml" in str(e.value), str(e.value)
