@@ -12,12 +12,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import free_port
 from dashboard_process import running_dashboard
 
 from dashboards.console.demo import canary_port
 from dashboards.console.demo_fault import canary_fleet
-from engine.fleet.processes import infersight_command
+from engine.fleet.processes import free_port, infersight_command
 
 
 def _processes_mentioning(text: str) -> list[int]:
