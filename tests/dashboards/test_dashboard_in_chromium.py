@@ -27,7 +27,8 @@ PAGES = {
     "Scheduler": ["Step timeline", "Host overhead", "Latest steps"],
     "KV cache": ["Per replica", "Prefix cache hit rate"],
     "Evals": ["first diverge at output token", "Per-item drift", "Baseline accuracy"],
-    "Findings": ["same prompt, different token IDs on r0 and r2", "first divergent position"],
+    # the finding's one-line heading (its summary is also a table cell, which the grid may draw hidden first)
+    "Findings": ["tokenizer divergence · r0 vs r2", "first divergent position"],
     "Profiles": ["Flame graph", "distinct stacks, 1,000 samples"],
 }
 
