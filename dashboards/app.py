@@ -13,6 +13,7 @@ from pathlib import Path
 import streamlit as st
 
 from dashboards import data, settings
+from telemetry.store import StoreUnavailableError
 
 # One file per page. The folder is not called `pages/`: Streamlit would take a `pages/` folder
 # beside this script for an old-style multipage app, and a fresh server whose first request is
@@ -40,4 +41,7 @@ except Exception as e:  # a wrong --store: say so on every page instead of a tra
     st.stop()
 st.sidebar.caption(f"store: `{target.split('@')[-1]}`")  # never show credentials
 
-navigation.run()
+try:
+    navigation.run()
+except StoreUnavailableError as e:  # the store went away while the page read it: say so, not a traceback
+    st.error(f"Cannot read the store: {e}. The page shows its data again once the store is back (reload).")

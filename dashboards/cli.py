@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", required=True, help="http(s)://user:pass@host:port/db, or a chdb data directory")
     parser.add_argument("--port", type=int, default=8501, help="dashboard port (default: %(default)s)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--model", default=None, help="model (or tokenizer) directory used to decode every token ID")
+    parser.add_argument("--model", default=None,
+                        help="model (or tokenizer) directory used to decode every token ID (default: each replica's "
+                             "own, from the model directory and tokenizer hash its replicas row recorded)")
     parser.add_argument("--tokenizer", action="append", default=[], metavar="MODEL=DIR",
                         help="tokenizer directory for one model name (repeatable; overrides --model for it)")
     parser.add_argument("--sidecar-port", type=int, default=0, metavar="PORT",

@@ -29,6 +29,15 @@ SEVERITY_COLOR = {"critical": "red", "warning": "orange", "info": "blue"}
 LATENCY_METRICS = ("queue", "prefill", "ttft", "tpot", "itl", "e2e")
 
 
+TITLE_CHARS = 80  # a heading that fits one line of the page
+
+
+def title(kind: str, subject: str) -> str:
+    """A finding's one-line heading: its kind in words and its subject, shortened to TITLE_CHARS."""
+    text = f"{kind.replace('_', ' ')} · {' '.join(str(subject).split())}"
+    return text if len(text) <= TITLE_CHARS else text[:TITLE_CHARS - 1].rstrip() + "…"
+
+
 def severity_badge(severity: str) -> str:
     """Streamlit's own coloured badge markdown (no emoji: those render as boxes without an emoji font)."""
     return f":{SEVERITY_COLOR.get(severity, 'gray')}-badge[{severity.upper()}]"
@@ -178,11 +187,30 @@ def _cells(ids: list[int], at: int | None, decoder: Tokenizer | None) -> str:
     return "".join(out)
 
 
+def _side_decoders(evidence: dict, row: pd.Series, pairs) -> dict[str, Tokenizer | None]:
+    """Each side's tokenizer: the configured one (--model / --tokenizer), else the one the replica the side
+    names recorded ("r2", or the evidence's "replica" for the side called "replica")."""
+    model = evidence.get("model_name") or evidence.get("model") or ""
+    configured = widgets.decoder_for(model)
+    names = {name for pair in pairs for name in pair.names}
+    if configured is not None or not names:
+        return {name: configured for name in names}
+    known = set(widgets.replica_ids())
+    at = widgets.epoch(row["window_end"])
+    out = {}
+    for name in names:
+        rid = name if name in known else evidence.get(name)
+        out[name] = widgets.replica_decoder(rid, model, at)[0] if isinstance(rid, str) and rid in known else None
+    return out
+
+
 def tokens(evidence: dict, row: pd.Series, key: str) -> None:
     pairs = ev.token_pairs(evidence)
-    decoder = widgets.decoder_for(evidence.get("model_name") or evidence.get("model") or "")
+    decoders = _side_decoders(evidence, row, pairs)
+    decoder = next((d for d in decoders.values() if d is not None), None)
     if decoder is None:
-        st.caption("No tokenizer configured for this model (`--model` / `--tokenizer`): showing token IDs.")
+        st.caption("No tokenizer for this model's replicas (none configured with `--model` / `--tokenizer`, "
+                   "none found where their `replicas` rows say): showing token IDs.")
     if not pairs:
         st.caption("The evidence carries no pair of token sequences.")
     for n, pair in enumerate(pairs[:5]):
@@ -193,11 +221,12 @@ def tokens(evidence: dict, row: pd.Series, key: str) -> None:
         st.markdown(f"**{pair.path}**: {a} against {b}, {where}" + (f" · {context}" if context else ""))
         left, right = st.columns(2)
         for col, name, ids, text in ((left, a, pair.ids[0], pair.texts[0]), (right, b, pair.ids[1], pair.texts[1])):
+            side = decoders.get(name)  # its own replica's tokenizer (or the configured one)
             col.markdown(f"{name}: {len(ids)} tokens")
-            col.markdown(f'<div data-testid="token-row">{_cells(ids, at, decoder)}</div>',
+            col.markdown(f'<div data-testid="token-row">{_cells(ids, at, side)}</div>',
                          unsafe_allow_html=True)
-            if decoder is not None:
-                text = decoder.decode(ids, skip_special_tokens=False)
+            if side is not None:
+                text = side.decode(ids, skip_special_tokens=False)
             col.code(visible(text) if text is not None else " ".join(map(str, ids)), language=None)
     rest = ev.single_token_lists(evidence)  # a prompt's IDs, an example's out-of-vocabulary IDs ...
     if rest:

@@ -77,8 +77,10 @@ LIMIT 20000
 """
 
 OPEN_FINDINGS_BY_SUBJECT = """
-SELECT subject, count() AS findings, groupUniqArray(kind) AS kinds
-FROM (SELECT finding_id, argMax(subject, last_seen) AS subject, argMax(kind, last_seen) AS kind
+SELECT subject, count() AS findings, groupUniqArray(kind) AS kinds,
+       countIf(severity = 'critical') AS critical, countIf(severity = 'warning') AS warning
+FROM (SELECT finding_id, argMax(subject, last_seen) AS subject, argMax(kind, last_seen) AS kind,
+             argMax(severity, last_seen) AS severity
       FROM findings GROUP BY finding_id)
 GROUP BY subject
 LIMIT 1000
@@ -122,6 +124,16 @@ SELECT *
 FROM requests
 WHERE request_id = {request_id:String}
 ORDER BY arrival_time DESC
+LIMIT 1
+"""
+
+# the identity a replica served a request with: its latest start at or before `at` (else its latest),
+# for the model directory (config_json's "model") and the tokenizer hash the dashboard decodes with
+REPLICA_IDENTITY_AT = """
+SELECT replica_id, model_name, tokenizer_hash, config_json
+FROM replicas
+WHERE replica_id = {replica_id:String}
+ORDER BY start_time <= toDateTime64({at:Float64}, 6, 'UTC') DESC, start_time DESC
 LIMIT 1
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,6 +91,56 @@ def decoder_for(model_name: str) -> Tokenizer | None:
     except (TokenizerLoadError, OSError) as e:  # a wrong path must not take the page down: show IDs only
         st.warning(f"cannot load the tokenizer at {directory}: {e}. Showing token IDs only.")
         return None
+
+
+@st.cache_resource(show_spinner=False)
+def _recorded_tokenizers():
+    """The diagnostics' loader of the tokenizer each replica recorded (one per directory, hash-checked)."""
+    from diagnostics.replica_tokenizers import TokenizerSource
+
+    return TokenizerSource()
+
+
+def replica_decoder(replica_id: str, model_name: str, at: float) -> tuple[Tokenizer | None, str]:
+    """(tokenizer, "") for what `replica_id` served at `at`, else (None, why not).
+
+    A tokenizer given on the command line (--model / --tokenizer) wins; otherwise the store's
+    `replicas` row names the model directory the replica started with and its tokenizer hash, and the
+    directory's tokenizer is used when it is on this host and still hashes the same."""
+    configured = decoder_for(model_name)
+    if configured is not None or settings.from_env().tokenizer_dir(model_name):
+        return configured, "" if configured is not None else "the configured tokenizer does not load"
+    identity = data.query(queries.REPLICA_IDENTITY_AT, replica_id=replica_id, at=float(at))
+    if identity.empty:
+        return None, f"the store has no start of replica `{replica_id}`, so no model directory"
+    source = _recorded_tokenizers()
+    source.problems.pop(replica_id, None)
+    tokenizer = source.for_replica(identity.iloc[0].to_dict())
+    return tokenizer, "" if tokenizer is not None else source.problems.get(replica_id, "no tokenizer")
+
+
+SEVERITY_ORDER = ("critical", "warning", "info")
+
+
+def worst_severity(findings: pd.DataFrame, replica_ids) -> dict[str, str]:
+    """{replica: its worst finding's severity} from OPEN_FINDINGS_BY_SUBJECT, over the findings whose subject
+    names the replica ("r2", or both of "r0 vs r2"); a replica without findings is absent."""
+    out: dict[str, str] = {}
+    for row in findings.to_dict("records"):
+        severity = "critical" if row["critical"] else "warning" if row["warning"] else "info"
+        named = set(re.split(r"[\s,;:()]+", str(row["subject"])))
+        for rid in named.intersection(replica_ids):
+            if rid not in out or SEVERITY_ORDER.index(severity) < SEVERITY_ORDER.index(out[rid]):
+                out[rid] = severity
+    return out
+
+
+def mark_replicas_with_findings(health: pd.DataFrame) -> None:
+    """One line above a table of replicas naming those with critical, then warning findings."""
+    for severity, say in (("critical", st.error), ("warning", st.warning)):
+        named = health.loc[health["worst finding"] == severity, "replica_id"].tolist()
+        if named:
+            say(f"{severity.capitalize()} findings on {', '.join(named)}: see the Findings page.")
 
 
 def no_data(what: str) -> None:

@@ -11,6 +11,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.config_values import wrong_type
+
 PAIRED_TESTS = ("mcnemar", "bootstrap")
 
 
@@ -67,8 +69,14 @@ _SECTIONS = {"run": ("suites", "max_items", "per_task", "max_tokens"),
              "": ("seed",)}
 
 
+# each field's TOML type, from its annotation ("float | None" -> float: None is written as false)
+_FIELD_KINDS = {f.name: {"list": list, "int": int, "float": float, "str": str, "bool": bool}[
+                    str(f.type).split("|")[0].split("[")[0].strip()] for f in dataclasses.fields(Policy)}
+
+
 def load_policy(path: str | Path) -> Policy:
-    """Read a policy TOML; suite paths are resolved relative to the current directory, else the policy file."""
+    """Read a policy TOML; suite paths are resolved relative to the current directory, else the policy file,
+    else infersight's source tree (`_resolve`)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"policy file not found: {path}")
@@ -94,18 +102,31 @@ def load_policy(path: str | Path) -> Policy:
                 "max_items", "per_task"):
         if values.get(key) is False:
             values[key] = None
+    for key, value in values.items():  # typed as Policy's fields, so a "0.02" is named, not compared
+        if value is not None and (problem := wrong_type(key, value, _FIELD_KINDS[key])):
+            raise ValueError(f"{path}: {problem}")
+    if not all(isinstance(suite, str) for suite in values.get("suites", [])):
+        raise ValueError(f"{path}: suites must be an array of suite files (strings), got {values['suites']!r}")
     policy = Policy(**values, path=str(path))
     policy.suites = [_resolve(s, path) for s in policy.suites]
     policy.validate()
     return policy
 
 
+# the source tree the shipped suites are in: a policy's `evals/suites/...` finds them from any directory
+_SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
+
 def _resolve(suite: str, policy_path: Path) -> str:
+    """A suite path as written, else beside the policy file, else in infersight's source tree (the shipped
+    suites); as written when none exists (the error then names it)."""
     p = Path(suite)
     if p.is_absolute() or p.exists():
         return str(p)
-    beside = policy_path.parent / p
-    return str(beside) if beside.exists() else str(p)
+    for base in (policy_path.parent, _SOURCE_ROOT):
+        if (base / p).exists():
+            return str(base / p)
+    return str(p)
 
 
 def policy_dict(policy: Policy) -> dict:

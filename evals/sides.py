@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.server.engine_args import check_engine_option
 from evals.results import EvalRun
 
 
@@ -47,6 +48,14 @@ def engine_config_from_dict(data: dict, where: str, base_dir: Path | None = None
         raise ValueError(f"{where}: unknown EngineConfig field(s) {unknown}; known: {sorted(_FIELDS)}")
     if "model" not in data:
         raise ValueError(f"{where}: an engine configuration needs 'model' (a model directory)")
+    if not isinstance(data["model"], str):
+        raise ValueError(f"{where}: 'model' must be a string (a model directory), got {data['model']!r}")
+    try:
+        for key, value in data.items():
+            if key != "model" and value is not None:  # None (a recorded config's unset field): the default
+                check_engine_option(key, value)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     data = dict(data)
     model = Path(data["model"])
     if not model.is_absolute() and not model.exists() and base_dir is not None and (base_dir / model).exists():

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import gc
 import os
+import shlex
 import signal
 import sys
 import time
@@ -65,6 +66,23 @@ def demo_fleet(args, model: Path) -> FleetConfig:
     config = FleetConfig(name="demo", host=args.host, run_dir=args.run_dir, startup_timeout=120.0,
                          stop_timeout=10.0, sidecar=SidecarSpec(port=args.port), replicas=replicas)
     return override_ports(config, base_port=args.base_port)
+
+
+def canary_port(args) -> int:
+    """The canary listens after the healthy replicas: --base-port + --replicas (0: a free port)."""
+    return args.base_port + args.replicas if args.base_port else 0
+
+
+def infersight_program() -> list[str]:
+    """How this demo was started, to print commands that run as printed: the `infersight` script's
+    path (`.venv/bin/infersight`), else this interpreter with the CLI module."""
+    if Path(sys.argv[0]).name == "infersight":
+        return [sys.argv[0]]
+    return [sys.executable, "-m", "dashboards.console.cli"]
+
+
+def printed_command(*args: str) -> str:
+    return shlex.join([*infersight_program(), *args])
 
 
 def run_traffic(urls: list[str], args, run_id: str, seconds: float, seed: int):
@@ -171,7 +189,7 @@ def run(args) -> int:
         say(f"act two: a canary on {FAULTS[args.fault]}")
         cpus = sorted(os.sched_getaffinity(0))
         canary = fleet_up(canary_fleet(args.fault, model, Path(state.run_dir), state.store_url, DEMO_ENGINE,
-                                       str(cpus[-1]), args.host), progress=say)
+                                       str(cpus[-1]), args.host, port=canary_port(args)), progress=say)
         urls += [r.url for r in canary.replicas]
         from engine.probe.runner import run_probe_round
 
@@ -181,17 +199,19 @@ def run(args) -> int:
                      sum(r.ok + r.fillers_sent for r in probed.replicas))
         sent += len(run_traffic(urls, args, f"{run_id}-b", args.duration / 2, args.seed + 1).results)
         report(state.store_url, sent, run_id, [r.name for r in state.replicas] + [CANARY], since, model)
-        data_dir = Path(state.run_dir) / "store"
+        # absolute paths: the commands work from any directory; the dashboard finds each replica's
+        # tokenizer from the model directory its `replicas` row names (no --model needed)
+        data_dir = (Path(state.run_dir) / "store").resolve()
         print()
         if args.keep_running:
             say("the fleet keeps running; open the dashboard with")
-            print(f"  infersight dashboard --store {state.store_url}")
-            print(f"  infersight fleet down --run-dir {state.run_dir}")
+            print(f"  {printed_command('dashboard', '--store', state.store_url)}")
+            print(f"  {printed_command('fleet', 'down', '--run-dir', str(Path(state.run_dir).resolve()))}")
             if canary is not None:
-                print(f"  infersight fleet down --run-dir {canary.run_dir}")
+                print(f"  {printed_command('fleet', 'down', '--run-dir', str(Path(canary.run_dir).resolve()))}")
         else:
             say("open the dashboard on what was recorded with")
-            print(f"  infersight dashboard --store {data_dir}")
+            print(f"  {printed_command('dashboard', '--store', str(data_dir))}")
     except KeyboardInterrupt:
         say("interrupted")
         code = 130

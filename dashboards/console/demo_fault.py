@@ -26,7 +26,7 @@ CANARY = "canary"
 
 
 def canary_fleet(fault: str, model: Path, run_dir: Path, store_url: str, engine: dict, cpus: str,
-                 host: str) -> FleetConfig:
+                 host: str, port: int = 0) -> FleetConfig:
     """The canary's own fleet (no sidecar of its own: it writes to the demo's store)."""
     engine, baseline_model = dict(engine), model
     if fault == "tokenizer":
@@ -42,7 +42,8 @@ def canary_fleet(fault: str, model: Path, run_dir: Path, store_url: str, engine:
         raise ValueError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
     # served under the healthy replicas' model name (their directory's), so the two are compared
     engine.setdefault("served_model_name", Path(baseline_model).name)
-    replica = ReplicaSpec(id=CANARY, model=str(model), cpus=cpus, threads=1, engine=engine, drain_timeout=5.0)
+    replica = ReplicaSpec(id=CANARY, model=str(model), port=port, cpus=cpus, threads=1, engine=engine,
+                          drain_timeout=5.0)
     return FleetConfig(name="demo-canary", host=host, run_dir=run_dir / "canary", startup_timeout=120.0,
                        stop_timeout=10.0, sidecar=SidecarSpec(enabled=False, url=store_url), replicas=[replica])
 

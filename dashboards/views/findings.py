@@ -33,7 +33,9 @@ wanted = st.query_params.get("finding")
 index = list(labels).index(wanted) if wanted in labels else 0
 finding_id = st.selectbox("Finding", list(labels), index=index, key="fd_selected", format_func=labels.get)
 row = by_id.loc[finding_id]
-st.subheader(row["summary"])
+# a one-line heading (what and where); the summary, often a long sentence with its numbers, below it
+st.subheader(finding_views.title(row["kind"], row["subject"]))
+st.markdown(row["summary"])
 st.markdown(f"{finding_views.severity_badge(row['severity'])} kind `{row['kind']}` · subject `{row['subject']}` · "
             f"diagnostic `{row['diagnostic'] or '-'}`")
 st.caption(f"window {row['window_start']} to {row['window_end']} · first seen {row['first_seen_at']} · "

@@ -46,6 +46,7 @@ else:
     # availability: the share of each outcome (every request received is a row, refused ones too)
     for outcome in ("answered", "rejected", "shed", "failed"):
         health[f"{outcome} %"] = (100 * health[outcome] / health["requests"]).round(2)
+    health.insert(1, "worst finding", health["replica_id"].map(widgets.worst_severity(findings, health["replica_id"])))
     health["idle for (s)"] = (window.end - health["last_finish"].map(widgets.epoch)).clip(lower=0).round(1)
     cols = st.columns(4)
     cols[0].metric("Replicas", len(replicas))
@@ -55,6 +56,7 @@ else:
     unanswered = int(health["requests"].sum() - health["answered"].sum())
     cols[3].metric("Not answered", f"{unanswered:,}", help="rejected, shed, failed, timed out or aborted; "
                    "`infersight diagnose availability` compares the replicas' rates like for like")
+    widgets.mark_replicas_with_findings(health)
     widgets.table(widgets.rounded(health, 4), key="fleet_health")
     st.caption("itl: per gap between consecutive output tokens of the window's requests (as Prometheus' "
                "inter-token-latency histogram counts them); ttft over requests that produced a token; e2e over "

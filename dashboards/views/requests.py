@@ -76,10 +76,10 @@ with st.expander("Sampling parameters"):
         st.code(r["sampling_params_json"])
 
 model = r["model_name"]
-decoder = widgets.decoder_for(model)
+decoder, why_not = widgets.replica_decoder(r["replica_id"], model, widgets.epoch(r["arrival_time"]))
 if decoder is None:
-    st.info(f"No tokenizer configured for model `{model}`: showing token IDs only "
-            "(start the dashboard with --model DIR or --tokenizer MODEL=DIR).")
+    st.info(f"No tokenizer for replica `{r['replica_id']}` (model `{model}`): {why_not}; showing token IDs "
+            "only; point the dashboard at the tokenizer with --model DIR or --tokenizer MODEL=DIR.")
 
 
 def token_panel(title: str, side: str, token_times=None):

@@ -42,18 +42,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import ROLES
+from engine.config_values import wrong_type
 from engine.fleet.vllm_replica import DEFAULT_LOGPROBS_FRACTION
 from engine.fleet.vllm_replica import check_spec as check_vllm_spec
 from engine.probe.interval import parse_interval
 from engine.server.engine_args import engine_cli_args
 
-_FLEET_KEYS = {"name", "host", "base_port", "run_dir", "restart", "startup_timeout", "stop_timeout",
-               "max_restarts", "log_level"}
-_SIDECAR_KEYS = {"enabled", "port", "data_dir", "url", "args"}
-_REPLICA_KEYS = {"id", "model", "port", "cpus", "numa_node", "threads", "engine", "restart", "api_key",
-                 "tracing", "otlp_endpoint", "args", "env", "drain_timeout", "vllm", "vllm_python", "plugin",
-                 "logprobs", "role"}
-_PROBE_KEYS = {"interval", "token_budget", "batched", "enabled", "rescore"}
+# each table's keys and the TOML types each takes (float: an integer or a float; `cpus = 0` is "0")
+_FLEET_KEYS = {"name": str, "host": str, "base_port": int, "run_dir": str, "restart": bool,
+               "startup_timeout": float, "stop_timeout": float, "max_restarts": int, "log_level": str}
+_SIDECAR_KEYS = {"enabled": bool, "port": int, "data_dir": str, "url": str, "args": list}
+_REPLICA_KEYS = {"id": str, "model": str, "port": int, "cpus": (str, int), "numa_node": int, "threads": int,
+                 "engine": (dict, str), "restart": bool, "api_key": str, "tracing": str, "otlp_endpoint": str,
+                 "args": list, "env": dict, "drain_timeout": float, "vllm": dict, "vllm_python": str,
+                 "plugin": bool, "logprobs": (bool, float), "role": str}
+_PROBE_KEYS = {"interval": (str, float), "token_budget": int, "batched": bool, "enabled": bool, "rescore": int}
 ENGINE_KINDS = ("infersight", "vllm")
 
 
@@ -120,10 +123,17 @@ class FleetConfig:
     probe: ProbeSpec | None = None  # a [probe] table: the scheduled prober runs beside the replicas
 
 
-def _check_keys(table: dict, allowed: set[str], where: str) -> None:
-    unknown = sorted(set(table) - allowed)
+def _check_keys(table: dict, allowed: dict[str, type | tuple], where: str, tables: bool = False) -> None:
+    """Every key known, every value of its key's TOML type: else a ValueError naming the key
+    (`tables`: the keys are the file's tables, named as TOML writes them, `[probe]`)."""
+    unknown = sorted(set(table) - set(allowed))
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(allowed))}")
+    for key, value in table.items():
+        name = (f"[[{key}]]" if allowed[key] is list else f"[{key}]") if tables else key
+        problem = wrong_type(name, value, allowed[key])
+        if problem:
+            raise ValueError(f"{where}: {problem}")
 
 
 def _engine_kind(value, where: str) -> str:
@@ -166,14 +176,15 @@ def default_run_dir(name: str) -> Path:
 
 
 def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
-    _check_keys(data, {"fleet", "sidecar", "defaults", "replica", "probe"}, "fleet config")
+    _check_keys(data, {"fleet": dict, "sidecar": dict, "defaults": dict, "replica": list, "probe": dict},
+                "fleet config", tables=True)
     fleet = dict(data.get("fleet", {}))
     _check_keys(fleet, _FLEET_KEYS, "[fleet]")
     name = str(fleet.get("name", source.stem if source else "local"))
     sidecar = dict(data.get("sidecar", {}))
     _check_keys(sidecar, _SIDECAR_KEYS, "[sidecar]")
     defaults = dict(data.get("defaults", {}))
-    _check_keys(defaults, _REPLICA_KEYS - {"id", "port"}, "[defaults]")
+    _check_keys(defaults, {k: t for k, t in _REPLICA_KEYS.items() if k not in ("id", "port")}, "[defaults]")
     replicas_raw = data.get("replica", [])
     if not isinstance(replicas_raw, list) or not replicas_raw:
         raise ValueError("fleet config: at least one [[replica]] table is needed")
@@ -183,6 +194,8 @@ def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
     replicas: list[ReplicaSpec] = []
     for i, raw in enumerate(replicas_raw):
         where = f"[[replica]] #{i + 1}"
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}: must be a table ([[replica]]), got {raw!r}")
         _check_keys(raw, _REPLICA_KEYS, where)
         merged = {**defaults, **raw}
         kind = _engine_kind(raw.get("engine", defaults.get("engine", {})), where)

@@ -120,6 +120,10 @@ def build_proxy(args):
 
 def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from telemetry.listen_check import refuse_busy_port
+
+    if refuse_busy_port("proxy", args.host, args.port):  # before its recorder and tokenizer are set up
+        return 2
     try:
         server, parts, _ = build_proxy(args)
     except (ValueError, OSError) as e:

@@ -147,7 +147,11 @@ def build_server(args, placement=None):
 def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from engine.models.errors import ModelLoadError
+    from telemetry.listen_check import refuse_busy_port
+    from engine.server.quiet_exit import exit_now
 
+    if refuse_busy_port("serve", args.host, args.port):  # before the weights load, not after
+        return 2
     try:
         server, parts = build_server(args, _pin(args))
     except (ValueError, FileNotFoundError, OSError, ModelLoadError) as e:
@@ -161,4 +165,5 @@ def run(args) -> int:
         server.run()
     finally:
         parts.close()  # idempotent: the engine's shutdown already flushed its observers
-    return 0 if server.started else 1
+    exit_now(0 if server.started else 1)  # without triton's nanobind leak report at finalization
+    return 1  # not reached

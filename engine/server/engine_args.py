@@ -12,6 +12,7 @@ import dataclasses
 import re
 
 from engine.config import EngineConfig
+from engine.config_values import value_kind, wrong_type
 
 # fields the serve command sets from its own options (or positional model; serve_options: its other flags)
 _OWN = {"model", "serve_options"}
@@ -101,22 +102,42 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
     return EngineConfig(model=model, **engine_overrides(args))
 
 
+def check_engine_option(key: str, value) -> None:
+    """A configuration file's value for an EngineConfig field has the field's type, else a ValueError that
+    names the option, the type it takes and what it got (TOML gives typed values: "8" is not 8)."""
+    fields = {f.name: f for f in engine_fields()}
+    name = key.replace("-", "_")
+    if name not in fields:
+        raise ValueError(f"unknown engine option {key!r}; valid: {', '.join(sorted(fields))}")
+    conv = _converter(fields[name])
+    if conv is parse_size:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError(f"engine option {key!r} must be a size (4096, \"64MiB\"), got {value!r} "
+                             f"({value_kind(value)})")
+        try:
+            parse_size(value)
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"engine option {key!r}: {e}") from None
+        return
+    kinds = {_str_list: (list, str), float: float, int: int, bool: bool}.get(conv, str)
+    problem = wrong_type(f"engine option {key!r}", value, kinds)
+    if problem:
+        raise ValueError(problem)
+
+
 def engine_cli_args(options: dict) -> list[str]:
     """Inverse of the parser: {'block_size': 8, 'enable_prefix_caching': False} -> CLI args.
 
     Used by the fleet to turn a TOML table into `infersight serve` options.
-    Unknown keys raise ValueError naming the key and the valid ones.
+    Unknown keys and values of the wrong type raise ValueError naming the key (`check_engine_option`).
     """
     fields = {f.name: f for f in engine_fields()}
     out: list[str] = []
     for key, value in options.items():
+        check_engine_option(key, value)
         name = key.replace("-", "_")
-        if name not in fields:
-            raise ValueError(f"unknown engine option {key!r}; valid: {', '.join(sorted(fields))}")
         flag = "--" + name.replace("_", "-")
         if _converter(fields[name]) is bool:
-            if not isinstance(value, bool):
-                raise ValueError(f"engine option {key!r} must be true or false, got {value!r}")
             out.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, list):
             out += [flag, ",".join(str(v) for v in value)]

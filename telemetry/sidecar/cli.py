@@ -53,7 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from telemetry.listen_check import refuse_busy_port
     from telemetry.sidecar.server import serve
+
+    if refuse_busy_port("sidecar", args.host, args.port):  # before the store is opened and checked
+        return 2
     from telemetry.store import StoreError
 
     users = Users(args.user, args.password, args.readonly_user, args.readonly_password)

@@ -6,6 +6,7 @@ clickhouse_connect.get_client, e.g. `compress=lz4`, `verify=false`, `ca_cert=/pa
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -17,6 +18,12 @@ from clickhouse_connect.driver.query import arrow_buffer
 from telemetry.columnar import as_one_batch
 from telemetry.store.base import Store, check_dedup_token, check_identifier
 from telemetry.store.errors import StoreError, StoreUnavailableError
+from telemetry.store.unreachable import unreachable_reason
+
+# urllib3 logs a warning per failed attempt and clickhouse-connect one more; the error raised below says it
+# once, plainly (telemetry.store.unreachable)
+for _noisy in ("urllib3.connectionpool", "clickhouse_connect.driver._backend.http_sync"):
+    logging.getLogger(_noisy).setLevel(logging.ERROR)
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -35,6 +42,9 @@ def redact(url: str) -> str:
 
 def _translate(e: Exception, target: str) -> StoreError:
     message = f"{redact(target)}: {e}"
+    reason = unreachable_reason(e) if isinstance(e, OperationalError) else None
+    if reason is not None:  # urllib3's retry text says nothing a person needs
+        return StoreUnavailableError(f"store {redact(target)} unreachable: {reason}")
     if isinstance(e, OperationalError) or any(s in str(e) for s in _UNAVAILABLE_STATUSES):
         return StoreUnavailableError(message)
     return StoreError(message, getattr(e, "code", None))

@@ -6,11 +6,10 @@ import contextlib
 import shutil
 import socket
 import subprocess
-import time
 
-import httpx
 import pytest
 import yaml
+from dashboard_process import wait_answering
 
 
 def free_port() -> int:
@@ -39,16 +38,7 @@ def running_prometheus(tmp, scrape_configs: list[dict], rule_files: list[str] = 
         stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"prometheus did not start: {(tmp / 'prometheus.log').read_text()[-2000:]}")
-            time.sleep(0.2)
+        wait_answering(f"{url}/-/ready", proc, tmp / "prometheus.log", 30, "prometheus")
         yield url
     finally:
         proc.terminate()

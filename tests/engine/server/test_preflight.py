@@ -17,7 +17,7 @@ from engine.server.preflight import PreflightError, _model_config, check_vocabul
 def _serve_args(model, *extra) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
-    return parser.parse_args(["--model", str(model), *extra])
+    return parser.parse_args(["--model", str(model), "--port", "0", *extra])  # 0: never "in use" on a shared host
 
 
 def test_defaulted_context_is_capped_with_a_warning(tiny_llama, caplog):
