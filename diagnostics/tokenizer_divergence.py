@@ -255,6 +255,14 @@ def same_text_different_ids(store, scope: Scope, replicas: list[dict], toks: dic
     return findings
 
 
+def tokenizer_evidence(divergences: list[Finding]) -> dict[str, str]:
+    """replica -> the same-text evidence against its tokenizer (texts that became other token IDs than
+    the reference's, ties alone excluded): what a token-frequency shift needs to be a tokenizer's."""
+    return {f.subject: f"{f.evidence['divergent']} of {f.evidence['compared']} prompt texts became other "
+                       f"token IDs ({f.kind})"
+            for f in divergences if f.evidence.get("divergent")}
+
+
 # -- round trips ----------------------------------------------------------------------------------
 
 def roundtrip_failure(tok: Tokenizer, text: str) -> dict | None:
@@ -651,7 +659,7 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
     baselines = baselines_by_model(store, replicas, request)  # the side that breaks two-replica ties
     # tokenizer / chat-template hash disagreements: the identity diagnostic (diagnostics.identity_drift)
     findings = same_text_different_ids(store, scope, replicas, toks, permille, baselines)
-    findings += token_frequencies.shifts(store, scope, toks, baselines)
+    findings += token_frequencies.shifts(store, scope, toks, baselines, tokenizer_evidence(findings))
     findings += roundtrip_stored(store, scope, toks)
     findings += roundtrip_corpus(toks, scope)
     findings += streamed_vs_full(store, scope, toks)
