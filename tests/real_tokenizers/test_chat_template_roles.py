@@ -99,3 +99,15 @@ def test_fold_system_message():
     assert fold([{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": "q"}]}]) \
         == [{"role": "user", "content": [{"type": "text", "text": "S\n\n"}, {"type": "text", "text": "q"}]}]
     assert fold([{"role": "system", "content": "S"}]) == [{"role": "user", "content": "S"}]
+
+
+def test_a_probe_round_on_the_template_answers_every_chat_probe(mistral):
+    from engine.probe.runner import run_probe_round
+
+    url, _ = mistral
+    chat_ids = {p.probe_id for p in SUITE if p.api == CHAT}
+    probe_round = run_probe_round([url], modes=("solo",), request_timeout=120)
+    results = {r.probe_id: r for r in probe_round.replicas[0].results if r.probe_id in chat_ids}
+    assert results and all(r.ok for r in results.values()), {k: r.error for k, r in results.items() if not r.ok}
+    assert results["chat_multi_turn"].adapted and not results["eval_addition"].adapted
+
