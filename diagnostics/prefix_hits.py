@@ -4,12 +4,15 @@ workload (`prefix_hit_gap`): prefix caching off, a smaller cache, or a router th
 Like for like: what a prefix cache can reuse depends on what the clients send (a tenant with its own
 system prompt, longer prompts, another few-shot header), so requests are compared within prompt
 families (diagnostics.prompt_family: the shared prompt head and the prompt-length bucket) that both
-sides served, never across them. Per (model, workload), each request's hit rate
+sides served, never across them; and within the same offered load at arrival (the tokens the load
+balancer sent the replica in the seconds before: diagnostics.request_strata), since a replica sent
+several times the load evicts its cached prefixes sooner, which is its traffic, not a fault. Per
+(model, workload), each request's hit rate
 (telemetry.contract.derived.PREFIX_HIT_RATE_SQL: cached_tokens / prompt_tokens) on one replica against
 its peers' pooled requests of the same families: van Elteren's stratified Mann-Whitney
 (diagnostics.stratified), Holm over replicas x workloads (per model); the gap (peers' mean rate - the
-replica's, within families, weighted by the replica's requests) with a percentile bootstrap interval
-resampling requests within families. It fires when the adjusted p < ALPHA and the interval's lower
+replica's, within strata, weighted by the replica's requests) with a percentile bootstrap interval
+resampling requests within strata. (Offered load counts the client requests in the scope only.) It fires when the adjusted p < ALPHA and the interval's lower
 bound is at least MIN_GAP. The evidence adds the steps' view
 (prefix_hit_tokens / prefix_query_tokens per replica) and the config keys about prefix caching on
 which the replica differs (enable_prefix_caching ...).
@@ -19,10 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from diagnostics import config_keys, hypothesis_tests, prompt_family, stratified
+from diagnostics import config_keys, hypothesis_tests, prompt_family, request_strata, stratified
 from diagnostics.findings import Finding
-from diagnostics.stratified import standardized_difference
 from diagnostics.scope import Scope, requests_in
+from diagnostics.stratified import standardized_difference
 from telemetry.contract import derived
 from telemetry.contract.derived import replica_filter_sql, window_sql
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
@@ -34,11 +37,16 @@ MIN_GAP = 0.10  # hit-rate points
 SAMPLE = 2000
 BOOTSTRAP = 1000
 
+# a stratum: the prompt family and the offered load at arrival (diagnostics.request_strata's: the
+# tokens that arrived at the replica in the OFFERED_WINDOW seconds before, 2x buckets)
 _SQL = """
-SELECT model_name, workload, family, replica_id, count() AS n, groupArraySample({sample}, 13)(rate) AS rates
-FROM {families}
-GROUP BY model_name, workload, family, replica_id
-ORDER BY model_name, workload, family, replica_id
+SELECT model_name, workload, concat(family, '|offered ', toString({offered})) AS stratum, replica_id, count() AS n,
+       groupArraySample({sample}, 13)(rate) AS rates
+FROM (SELECT *, sum(work) OVER (PARTITION BY replica_id ORDER BY at
+                                RANGE BETWEEN {window} PRECEDING AND CURRENT ROW) - work AS arrived
+      FROM {families})
+GROUP BY model_name, workload, stratum, replica_id
+ORDER BY model_name, workload, stratum, replica_id
 """
 _CLIENT = """
 (SELECT * FROM {source}
@@ -55,9 +63,12 @@ def _sql(scope: Scope) -> str:
     rate = (derived.PREFIX_HIT_RATE_SQL.replace("cached_tokens", "t.cached_tokens")
             .replace("prompt_tokens", "t.prompt_tokens"))
     cols = (f"t.replica_id AS replica_id, {prompt_family.COLUMNS}, t.finish_reason AS finish_reason, "
-            f"t.cached_tokens AS cached_tokens, {rate} AS rate")
+            f"t.cached_tokens AS cached_tokens, {rate} AS rate, toUnixTimestamp64Micro(t.arrival_time) AS at, "
+            f"toUInt64(t.prompt_tokens + t.output_tokens) AS work")
     client = _CLIENT.replace("{active}", ACTIVE_WORKLOADS_SQL).replace("{source}", requests_in(cols, scope=scope))
-    return _SQL.replace("{families}", prompt_family.with_family(client)).replace("{sample}", str(SAMPLE))
+    return (_SQL.replace("{families}", prompt_family.with_family(client)).replace("{sample}", str(SAMPLE))
+            .replace("{offered}", request_strata.LOG2_BUCKET.format(x="arrived"))
+            .replace("{window}", str(int(request_strata.OFFERED_WINDOW * 1e6))))
 
 
 def _gap(mine: dict, peers: dict, keys: list, seed: int = 0) -> tuple[float, tuple[float, float], float, float]:
@@ -74,7 +85,7 @@ def run(store, scope: Scope, identity: dict) -> list[Finding]:
     groups: dict[tuple[str, str], dict[str, dict[str, np.ndarray]]] = {}
     for r in rows:
         by_family = groups.setdefault((r["model_name"], r["workload"]), {}).setdefault(r["replica_id"], {})
-        by_family[r["family"]] = np.asarray(r["rates"], dtype=float)
+        by_family[r["stratum"]] = np.asarray(r["rates"], dtype=float)
     findings, steps = [], None
     for model in sorted({m for m, _ in groups}):
         tests = []

