@@ -12,8 +12,9 @@ several times the load evicts its cached prefixes sooner, which is its traffic, 
 its peers' pooled requests of the same families: van Elteren's stratified Mann-Whitney
 (diagnostics.stratified), Holm over replicas x workloads (per model); the gap (peers' mean rate - the
 replica's, within strata, weighted by the replica's requests) with a percentile bootstrap interval
-resampling requests within strata. (Offered load counts the client requests in the scope only.) It fires when the adjusted p < ALPHA and the interval's lower
-bound is at least MIN_GAP. The evidence adds the steps' view
+resampling requests within strata (offered load counts the client requests in the scope only). It
+fires when the adjusted p < ALPHA and the interval's lower bound is at least MIN_GAP. The evidence
+adds the steps' view
 (prefix_hit_tokens / prefix_query_tokens per replica) and the config keys about prefix caching on
 which the replica differs (enable_prefix_caching ...).
 """

@@ -13,8 +13,8 @@ Algorithm:
    recording proxy asks for them on a share of requests only: `--logprobs-fraction`) is not measured:
    it is left out, never counted as a value; the share is chosen by a hash of the request id, so the
    measured requests are a uniform sample of the traffic. Requests are put in strata of
-   model x workload x prompt family (diagnostics.prompt_family: shared prompt head, prompt length) x sampling (temperature, top-p, top-k bucket) x output-length
-   bucket (how many of the K tokens exist); per (model, replica, stratum): counts, means and a
+   model x workload x prompt family (diagnostics.prompt_family: shared prompt head, prompt length)
+   x sampling (temperature, top-p, top-k bucket) x output-length bucket (how many of the K tokens exist); per (model, replica, stratum): counts, means and a
    uniform sample of at most CAP requests.
 2. Per model, the subject against its peers: 2 replicas: the canary against the baseline
    (diagnostics.baseline: a pin, the requested side, or the first-served identity); 3+: each

@@ -572,7 +572,8 @@ def token_id_checks(store, scope: Scope, toks: dict, identity: dict, permille: i
 
 def _example_arrays(store, rows: list[dict]) -> dict[tuple, tuple]:
     """(replica, request_id, arrival microseconds) -> (prompt IDs, output IDs) of the sampled examples' requests."""
-    keys = {(r["replica_id"], *_pairs(k)) for r in rows for kind in ("double_bos", "double_bos_probe", "oov", "textless")
+    kinds = ("double_bos", "double_bos_probe", "oov", "textless")
+    keys = {(r["replica_id"], *_pairs(k)) for r in rows for kind in kinds
             for k in r[f"{kind}_keys"]}
     if not keys:
         return {}
