@@ -312,8 +312,7 @@ def _pair(g: Group, a: str, b: str) -> PairTest | None:
 
 def pair_tests(workloads: list[Workload]) -> tuple[list[PairTest], list[tuple[Group, list[str]]]]:
     """Every pair of replicas of every (model, workload) that served enough of the same prompt
-    families, Holm-adjusted together; and the groups where no pair did (with the replicas short of
-    MIN_REQUESTS requests in families a peer served too)."""
+    families, Holm-adjusted together; and the groups where no pair did (with their replicas)."""
     tests, short = [], []
     for g in groups_of(workloads):
         reps = g.replicas
@@ -321,7 +320,7 @@ def pair_tests(workloads: list[Workload]) -> tuple[list[PairTest], list[tuple[Gr
         if found:
             tests += found
         elif len(reps) >= 2:
-            short.append((g, [r for r in reps if not any(_pair(g, r, o) for o in reps if o != r)]))
+            short.append((g, reps))  # no pair compared: each is short of requests its peers' families share
     for t, p in zip(tests, holm([t.p for t in tests])):
         t.p_holm = p
     return tests, short

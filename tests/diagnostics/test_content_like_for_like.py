@@ -155,20 +155,24 @@ def _prompt(head: int, rng: random.Random, length: int) -> list[int]:
     return [1] + list(range(head, head + 63)) + [rng.randrange(2000, 3000) for _ in range(length)]
 
 
+def hit_requests(rid: str, head: int, n: int, start: float, every: float, rate: float, rng, first: int = 0):
+    """n requests of the family of `head` arriving every `every` s, hitting about `rate` of their prompt."""
+    out = []
+    for k in range(n):
+        ids = _prompt(head, rng, rng.randint(15, 25))
+        cached = int(round(len(ids) * min(1.0, max(0.0, rate + rng.uniform(-0.05, 0.05)))))
+        out.append(request(rid, first + k, start + every * k, prompt_ids=ids, cached_tokens=cached))
+    return out
+
+
 def prefix_fleet(store, t0: float, r1_hits_a: float = 0.75) -> None:
     """Tenant A (preamble cached: ~75% of its prompt tokens hit) on r0 and r1; tenant B, 4.8x, on r1
     only, whose preamble is short of a cache block: ~5% hit."""
     rng = random.Random(31)
     store.insert_records("replicas", [replica(r, t0 - 60) for r in ("r0", "r1")])
-    reqs, i = [], 0
-    for rid, tenant, n in (("r0", "A", 60), ("r1", "A", 60), ("r1", "B", 290)):
-        for _ in range(n):
-            ids = _prompt(100 if tenant == "A" else 500, rng, rng.randint(15, 25))
-            rate = (0.75 if rid == "r0" else r1_hits_a) if tenant == "A" else 0.05
-            cached = int(round(len(ids) * min(1.0, max(0.0, rate + rng.uniform(-0.05, 0.05)))))
-            reqs.append(request(rid, i, t0 + 0.1 * i, prompt_ids=ids, cached_tokens=cached))
-            i += 1
-    store.insert_records("requests", reqs)
+    store.insert_records("requests", hit_requests("r0", 100, 60, t0, 0.1, 0.75, rng)
+                         + hit_requests("r1", 100, 60, t0 + 6, 0.1, r1_hits_a, rng)
+                         + hit_requests("r1", 500, 290, t0 + 12, 0.1, 0.05, rng, first=60))
 
 
 def test_a_tenant_with_its_own_prompts_is_not_a_prefix_hit_gap(clean):
@@ -198,13 +202,8 @@ def load_fleet(store, t0: float) -> None:
     4.8x the requests, evicts sooner and hits 65%."""
     rng = random.Random(37)
     store.insert_records("replicas", [replica(r, t0 - 60) for r in ("r0", "r1")])
-    reqs = []
-    for rid, n, every, rate in (("r0", 60, 1.0, 0.81), ("r1", 288, 1.0 / 4.8, 0.65)):
-        for i in range(n):
-            ids = _prompt(100, rng, rng.randint(15, 25))
-            cached = int(round(len(ids) * (rate + rng.uniform(-0.05, 0.05))))
-            reqs.append(request(rid, i, t0 + every * i, prompt_ids=ids, cached_tokens=cached))
-    store.insert_records("requests", reqs)
+    store.insert_records("requests", hit_requests("r0", 100, 60, t0, 1.0, 0.81, rng)
+                         + hit_requests("r1", 100, 288, t0, 1.0 / 4.8, 0.65, rng))
 
 
 def test_a_replica_sent_more_load_is_not_a_prefix_hit_gap(clean):
