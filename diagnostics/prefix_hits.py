@@ -1,11 +1,20 @@
 """Prefix-cache hits: a replica that reuses far less of its prompts than its peers do for the same
 workload (`prefix_hit_gap`): prefix caching off, a smaller cache, or a router that stopped being sticky.
 
-Per (model, workload), each request's hit rate (telemetry.contract.derived.PREFIX_HIT_RATE_SQL:
-cached_tokens / prompt_tokens) on one replica against its peers' pooled requests: Mann-Whitney U +
-Kolmogorov-Smirnov (the larger p), Holm over replicas x workloads (per model); the gap (peers' mean
-rate - the replica's) with a percentile bootstrap interval over requests. It fires when the adjusted
-p < ALPHA and the interval's lower bound is at least MIN_GAP. The evidence adds the steps' view
+Like for like: what a prefix cache can reuse depends on what the clients send (a tenant with its own
+system prompt, longer prompts, another few-shot header), so requests are compared within prompt
+families (diagnostics.prompt_family: the shared prompt head and the prompt-length bucket) that both
+sides served, never across them; and within the same offered load at arrival (the tokens the load
+balancer sent the replica in the seconds before: diagnostics.request_strata), since a replica sent
+several times the load evicts its cached prefixes sooner, which is its traffic, not a fault. Per
+(model, workload), each request's hit rate
+(telemetry.contract.derived.PREFIX_HIT_RATE_SQL: cached_tokens / prompt_tokens) on one replica against
+its peers' pooled requests of the same families: van Elteren's stratified Mann-Whitney
+(diagnostics.stratified), Holm over replicas x workloads (per model); the gap (peers' mean rate - the
+replica's, within strata, weighted by the replica's requests) with a percentile bootstrap interval
+resampling requests within strata (offered load counts the client requests in the scope only). It
+fires when the adjusted p < ALPHA and the interval's lower bound is at least MIN_GAP. The evidence
+adds the steps' view
 (prefix_hit_tokens / prefix_query_tokens per replica) and the config keys about prefix caching on
 which the replica differs (enable_prefix_caching ...).
 """
@@ -14,9 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from diagnostics import config_keys, hypothesis_tests
+from diagnostics import config_keys, hypothesis_tests, prompt_family, request_strata, stratified
 from diagnostics.findings import Finding
 from diagnostics.scope import Scope, requests_in
+from diagnostics.stratified import standardized_difference
 from telemetry.contract import derived
 from telemetry.contract.derived import replica_filter_sql, window_sql
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
@@ -28,13 +38,20 @@ MIN_GAP = 0.10  # hit-rate points
 SAMPLE = 2000
 BOOTSTRAP = 1000
 
+# a stratum: the prompt family and the offered load at arrival (diagnostics.request_strata's: the
+# tokens that arrived at the replica in the OFFERED_WINDOW seconds before, 2x buckets)
 _SQL = """
-SELECT model_name, workload, replica_id, count() AS n, sum(cached_tokens) AS cached, sum(prompt_tokens) AS prompt,
+SELECT model_name, workload, concat(family, '|offered ', toString({offered})) AS stratum, replica_id, count() AS n,
        groupArraySample({sample}, 13)(rate) AS rates
-FROM {source}
-WHERE finish_reason NOT IN ('abort', 'error') AND isFinite(rate) AND workload NOT IN {active}  -- client traffic
-GROUP BY model_name, workload, replica_id
-ORDER BY model_name, workload, replica_id
+FROM (SELECT *, sum(work) OVER (PARTITION BY replica_id ORDER BY at
+                                RANGE BETWEEN {window} PRECEDING AND CURRENT ROW) - work AS arrived
+      FROM {families})
+GROUP BY model_name, workload, stratum, replica_id
+ORDER BY model_name, workload, stratum, replica_id
+"""
+_CLIENT = """
+(SELECT * FROM {source}
+ WHERE finish_reason NOT IN ('abort', 'error') AND isFinite(rate) AND workload NOT IN {active})  -- client traffic
 """
 
 _STEPS = f"""
@@ -46,54 +63,62 @@ WHERE {window_sql('start_time')} AND {replica_filter_sql()} GROUP BY replica_id
 def _sql(scope: Scope) -> str:
     rate = (derived.PREFIX_HIT_RATE_SQL.replace("cached_tokens", "t.cached_tokens")
             .replace("prompt_tokens", "t.prompt_tokens"))
-    cols = (f"t.replica_id AS replica_id, t.model_name AS model_name, t.workload AS workload, "
-            f"t.finish_reason AS finish_reason, t.cached_tokens AS cached_tokens, "
-            f"t.prompt_tokens AS prompt_tokens, {rate} AS rate")
-    return _SQL.replace("{active}", ACTIVE_WORKLOADS_SQL).replace("{source}", requests_in(cols, scope=scope)).replace("{sample}", str(SAMPLE))
+    cols = (f"t.replica_id AS replica_id, {prompt_family.COLUMNS}, t.finish_reason AS finish_reason, "
+            f"t.cached_tokens AS cached_tokens, {rate} AS rate, toUnixTimestamp64Micro(t.arrival_time) AS at, "
+            f"toUInt64(t.prompt_tokens + t.output_tokens) AS work")
+    client = _CLIENT.replace("{active}", ACTIVE_WORKLOADS_SQL).replace("{source}", requests_in(cols, scope=scope))
+    return (_SQL.replace("{families}", prompt_family.with_family(client)).replace("{sample}", str(SAMPLE))
+            .replace("{offered}", request_strata.LOG2_BUCKET.format(x="arrived"))
+            .replace("{window}", str(int(request_strata.OFFERED_WINDOW * 1e6))))
 
 
-def _gap_ci(peers: np.ndarray, mine: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    p = peers[rng.integers(0, len(peers), (BOOTSTRAP, len(peers)))].mean(axis=1)
-    m = mine[rng.integers(0, len(mine), (BOOTSTRAP, len(mine)))].mean(axis=1)
-    gaps = p - m
-    return float(np.quantile(gaps, 0.025)), float(np.quantile(gaps, 0.975))
+def _gap(mine: dict, peers: dict, keys: list, seed: int = 0) -> tuple[float, tuple[float, float], float, float]:
+    """Peers' rate - the replica's within the families `keys`, weighted by its requests: the gap, its
+    bootstrap interval (requests resampled within families), the replica's and the peers' rates."""
+    pairs = [(mine[k], peers[k]) for k in keys]
+    point, (low, high), level = standardized_difference(pairs, np.random.default_rng(seed), BOOTSTRAP)
+    return -point, (-high, -low), level + point, level
 
 
 def run(store, scope: Scope, identity: dict) -> list[Finding]:
     rows = store.query_arrow(_sql(scope), scope.parameters()).to_pylist()
-    groups: dict[tuple[str, str], list[dict]] = {}
+    # (model, workload) -> replica -> family -> the sampled rates of its requests
+    groups: dict[tuple[str, str], dict[str, dict[str, np.ndarray]]] = {}
     for r in rows:
-        r["rates"] = np.asarray(r["rates"], dtype=float)
-        groups.setdefault((r["model_name"], r["workload"]), []).append(r)
+        by_family = groups.setdefault((r["model_name"], r["workload"]), {}).setdefault(r["replica_id"], {})
+        by_family[r["stratum"]] = np.asarray(r["rates"], dtype=float)
     findings, steps = [], None
     for model in sorted({m for m, _ in groups}):
         tests = []
         for (m, workload), group in sorted(groups.items()):
             if m != model or len(group) < 2:
                 continue
-            for me in group:
-                theirs = np.concatenate([p["rates"] for p in group if p is not me])
-                c = hypothesis_tests.compare_samples(theirs, me["rates"], bootstrap=False, min_samples=MIN_REQUESTS)
-                if c is not None:
-                    tests.append((me, workload, theirs, c))
+            for rid, mine in sorted(group.items()):
+                theirs = {f: np.concatenate([g[f] for o, g in group.items() if o != rid and f in g])
+                          for f in {f for o, g in group.items() if o != rid for f in g}}
+                keys = stratified.comparable(mine, theirs)
+                if min(sum(len(mine[k]) for k in keys), sum(len(theirs[k]) for k in keys), MIN_REQUESTS) \
+                        < MIN_REQUESTS:
+                    continue
+                _, p = stratified.van_elteren(mine, theirs, keys)
+                tests.append((rid, workload, mine, theirs, keys, p))
         if not tests:
             continue
-        adjusted = hypothesis_tests.holm([t[3].p_value for t in tests])
+        adjusted = hypothesis_tests.holm([t[5] for t in tests])
         gaps: dict[str, dict] = {}
-        for (me, workload, theirs, c), q in zip(tests, adjusted):
-            gap = float(theirs.mean() - me["rates"].mean())
-            if q >= ALPHA or gap < MIN_GAP:
+        for (rid, workload, mine, theirs, keys, p), q in zip(tests, adjusted):
+            if q >= ALPHA:
                 continue
-            ci = _gap_ci(theirs, me["rates"])
-            if ci[0] >= MIN_GAP:
-                gaps.setdefault(me["replica_id"], {})[workload] = {
-                    "hit_rate": float(me["rates"].mean()), "peers_hit_rate": float(theirs.mean()), "gap": gap,
-                    "gap_ci": ci, "requests": int(me["n"]), "peer_requests": len(theirs),
-                    "mwu_p": c.mwu_p, "ks_p": c.ks_p, "holm_p": q, "cliffs_delta": c.cliffs_delta}
+            gap, ci, rate, peers_rate = _gap(mine, theirs, keys)
+            if gap >= MIN_GAP and ci[0] >= MIN_GAP:
+                gaps.setdefault(rid, {})[workload] = {
+                    "hit_rate": rate, "peers_hit_rate": peers_rate, "gap": gap, "gap_ci": ci,
+                    "requests": sum(len(mine[k]) for k in keys), "peer_requests": sum(len(theirs[k]) for k in keys),
+                    "requests_left_out": sum(len(v) for k, v in mine.items() if k not in keys),
+                    "prompt_families": len(keys), "van_elteren_p": p, "holm_p": q}
         if gaps and steps is None:
             steps = {r["replica_id"]: r for r in store.query_arrow(_STEPS, scope.parameters()).to_pylist()}
-        replicas = sorted({t[0]["replica_id"] for t in tests})
+        replicas = sorted({t[0] for t in tests})
         for rid, by_workload in gaps.items():
             findings.append(_finding(model, rid, by_workload, replicas, identity, steps or {}, scope, len(tests)))
     return findings
@@ -108,11 +133,14 @@ def _finding(model, rid, by_workload, replicas, identity, steps, scope, family) 
         "; no prefix-caching config difference recorded (check cache size, evictions and request routing)"
     summary = (f"{rid} ({model}, workload {workload}) hits its prefix cache on {w['hit_rate']:.0%} of prompt tokens "
                f"per request vs {w['peers_hit_rate']:.0%} on its peers (gap {w['gap']:.0%}, 95% CI "
-               f"{w['gap_ci'][0]:.0%}-{w['gap_ci'][1]:.0%}, MWU p={w['mwu_p']:.1e})" + why)
+               f"{w['gap_ci'][0]:.0%}-{w['gap_ci'][1]:.0%}, van Elteren p={w['van_elteren_p']:.1e}, "
+               f"in the {w['prompt_families']} prompt families both served)" + why)
     evidence = {"model_name": model, "replica": rid, "peers": [p["replica_id"] for p in peers],
                 "workloads": by_workload, "config_differences": diffs, "step_hit_rates": step_rates,
                 "unit": "request (cached_tokens / prompt_tokens)",
                 "correction": f"Holm over {family} tests (replicas x workloads)",
-                "method": "per-request hit rate vs the peers' pooled requests of the same workload (MWU + KS), "
-                          "gap in mean rate with a bootstrap interval"}
+                "method": "per-request hit rate vs the peers' pooled requests of the same workload, within the "
+                          "prompt families (shared prompt head, prompt-length bucket) both served: van Elteren "
+                          "stratified Mann-Whitney; gap in mean rate within families, weighted by the replica's "
+                          "requests, with a bootstrap interval resampling requests within families"}
     return Finding(KIND, "warning", rid, summary, "replicas", scope, evidence)

@@ -61,7 +61,7 @@ _EXPR = {"queue": "t.queue_seconds", "prefill": "t.prefill_seconds", "ttft": "t.
 _EXTRA = ("at", "cbucket")
 _SAMPLED = METRICS + _EXTRA
 
-_LOG2 = "toUInt8(if({x} < 1, 0, 1 + floor(log2({x}))))"
+LOG2_BUCKET = "toUInt8(if({x} < 1, 0, 1 + floor(log2({x}))))"
 
 # The window function sorts every row it is given by (replica, arrival), all its columns along: it is
 # given the raw columns only (_RAW), and the buckets and TPOT are computed after it, on the rows kept.
@@ -107,7 +107,7 @@ def _sql(scope: Scope) -> str:
             .replace("{cap}", str(SAMPLE_PER_STRATUM)).replace("{seed}", str(SEED))
             .replace("{metrics}", metrics).replace("{sampled}", ", ".join(_SAMPLED))
             .replace("{unpack}", unpack).replace("{window}", str(int(OFFERED_WINDOW * 1e6)))
-            .replace("{log2}", _LOG2.format(x="t.arrived")).replace("{pbucket}", PROMPT_BUCKET))
+            .replace("{log2}", LOG2_BUCKET.format(x="t.arrived")).replace("{pbucket}", PROMPT_BUCKET))
 
 
 def without_output_bucket(stratum: str) -> str:

@@ -13,8 +13,8 @@ Algorithm:
    recording proxy asks for them on a share of requests only: `--logprobs-fraction`) is not measured:
    it is left out, never counted as a value; the share is chosen by a hash of the request id, so the
    measured requests are a uniform sample of the traffic. Requests are put in strata of
-   model x workload (prompt mix) x sampling (temperature, top-p, top-k bucket) x output-length
-   bucket (how many of the K tokens exist); per (model, replica, stratum): counts, means and a
+   model x workload x prompt family (diagnostics.prompt_family: shared prompt head, prompt length)
+   x sampling (temperature, top-p, top-k bucket) x output-length bucket (how many of the K tokens exist); per (model, replica, stratum): counts, means and a
    uniform sample of at most CAP requests.
 2. Per model, the subject against its peers: 2 replicas: the canary against the baseline
    (diagnostics.baseline: a pin, the requested side, a role, or the first-deployed identity; where none
@@ -37,12 +37,14 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
+from diagnostics import prompt_family
 from diagnostics.baseline import baselines_by_model
 from diagnostics.findings import Finding, insufficient
 from diagnostics.hypothesis_tests import holm
 from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
+from diagnostics.stratified import standardized_difference
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
 
 DIAGNOSTIC = "quality"
@@ -54,8 +56,6 @@ CAP = 1000  # requests sampled per (replica, stratum) for the test and the boots
 MIN_PER_STRATUM = 5
 MIN_REQUESTS = 20  # per side, over the shared strata
 ALPHA = 0.01
-N_BOOT = 500
-BOOT_MAX = 400  # per side and stratum: larger samples are bootstrapped m-out-of-n (a mean's spread rescales)
 # name -> (unit, smallest absolute effect worth a finding). The floor is relative too: how sure a model
 # is depends on the model and the task, so an effect counts from REL_FLOOR of the peers' own level
 # (10% more or less surprisal per token) and is critical from REL_CRITICAL.
@@ -66,7 +66,7 @@ METRICS = {
 REL_FLOOR, REL_CRITICAL = 0.10, 0.50
 EXACT_EVIDENCE = ("drift", "probe")  # diagnostics whose token-exact findings outrank this one
 
-_STRATUM = f"""concat(workload, '|T', multiIf(temp = 0, '0', temp <= 0.5, '<=0.5', temp <= 0.85, '<=0.85',
+_STRATUM = f"""concat(workload, '|', family, '|T', multiIf(temp = 0, '0', temp <= 0.5, '<=0.5', temp <= 0.85, '<=0.85',
         temp <= 1.1, '<=1.1', '>1.1'), '|p', multiIf(top_p >= 1, '1', top_p >= 0.9, '>=0.9', top_p >= 0.5, '>=0.5',
         '<0.5'), '|k', multiIf(top_k <= 0, 'off', top_k < 20, '<20', '>=20'),
         '|n', multiIf(n_tok >= {K}, '{K}', n_tok >= 8, '8-{K - 1}', n_tok >= 4, '4-7', '{MIN_TOKENS}-3'))"""
@@ -78,7 +78,7 @@ FROM (
     SELECT model_name, replica_id, {_STRATUM} AS stratum, arrayAvg(head) AS mean_lp,
            arrayAvg(arrayMap(x -> x < {LOW_LOGPROB}, head)) AS low_share
     FROM (
-        SELECT t.model_name AS model_name, t.replica_id AS replica_id, t.workload AS workload,
+        SELECT t.model_name AS model_name, t.replica_id AS replica_id, t.workload AS workload, t.family AS family,
                arraySlice(t.output_logprobs, 1, {K}) AS head, length(head) AS n_tok,
                -- one parse of the JSON for the three fields (three JSONExtract calls cost three)
                JSONExtract(t.sampling_params_json, 'Tuple(temperature Float64, top_p Nullable(Float64), top_k Int64)')
@@ -128,22 +128,6 @@ def van_elteren(pairs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, floa
     return float(z), float(2 * stats.norm.sf(abs(z)))
 
 
-def standardized_difference(pairs, rng, n_boot: int = N_BOOT) -> tuple[float, tuple[float, float], float]:
-    """Mean(subject) - mean(peers) within strata, weighted by the subject's counts; a percentile
-    bootstrap CI that resamples requests within each stratum and side; the peers' level (same weights)."""
-    weights = np.array([len(a) for a, _ in pairs], dtype=float)
-    weights /= weights.sum()
-    point = sum(w * (a.mean() - b.mean()) for w, (a, b) in zip(weights, pairs))
-    level = float(sum(w * b.mean() for w, (_, b) in zip(weights, pairs)))
-    if n_boot == 0:  # the point estimate only
-        return float(point), (float("nan"), float("nan")), level
-    boot = np.zeros(n_boot)
-    for w, (a, b) in zip(weights, pairs):
-        boot += w * (_resampled_means(a, n_boot, rng) - _resampled_means(b, n_boot, rng))
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return float(point), (float(low), float(high)), level
-
-
 def _normal_ci(pairs) -> tuple[float, float]:
     """95% interval of the standardized difference from the within-stratum standard errors."""
     weights = np.array([len(a) for a, _ in pairs], dtype=float)
@@ -151,14 +135,6 @@ def _normal_ci(pairs) -> tuple[float, float]:
     point = sum(w * (a.mean() - b.mean()) for w, (a, b) in zip(weights, pairs))
     se = np.sqrt(sum(w * w * (a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b)) for w, (a, b) in zip(weights, pairs)))
     return float(point - 1.96 * se), float(point + 1.96 * se)
-
-
-def _resampled_means(x: np.ndarray, n_boot: int, rng) -> np.ndarray:
-    if len(x) > BOOT_MAX:  # m-out-of-n: a BOOT_MAX subsample's resampled means, spread rescaled by sqrt(m / n)
-        sub = rng.choice(x, BOOT_MAX, replace=False)
-        means = sub[rng.integers(0, BOOT_MAX, (n_boot, BOOT_MAX))].mean(axis=1)
-        return x.mean() + (means - sub.mean()) * np.sqrt(BOOT_MAX / len(x))
-    return x[rng.integers(0, len(x), (n_boot, len(x)))].mean(axis=1)
 
 
 def requests_needed(pairs, delta: float) -> int:
@@ -172,9 +148,11 @@ def requests_needed(pairs, delta: float) -> int:
 
 def per_replica_strata(store, scope: Scope) -> dict[str, dict[str, dict[str, np.ndarray]]]:
     """model -> replica -> stratum -> [n, 2] sample of (mean_logprob, low_prob_share) per request."""
-    source = requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.workload AS workload, "
+    client = requests_in(f"{prompt_family.COLUMNS}, t.replica_id AS replica_id, "
                          "t.output_logprobs AS output_logprobs, t.sampling_params_json AS sampling_params_json, "
                          "t.finish_reason AS finish_reason", scope=scope)
+    # like with like: a tenant's own system prompt or prompt lengths move how sure the model is
+    source = prompt_family.with_family(f"(SELECT * FROM {client} WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL})")
     table = store.query_arrow(_QUERY.replace("{source}", source), scope.parameters())
     # the samples as one numpy block (list<struct> -> offsets + two value columns), not Python tuples
     samples = table.column("sample").combine_chunks()

@@ -25,6 +25,9 @@ BOOTSTRAP = 400
 # the bootstrap subsamples (a wider, honest interval): peers per stratum, the subject over all strata
 PEERS_PER_STRATUM = 400
 SUBJECT_MAX = 1000
+# the stratified difference of means (standardized_difference)
+MEAN_BOOTSTRAP = 500
+BOOT_MAX = 400  # per side and stratum: larger samples are bootstrapped m-out-of-n (a mean's spread rescales)
 
 
 @dataclass
@@ -109,3 +112,27 @@ def compare(subject: dict, peers: dict, floor: float, min_requests: int, bootstr
     z, p = van_elteren(subject, peers, keys)
     ci = bootstrap_ci(subject, peers, keys, floor, seed=seed) if bootstrap else None
     return StratifiedComparison(n1, n2, len(keys), _effect(subject, peers, keys, floor), ci, z, p)
+
+
+def standardized_difference(pairs, rng, n_boot: int = MEAN_BOOTSTRAP) -> tuple[float, tuple[float, float], float]:
+    """Mean(subject) - mean(peers) within strata, weighted by the subject's counts; a percentile
+    bootstrap CI that resamples requests within each stratum and side; the peers' level (same weights)."""
+    weights = np.array([len(a) for a, _ in pairs], dtype=float)
+    weights /= weights.sum()
+    point = sum(w * (a.mean() - b.mean()) for w, (a, b) in zip(weights, pairs))
+    level = float(sum(w * b.mean() for w, (_, b) in zip(weights, pairs)))
+    if n_boot == 0:  # the point estimate only
+        return float(point), (float("nan"), float("nan")), level
+    boot = np.zeros(n_boot)
+    for w, (a, b) in zip(weights, pairs):
+        boot += w * (resampled_means(a, n_boot, rng) - resampled_means(b, n_boot, rng))
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return float(point), (float(low), float(high)), level
+
+
+def resampled_means(x: np.ndarray, n_boot: int, rng) -> np.ndarray:
+    if len(x) > BOOT_MAX:  # m-out-of-n: a BOOT_MAX subsample's resampled means, spread rescaled by sqrt(m / n)
+        sub = rng.choice(x, BOOT_MAX, replace=False)
+        means = sub[rng.integers(0, BOOT_MAX, (n_boot, BOOT_MAX))].mean(axis=1)
+        return x.mean() + (means - sub.mean()) * np.sqrt(BOOT_MAX / len(x))
+    return x[rng.integers(0, len(x), (n_boot, len(x)))].mean(axis=1)

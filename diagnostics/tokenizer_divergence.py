@@ -10,10 +10,12 @@ that differ are the identity diagnostic's, diagnostics/identity_drift.py):
 - token frequencies, where identical prompts are rare: diagnostics.token_frequencies;
 - round trip: decode(encode(x)) != x on stored prompt texts and on a Unicode torture corpus;
 - streaming: the streamed output text != the full decode of the output token IDs;
-- double BOS at the start of a prompt;
+- double BOS at the start of a prompt (client prompts; the prober's special-token probe apart);
 - special-token strings in user text encoded as special tokens: in text prompts anywhere after the
   first token; in chat prompts where the chat template writes none (template_transitions);
 - token IDs outside the model's vocabulary (critical), or inside it but without text in the tokenizer (info).
+An outcome of the Unicode corpus or the probe's double BOS that every replica of a model shares is
+the model's: one fleet-level info (diagnostics.shared_outcomes).
 The SQL checks scan the scope once each, on per-request summaries of the token-ID arrays that
 ClickHouse materializes at insert (hash, first IDs, largest and smallest IDs: migration 0009), and
 read the arrays themselves only for the requests a check must look into; the checks that need a
@@ -27,7 +29,7 @@ import itertools
 import json
 from pathlib import Path
 
-from diagnostics import token_frequencies
+from diagnostics import shared_outcomes, token_frequencies
 from diagnostics.baseline import baselines_by_model
 from diagnostics.findings import Finding
 from diagnostics.replica_tokenizers import TokenizerSource
@@ -255,6 +257,14 @@ def same_text_different_ids(store, scope: Scope, replicas: list[dict], toks: dic
     return findings
 
 
+def tokenizer_evidence(divergences: list[Finding]) -> dict[str, str]:
+    """replica -> the same-text evidence against its tokenizer (texts that became other token IDs than
+    the reference's, ties alone excluded): what a token-frequency shift needs to be a tokenizer's."""
+    return {f.subject: f"{f.evidence['divergent']} of {f.evidence['compared']} prompt texts became other "
+                       f"token IDs ({f.kind})"
+            for f in divergences if f.evidence.get("divergent")}
+
+
 # -- round trips ----------------------------------------------------------------------------------
 
 def roundtrip_failure(tok: Tokenizer, text: str) -> dict | None:
@@ -407,8 +417,11 @@ _MAY_HOLD_SPECIAL = ("arrayExists((a, b) -> t.prompt_tail_min <= b AND t.prompt_
 
 _TOKEN_COUNTS = """
 SELECT replica_id, count() AS requests,
-       countIf(is_double_bos) AS double_bos,
-       groupArraySampleIf(3, 1)(key, is_double_bos) AS double_bos_keys,
+       countIf(is_double_bos AND NOT is_probe) AS double_bos,
+       groupArraySampleIf(3, 1)(key, is_double_bos AND NOT is_probe) AS double_bos_keys,
+       countIf(is_double_bos AND is_probe) AS double_bos_probe,
+       groupArraySampleIf(3, 1)(key, is_double_bos AND is_probe) AS double_bos_probe_keys,
+       countIf(is_probe) AS probe_requests,
        countIf(pmax >= {model_vocab:UInt64}) AS prompt_out_of_vocab,
        countIf(omax >= {model_vocab:UInt64}) AS output_out_of_vocab,
        groupArraySampleIf(3, 1)(key, greatest(pmax, omax) >= {model_vocab:UInt64}) AS oov_keys,
@@ -417,7 +430,7 @@ SELECT replica_id, count() AS requests,
                greatest(pmax, omax) >= {vocab:UInt64} AND greatest(pmax, omax) < {model_vocab:UInt64}) AS textless_keys
 FROM (
     SELECT t.replica_id AS replica_id, (t.request_id, toUnixTimestamp64Micro(t.arrival_time)) AS key,
-           t.prompt_ids_max AS pmax, t.output_ids_max AS omax,
+           t.prompt_ids_max AS pmax, t.output_ids_max AS omax, t.workload IN {active:Array(String)} AS is_probe,
            length(t.prompt_ids_head) = 2 AND t.prompt_ids_head[1] = {bos:Int64}
                AND t.prompt_ids_head[2] = {bos:Int64} AS is_double_bos
     FROM requests AS t
@@ -548,17 +561,19 @@ def token_id_checks(store, scope: Scope, toks: dict, identity: dict, permille: i
         for r in rows:
             rid = r["replica_id"]
             r.update({"special_from_text": 0, "special_from_chat": 0, "special_examples": [], **scanned.get(rid, {})})
-            for kind in ("double_bos", "oov", "textless"):
+            for kind in ("double_bos", "double_bos_probe", "oov", "textless"):
                 keys = ((rid, *_pairs(key)) for key in r[f"{kind}_keys"])
                 r[f"{kind}_examples"] = [arrays[k] for k in keys if k in arrays]
-            r["double_bos_examples"] = [prompt for prompt, _ in r["double_bos_examples"]]
+            for kind in ("double_bos", "double_bos_probe"):
+                r[f"{kind}_examples"] = [prompt for prompt, _ in r[f"{kind}_examples"]]
             findings += _token_findings(r, toks[rid], identity, scope, permille)
     return findings
 
 
 def _example_arrays(store, rows: list[dict]) -> dict[tuple, tuple]:
     """(replica, request_id, arrival microseconds) -> (prompt IDs, output IDs) of the sampled examples' requests."""
-    keys = {(r["replica_id"], *_pairs(k)) for r in rows for kind in ("double_bos", "oov", "textless")
+    kinds = ("double_bos", "double_bos_probe", "oov", "textless")
+    keys = {(r["replica_id"], *_pairs(k)) for r in rows for kind in kinds
             for k in r[f"{kind}_keys"]}
     if not keys:
         return {}
@@ -572,15 +587,23 @@ def _token_findings(r: dict, tok: Tokenizer, identity: dict, scope: Scope, permi
     rid = r["replica_id"]
     model = identity.get(rid, {}).get("model_name", "")
     findings = []
-    if r["double_bos"]:
+    # clients' prompts and the prober's apart: the prober types a BOS string on purpose (its special-token
+    # probe), so what the product makes of it is the model's outcome, compared across replicas
+    # (SHARED_SIGNATURES), while a double BOS in client traffic is a template or client adding its own
+    for kind, count, of, who in (("double_bos", r["double_bos"], r["requests"] - r["probe_requests"], "client"),
+                                 ("double_bos_probe", r["double_bos_probe"], r["probe_requests"], "probe")):
+        if not count:
+            continue
         examples = [{"prompt_token_ids": list(e), "tokens": tokens(list(e), tok, 0, 6)}
-                    for e in r["double_bos_examples"]]
+                    for e in r[f"{kind}_examples"]]
+        why = ("a template or client adds its own BOS" if who == "client" else
+               "the prober's special-token probe types a BOS string and the tokenizer parses it as BOS")
         findings.append(Finding(
-            "double_bos", "warning", rid,
-            f"{rid}: {r['double_bos']} of {r['requests']} prompts start with BOS twice "
-            f"(id {tok.bos_token_id} = {tok.piece(tok.bos_token_id)!r}): a template or client adds its own BOS",
+            kind, "warning", rid,
+            f"{rid}: {count} of {of} {who} prompts start with BOS twice "
+            f"(id {tok.bos_token_id} = {tok.piece(tok.bos_token_id)!r}): {why}",
             DIAGNOSTIC, scope, {"replica": rid, "model_name": model, "bos_token_id": tok.bos_token_id,
-                                "count": r["double_bos"], "requests": r["requests"], "examples": examples}))
+                                "count": count, "requests": of, "source": who, "examples": examples}))
     if r["special_from_text"] or r["special_from_chat"]:
         specials = set(tok.special_ids) - set(tok.post_processor_ids)
         examples = []
@@ -639,6 +662,16 @@ def _id_example(row, outside) -> dict:
             "out_of_vocab_ids": sorted({int(x) for x in prompt_ids + output_ids if outside(int(x))})}
 
 
+# a property check's outcome, compared across a model's replicas (diagnostics.shared_outcomes): the same
+# corpus strings failing is the tokenizer's; a double BOS in the prober's requests is what the product
+# does with the special-token probe (a typed BOS string); one in client traffic (double_bos) is not
+# folded: its clients', worth a warning where it happens
+SHARED_SIGNATURES = {
+    "tokenizer_unicode_roundtrip": lambda f: tuple(sorted(x["probe"] for x in f.evidence["failures"])),
+    "double_bos_probe": lambda f: "parses a typed BOS",
+}
+
+
 # -- all of it ------------------------------------------------------------------------------------
 
 def run(store, request: DiagnosticRequest) -> list[Finding]:
@@ -651,11 +684,16 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
     baselines = baselines_by_model(store, replicas, request)  # the side that breaks two-replica ties
     # tokenizer / chat-template hash disagreements: the identity diagnostic (diagnostics.identity_drift)
     findings = same_text_different_ids(store, scope, replicas, toks, permille, baselines)
-    findings += token_frequencies.shifts(store, scope, toks, baselines)
+    findings += token_frequencies.shifts(store, scope, toks, baselines, tokenizer_evidence(findings))
     findings += roundtrip_stored(store, scope, toks)
     findings += roundtrip_corpus(toks, scope)
     findings += streamed_vs_full(store, scope, toks)
     findings += token_id_checks(store, scope, toks, identity, permille)
+    checked: dict[str, list[str]] = {}
+    for rid, tok in toks.items():
+        if tok is not None:
+            checked.setdefault(identity[rid].get("model_name", ""), []).append(rid)
+    findings = shared_outcomes.fold(findings, checked, SHARED_SIGNATURES)
     for rid, why in sorted(source.problems.items()):
         findings.append(Finding("tokenizer_unavailable", "info", rid,
                                 f"{rid}: token-level checks skipped: {why}", DIAGNOSTIC, scope,

@@ -9,6 +9,13 @@ Non-streamed requests have no client TTFT / ITL, only e2e.
 
 Every request asks the server for its token IDs and its own timings
 (`return_token_ids`, `return_metrics`), so the two views can be compared.
+
+Chat templates differ in what conversations they take: Mistral's refuses a system message, and some
+templates require user and assistant turns to alternate. A chat request that a server refuses (400)
+while it holds a system message is sent once more with the system message folded into the first user
+turn (`fold_system_message`: what those models' own clients do); the endpoint and model are then
+remembered, so later chats to them go folded at once (one refused request per template, not one per
+request), and the result says so (`adapted`). Timings are the successful attempt's.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class RequestResult:
     output_tokens: int = 0
     finish_reason: str | None = None
     server: dict | None = None  # the server's `metrics` object
+    adapted: str = ""  # how the request was changed for the server's chat template ("" when sent as given)
 
     @property
     def mean_itl(self) -> float | None:
@@ -65,12 +73,59 @@ def _tokens_in(choice: dict, api: str) -> int:
     return 1 if text else 0
 
 
+FOLDED = "system message folded into the first user turn (the chat template refused it)"
+# (endpoint, model) whose chat template refused a system message: their chats are folded from then on
+_FOLDING: set[tuple[str, str]] = set()
+
+
+def fold_system_message(messages: list[dict]) -> list[dict] | None:
+    """The conversation with its system message(s) put at the start of the first user turn (a blank
+    line between), for templates without a system role; None when it holds no system message."""
+    systems = [m for m in messages if m.get("role") == "system"]
+    if not systems:
+        return None
+    text = "\n\n".join(str(m.get("content") or "") for m in systems)
+    rest = [m for m in messages if m.get("role") != "system"]
+    if not rest or rest[0].get("role") != "user":
+        return [{"role": "user", "content": text}, *rest]
+    content = rest[0].get("content") or ""
+    if isinstance(content, list):  # content parts: the system text as a first text part
+        merged = [{"type": "text", "text": text + "\n\n"}, *content]
+    else:
+        merged = f"{text}\n\n{content}"
+    return [dict(rest[0], content=merged), *rest[1:]]
+
+
 async def send(client: httpx.AsyncClient, endpoint: str, replica: str, model: str, spec: RequestSpec,
                request_id: str, api_key: str | None = None, timeout: float = 300.0,
                first_token: asyncio.Event | None = None) -> RequestResult:
     """`first_token`, when given, is set once the first output token streams back (the request is
-    decoding), or when the request ends without one."""
+    decoding), or when the request ends without one. A chat with a system message that the server
+    refuses is sent once more with it folded into the first user turn (see the module's doc)."""
+    folded = fold_system_message(spec.body.get("messages") or []) if spec.api == "chat" else None
+    key = (endpoint, model)
+    if folded is not None and key in _FOLDING:
+        result = await _send(client, endpoint, replica, model, spec, request_id, api_key, timeout, first_token,
+                             folded)
+        result.adapted = FOLDED
+        return result
+    result = await _send(client, endpoint, replica, model, spec, request_id, api_key, timeout, first_token, None)
+    if folded is None or result.status != 400:
+        return result
+    retry = await _send(client, endpoint, replica, model, spec, request_id, api_key, timeout, first_token, folded)
+    if not retry.ok:  # refused either way: the first refusal says why
+        return result
+    _FOLDING.add(key)
+    retry.adapted = FOLDED
+    return retry
+
+
+async def _send(client: httpx.AsyncClient, endpoint: str, replica: str, model: str, spec: RequestSpec,
+                request_id: str, api_key: str | None, timeout: float, first_token: asyncio.Event | None,
+                messages: list[dict] | None) -> RequestResult:
     body = dict(spec.body, model=model, stream=spec.stream, return_token_ids=True, return_metrics=True)
+    if messages is not None:
+        body["messages"] = messages
     headers = {"X-Request-Id": request_id, "X-Workload": spec.workload}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"

@@ -4,7 +4,9 @@ The workloads are text; how many tokens a text becomes depends on the model's
 tokenizer, and small models have small contexts (the reference model: 256
 tokens). So before a run, sampled requests are tokenized by the replica itself
 (POST /tokenize), and the prompt scale shrinks until every sample's prompt
-plus its max_tokens fits (with 5% to spare). The run reports the scale it used.
+plus its max_tokens fits (with 5% to spare). The run reports the scale it used. A chat the
+template refuses with its system message is measured as it will be sent: folded into the first
+user turn (engine.loadgen.client).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 
 import httpx
 
+from engine.loadgen.client import fold_system_message
 from engine.loadgen.workloads import RequestSpec, Workload, make_workload
 
 SAMPLES = 120  # enough for the agent sessions to grow to their longest
@@ -29,6 +32,9 @@ async def prompt_tokens(client: httpx.AsyncClient, url: str, model: str, spec: R
     else:
         body["prompt"] = spec.body["prompt"]
     resp = await client.post(url + "/tokenize", json=body, headers=headers, timeout=30)
+    folded = fold_system_message(body["messages"]) if spec.api == "chat" else None
+    if resp.status_code == 400 and folded is not None:  # as the request will be sent (client.send)
+        resp = await client.post(url + "/tokenize", json=dict(body, messages=folded), headers=headers, timeout=30)
     if resp.status_code != 200:
         raise RuntimeError(f"{url}/tokenize answered {resp.status_code}: {resp.text[:200]}")
     return int(resp.json()["count"])

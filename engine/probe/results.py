@@ -23,6 +23,7 @@ class ProbeResult:
     output_tokens: int = 0
     finish_reason: str | None = None
     seconds: float | None = None  # client-side end to end
+    adapted: str = ""  # how it was changed for the replica's chat template (engine.loadgen.client), "" if not
 
 
 @dataclass

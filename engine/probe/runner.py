@@ -11,6 +11,8 @@ takes only a small, bounded slice of its capacity; the token budget (budget.py) 
 Replicas are probed in parallel. A replica that does not answer (/health, or any probe: connection
 refused, timeout) is given up on for this round, reported with why, and the others go on; an
 HTTP error on one probe (4xx, 5xx) fails that probe only.
+A chat probe whose system message the replica's template refuses (Mistral's) is sent with it folded
+into the first user turn, as loadgen does (engine.loadgen.client.send), and its result says so.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ FILLERS_START_TIMEOUT = 10.0  # seconds the probe waits for its fillers to be de
 
 def _result(planned: Planned, r: RequestResult) -> ProbeResult:
     return ProbeResult(planned.probe.probe_id, planned.mode, r.request_id, r.ok, r.status, r.error, r.prompt_tokens,
-                       r.output_tokens, r.finish_reason, r.e2e)
+                       r.output_tokens, r.finish_reason, r.e2e, r.adapted)
 
 
 async def _send_batched(client, endpoint: Endpoint, planned: Planned, request_id: str, filler_ids: list[str],
