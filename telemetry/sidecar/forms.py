@@ -14,6 +14,8 @@ from email.policy import HTTP
 from urllib.parse import parse_qsl
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+# strict codecs that cannot produce a lone surrogate (which no later .encode() survives)
+_CHARSETS = {"utf-8", "utf8", "us-ascii", "ascii", "latin-1", "latin1", "iso-8859-1"}
 
 
 class FormError(ValueError):
@@ -44,8 +46,11 @@ def form_fields(content_type: str, body: bytes) -> dict[str, str]:
         if part.get_filename() is not None:
             raise FormError(f"form part {name!r} is a file: external tables are not supported by the sidecar")
         payload = part.get_payload(decode=True) or b""
+        charset = (part.get_content_charset() or "utf-8").lower()
+        if charset not in _CHARSETS:  # a codec of the client's choosing (unicode_escape, utf-7) makes any string
+            raise FormError(f"form field {name!r}: charset {charset!r} is not accepted (utf-8, us-ascii, latin-1)")
         try:
-            fields[name] = payload.decode(part.get_content_charset() or "utf-8")
-        except (UnicodeDecodeError, LookupError) as e:
+            fields[name] = payload.decode(charset)
+        except UnicodeDecodeError as e:
             raise FormError(f"form field {name!r}: {e}") from None
     return fields

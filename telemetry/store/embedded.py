@@ -26,6 +26,7 @@ from telemetry.store.base import Store, check_dedup_token, check_identifier
 from telemetry.store.errors import InsertNotStoredError, StoreError
 
 DEFAULT_POOL_SIZE = 4
+_NO_LOCK = contextlib.nullcontext()
 # chdb's insert stream answers an insert whose part could not be written (an unwritable or full
 # data directory) with its rows as written and no error; the engine counts it here all the same
 _FAILED_INSERTS = "SELECT toUInt64(sum(value)) FROM system.events WHERE name = 'FailedInsertQuery'"
@@ -68,6 +69,7 @@ class EmbeddedStore(Store):
         self._slots = {False: threading.Semaphore(pool_size), True: threading.Semaphore(pool_size)}
         self._all: list = []
         self._all_lock = threading.Lock()
+        self._insert_lock = threading.Lock()  # insert_stream: see there
         self._closed = False
         try:
             # open the engine now, so that a directory already taken fails here, clearly
@@ -164,7 +166,11 @@ class EmbeddedStore(Store):
         """Run one statement; returns chdb's result (`.bytes()`, `.rows_read()` ...).
         `params` are already in ClickHouse text form (see `bind_values`). `sql` as bytes: a statement
         whose string literals hold bytes that are not UTF-8 (`SELECT '\\xff'`), passed through as they are."""
-        with self.session(settings, readonly, database) as s:
+        # an INSERT ... SELECT that fails counts in the failed-insert counter insert_stream reads: one
+        # insert at a time (not a security decision: a statement is checked before it gets here)
+        head = sql[:16].lstrip().upper()
+        is_insert = (head.startswith(b"INSERT") if isinstance(head, bytes) else head.startswith("INSERT"))
+        with self.session(settings, readonly, database) as s, (self._insert_lock if is_insert else _NO_LOCK):
             try:
                 return s.query(sql, fmt, params=dict(params or {}))
             except Exception as e:
@@ -174,10 +180,13 @@ class EmbeddedStore(Store):
                       settings: Mapping[str, str] | None = None, database: str | None = None) -> int:
         """`INSERT INTO t (cols)` (no FORMAT, no data) fed with `chunks` in format `fmt`; returns the
         rows written. Raises InsertNotStoredError when the engine counted a failed insert while this
-        one ran: possibly this one, which then reported success without storing anything. Another
-        insert failing at the same moment can cost this one a retry, never an acknowledged loss (a
-        retry with the same dedup token stores the rows once)."""
-        with self.session(settings, database=database) as s:
+        one ran: possibly this one, which then reported success without storing anything. Inserts (here and
+        an INSERT ... SELECT through `execute`) run one at a time, so another's failure is not counted
+        against this one; were it, it would cost a retry, never an acknowledged loss (a retry with the
+        same dedup token stores the rows once)."""
+        # one insert at a time between the two reads of the process-wide failed-insert counter, so that
+        # a concurrent insert failing (a writer's INSERT ... SELECT that throws) cannot count against this one
+        with self.session(settings, database=database) as s, self._insert_lock:
             try:
                 failed_before = _failed_inserts(s)
                 inserter = s.send_insert(insert_sql, fmt)

@@ -244,3 +244,30 @@ def test_the_writer_runs_no_ddl_but_the_schemas_own(sidecar):
     assert r.status_code == 403, r.text  # a forged migration record would stop the sidecar's next start
     r = send(sidecar, "SELECT count() FROM system.columns WHERE table = 'requests' AND name = 'attack_c'", "readonly")
     assert r.text == "0\n"
+
+
+# form bodies: any charset a part declares, any bytes, any field ------------------------------------------------
+
+CHARSETS = ("utf-8", "latin-1", "unicode_escape", "utf-7", "utf-16", "raw_unicode_escape", "punycode", "idna",
+            "rot13", "no-such-codec", "")
+PAYLOADS = (b"SELECT 1", b"\\ud800", b"+2D8-", b"\xff\xfe\x00\xd8", b"SELECT '\\ud800'", b"\xed\xa0\x80",
+            b"INSERT INTO requests (replica_id) VALUES ('attack-second')")
+
+
+@SETTINGS
+@given(field=st.sampled_from(["query", "user", "password", "param_p", "max_threads", "database", "default_format"]),
+       charset=st.sampled_from(CHARSETS), payload=st.sampled_from(PAYLOADS), who=st.sampled_from(["readonly", "writer"]))
+def test_no_form_part_gets_a_server_error(sidecar, target, listener, field, charset, payload, who):
+    """A multipart part's declared charset is the client's: a codec that makes lone surrogates out of
+    bytes (unicode_escape, utf-7) must be refused, never reach an .encode() that raises (a 500)."""
+    boundary = "b0undary"
+    content_type = f"text/plain; charset={charset}" if charset else "text/plain"
+    parts = [("query", "text/plain; charset=utf-8", b"SELECT 1")] if field != "query" else []
+    parts.append((field, content_type, payload))
+    body = b"".join(f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\nContent-Type: {ctype}\r\n\r\n"
+                    .encode() + data + b"\r\n" for name, ctype, data in parts) + f"--{boundary}--\r\n".encode()
+    r = httpx.post(sidecar.url, content=body, auth=ROLES[who], timeout=60,
+                   headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert r.status_code < 500, (field, charset, payload, r.status_code, r.text)
+    assert_no_second_statement(sidecar)
+    assert_nothing_escaped(target, listener, sidecar)

@@ -109,3 +109,41 @@ def test_an_insert_the_store_did_not_write_is_retried_until_stored(tmp_path):
     finally:
         rec.close()
         sidecar.stop()
+
+
+def test_another_inserts_failure_is_not_counted_against_a_stored_insert(tmp_path):
+    """The failed-insert counter is the process's: a writer's INSERT ... SELECT failing while a good
+    insert streams must not make the good one 'not stored' (a 503 and a degraded /health, for any
+    writer to trigger at will). The good insert's stream starts the failing one from another thread
+    and gives it time to fail before its own rows finish; inserts run one at a time, so it waits."""
+    import threading
+
+    from telemetry.schema import migrate
+    from telemetry.store.errors import StoreError
+
+    with open_store(str(tmp_path / "store")) as store:
+        migrate(store)
+        outcome: list[str] = []
+
+        def failing_insert():
+            try:
+                store.execute("INSERT INTO requests (request_id) SELECT toString(throwIf(number = 3)) FROM numbers(9)")
+                outcome.append("stored")
+            except StoreError as e:
+                outcome.append(f"refused {e.code}")
+
+        other = threading.Thread(target=failing_insert)
+        now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()).encode()  # inside the table's TTL
+
+        def chunks():
+            yield b"('a', '" + now + b"')"
+            other.start()
+            other.join(timeout=5)  # ends here only if it could run beside this insert
+            yield b",('b', '" + now + b"')"
+
+        rows = store.insert_stream(f"INSERT INTO {store.database}.requests (request_id, arrival_time)", "Values",
+                                   chunks())
+        other.join(timeout=120)
+        assert rows == 2
+        assert outcome == ["refused 395"]  # FUNCTION_THROW_IF_VALUE_IS_NON_ZERO
+        assert store.query_df("SELECT count() AS n FROM requests WHERE request_id IN ('a', 'b')")["n"][0] == 2
