@@ -177,13 +177,13 @@ LIMIT 1000
 COMPARE_SUMMARY = f"""
 SELECT if(has({{a:Array(String)}}, replica_id), 'A', 'B') AS side,
        count() AS requests,
-       countIf(finish_reason IN ('error', 'abort')) AS failed,
+       {outcomes.outcome_counts_sql()},
        {TTFT} AS ttft,
        {ITL} AS itl,
        {E2E} AS e2e,
        {derived.quantiles_sql('queue_seconds', derived.known_sql('queue_seconds'))} AS queue,
-       avg(prompt_tokens) AS mean_prompt_tokens,
-       avg(output_tokens) AS mean_output_tokens
+       avgIf(prompt_tokens, {outcomes.ENGINE_HAD_SQL}) AS mean_prompt_tokens,
+       avgIf(output_tokens, {outcomes.ENGINE_HAD_SQL}) AS mean_output_tokens
 FROM requests
 WHERE {REQUEST_WINDOW} AND (has({{a:Array(String)}}, replica_id) OR has({{b:Array(String)}}, replica_id))
 GROUP BY side

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 
+from engine.config import ROLES
 from engine.proxy.extras import check_fraction
 from engine.server.engine_args import parse_size
 from engine.server.keep_alive import add_keep_alive_argument
@@ -77,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --metrics, also under vLLM's names (vllm:*): for an upstream that is not vLLM "
                              "(a vLLM upstream's own /metrics, passed through, has them already)")
     parser.add_argument("--drain-timeout", type=float, default=30.0)
-    parser.add_argument("--role", default="", choices=("", "baseline", "candidate"),
+    parser.add_argument("--role", default="", choices=ROLES,
                         help="the upstream's role in a deploy, in its replica row: a recorded role decides which "
                              "side of a disagreement is the baseline (default: none)")
     parser.add_argument("--deploy-time", type=float, default=None, metavar="EPOCH",

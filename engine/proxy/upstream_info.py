@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import httpx
 
-from engine.engine_records import process_launch_time
 from telemetry.contract.records import ReplicaRecord
 
 
@@ -69,4 +68,6 @@ def replica_record(replica_id: str, upstream: str, info: UpstreamInfo, tokenizer
         config_json=config_json, config_hash=hashlib.sha256(config_json.encode()).hexdigest(),
         dtype="unknown", quantization="unknown", speculative_mode="unknown", attention_backend="unknown",
         device="unknown", labels_json=json.dumps({"recorded_by": "infersight-proxy", "upstream": upstream}),
-        role=role, deploy_time=deploy_time if deploy_time is not None else process_launch_time())
+        # the proxy's own launch says nothing of when the upstream was deployed (a restarted proxy in front of a
+        # long-running baseline would look like the newer deploy): unknown (0) unless given
+        role=role, deploy_time=deploy_time if deploy_time is not None else 0.0)

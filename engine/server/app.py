@@ -163,19 +163,24 @@ class Server:
             if e.code == "engine_error":  # the engine failed it, and wrote its row
                 setattr(request.state, ENGINE_ROW, True)
             raise
+        except asyncio.CancelledError:  # the task is cancelled (shutdown): the abort below is the engine's row
+            setattr(request.state, ENGINE_ROW, True)
+            raise
         finally:
             if not done:
                 await self._abort(ctx.request_id, gen)
             self.in_flight.pop(ctx.request_id, None)
             log_access(ctx.request_id, status, out, started)
 
-    async def generate_stream(self, ctx: RequestContext, admitted: Admitted, opts: ResponseOptions):
+    async def generate_stream(self, request: Request, ctx: RequestContext, admitted: Admitted, opts: ResponseOptions):
         gen = self._start(ctx, admitted)
         started = time.time()
         try:  # the first output comes before the headers, so an admission error is still a clean 400
             first = await gen.__anext__()
         except BaseException as e:
             self.in_flight.pop(ctx.request_id, None)
+            if isinstance(e, asyncio.CancelledError):  # the engine had it: its abort is the row
+                setattr(request.state, ENGINE_ROW, True)
             await self._abort(ctx.request_id, gen)
             log_access(ctx.request_id, 400 if isinstance(e, ValueError) else 503 if isinstance(e, RuntimeError)
                        else 500, None, started)
@@ -361,7 +366,7 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
         admitted = await server.admit(admit_completion, body)
         opts = with_choices(options("completion", body, ctx, body.logprobs), served, admitted, body)
         if body.stream:
-            return await server.generate_stream(ctx, admitted, opts)
+            return await server.generate_stream(request, ctx, admitted, opts)
         return await server.generate_full(request, ctx, admitted, opts)
 
     @app.post("/v1/chat/completions", dependencies=auth, response_model=ChatCompletionResponse,
@@ -371,7 +376,7 @@ def build_app(served: ServedModel, *, api_key: str | None = None, metrics_regist
         admitted = await server.admit(admit_chat, body)
         opts = with_choices(options("chat", body, ctx, admitted.sampling_params.logprobs), served, admitted, body)
         if body.stream:
-            return await server.generate_stream(ctx, admitted, opts)
+            return await server.generate_stream(request, ctx, admitted, opts)
         return await server.generate_full(request, ctx, admitted, opts)
 
     @app.post("/tokenize", dependencies=auth, response_model=TokenizeResponse, responses=_MODEL_ERRORS,

@@ -114,8 +114,19 @@ class RefusalRecorder:
             return await self.app(scope, receive, send)
         arrival = time.time()
         state = scope.setdefault("state", {})
-        seen = {"status": 0, "recorded": False}
+        seen = {"status": 0, "recorded": False, "gone": False}
         body = bytearray()
+
+        async def watched_receive():
+            message = await receive()
+            if message["type"] == "http.disconnect" and not seen["status"]:
+                # the client left (or a body deadline closed it) before its request was read: whatever the app
+                # answers now (FastAPI: a 400 "error parsing the body") reaches nobody; a client abort
+                seen["gone"] = True
+            return message
+
+        def answered(status: int) -> int:
+            return 499 if seen["gone"] else status
 
         async def watch(message):
             if message["type"] == "http.response.start":
@@ -127,13 +138,13 @@ class RefusalRecorder:
                     # recorded before its last byte goes out: the journal barrier outside (journal_barrier.py)
                     # makes it survive a kill -9 like any answered request's row
                     seen["recorded"] = True
-                    self._record(scope, seen["status"], bytes(body), arrival)
+                    self._record(scope, answered(seen["status"]), bytes(body), arrival)
             await send(message)
 
         status = 0
         try:
-            await self.app(scope, receive, watch)
-            status = seen["status"]
+            await self.app(scope, watched_receive, watch)
+            status = answered(seen["status"])
         except asyncio.CancelledError:  # before any answer: the client is gone
             status = seen["status"] or 499
             raise

@@ -147,6 +147,7 @@ def replica_record(vllm_config, *, replica_id: str, engine_version: str, chat_te
 def deploy_fields(labels: dict) -> dict:
     """role and deploy_time of the replica row from the operator's labels (`fleet up` puts them there, as
     INFERSIGHT_LABELS); the deploy time, where none is given, is this process's launch."""
+    from engine.config import ROLES
     from engine.engine_records import process_launch_time
 
     role = str(labels.get("role") or "")
@@ -154,4 +155,4 @@ def deploy_fields(labels: dict) -> dict:
         deploy_time = float(labels["deploy_time"]) if labels.get("deploy_time") is not None else process_launch_time()
     except (TypeError, ValueError):
         deploy_time = process_launch_time()
-    return {"role": role if role in ("baseline", "candidate") else "", "deploy_time": deploy_time}
+    return {"role": role if role in ROLES else "", "deploy_time": deploy_time}

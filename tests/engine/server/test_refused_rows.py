@@ -135,3 +135,21 @@ def test_an_engine_failure_is_one_row_the_engines(live, client, store):
     rows = _rows(store, [request_id], timeout=0)
     assert len(rows) == 1
     assert (rows.iloc[0]["error_code"], rows.iloc[0]["finish_reason"]) == ("engine_error", "error")
+
+
+def test_a_client_gone_before_its_body_is_read_is_an_abort_not_a_refusal(live, store):
+    """A body cut off (the client left, or a body deadline closed it) makes FastAPI answer 400 "error parsing
+    the body" to nobody: the row says client_abort (499), which availability does not count against the
+    replica, never invalid_request (a slowloris would otherwise get a healthy replica named)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    request_id = f"cut-{uuid.uuid4().hex[:8]}"
+    url = urlsplit(live.url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: 500\r\nX-Request-Id: {request_id}\r\n\r\n{{\"prompt\": \"hel".encode())
+    live.flush()
+    row = _rows(store, [request_id], timeout=60)
+    assert list(row["request_id"]) == [request_id]
+    assert (row["http_status"][0], row["error_code"][0]) == (499, "client_abort")
