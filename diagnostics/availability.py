@@ -168,7 +168,8 @@ def wilson(events: int, n: int) -> tuple[float, float]:
 def compare(mine: dict[tuple, list[int]], peers: dict[tuple, list[int]]) -> dict | None:
     """The replica's strata against its peers' pooled ones (those both served): rates, the rate its peers'
     per-stratum rates predict on its traffic, and the one-sided Cochran-Mantel-Haenszel p. None when either
-    side has fewer than MIN_REQUESTS requests in those strata."""
+    side has fewer than MIN_REQUESTS requests in those strata. (Over time, `peers` is the replica itself
+    before its change.)"""
     shared = [s for s in mine if s in peers and mine[s][1] > 0 and peers[s][1] > 0]
     a = np.array([mine[s][0] for s in shared], dtype=float)
     n1 = np.array([mine[s][1] for s in shared], dtype=float)

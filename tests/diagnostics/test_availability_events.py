@@ -19,10 +19,11 @@ from diagnostics.scope import Scope
 REQUESTS = 300  # per replica, one every 0.1 s: a restart at half time leaves 150 on each side
 
 
-def traffic(store, t0, replicas, *, restarts=None, shed=lambda rid, after: 0.0, seed=1) -> float:
+def traffic(store, t0, replicas, *, restarts=None, shed=lambda rid, after: 0.0, seed=1,
+            outcome=("queue_full", 429)) -> float:
     """`replicas` started with max_queue 256; those in `restarts` ({replica: max_queue}) started again halfway
-    through with that bound. A request is shed (429 queue_full) with probability shed(replica, after the
-    halfway mark). Returns the restart's time."""
+    through with that bound. A request is shed (429 queue_full; another `outcome` (error code, status) if
+    given) with probability shed(replica, after the halfway mark). Returns the restart's time."""
     restarts = restarts or {}
     halfway = t0 + REQUESTS * 0.05
     store.insert_records("replicas", [replica(r, t0 - 10, config_json=config(max_queue=256)) for r in replicas] +
@@ -34,7 +35,7 @@ def traffic(store, t0, replicas, *, restarts=None, shed=lambda rid, after: 0.0, 
         for j in range(REQUESTS):
             t, workload = t0 + j * 0.1, ("chat", "agent")[j % 2]
             if rng.random() < shed(rid, t >= halfway):
-                rows.append(refused(rid, j, t, "queue_full", status=429, workload=workload))
+                rows.append(refused(rid, j, t, outcome[0], status=outcome[1], workload=workload))
             else:
                 rows.append(answered(rid, j, t, rng.choice([8, 20, 40, 100]), workload))
     store.insert_records("requests", rows)
@@ -84,6 +85,14 @@ def test_a_restart_into_a_queue_bound_on_one_replica_names_it_against_its_peers_
     assert f.evidence["against"] == "peers" and "max_queue 1 vs 256 in serve flags" in f.summary
     assert since(restart, 256, 1) in f.summary and "before it: 0.0% of" in f.summary
     assert [t["against"] for t in f.evidence["over_time"]] == ["before"]
+
+
+def test_failures_after_a_restart_are_named_as_failed_with_the_change(clean):
+    t0 = time.time() - 600
+    restart = traffic(clean, t0, ("solo",), restarts={"solo": 1}, shed=lambda rid, after: 0.15 * after,
+                      outcome=("internal_error", 500))
+    found = named(diagnose(clean, t0))
+    assert set(found) == {"solo:failed"} and since(restart, 256, 1) in found["solo:failed"].summary
 
 
 @pytest.mark.parametrize("fleet", [("solo",), ("a", "b", "c")], ids=["one-replica", "fleet"])
