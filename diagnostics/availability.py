@@ -21,6 +21,16 @@ least MIN_RATIO times it. The finding gives the replica's rate with its Wilson i
 the peers' own rate with its Wilson interval, and the config keys of the kind on which the replica differs
 from its peers (max_model_len for length, serve_options.max_queue / max_num_seqs for shed; any key for the
 others). A check that ran and named nothing leaves one info finding per model.
+
+Over time: a replica whose identity changed inside the window (diagnostics.identity_events: restarted with
+another config key, weights, version ...) is compared with itself, each kind's rate after the change (until
+its next change or the window's end) against its rate before it (since its previous start, or the window's
+start), in the same strata and with the same test, the before side standing where the peers stand. These
+tests join the model's Holm family (replicas x kinds + changes x kinds) and fire on the same thresholds, so
+a rise is named even where the peers are no different (one replica, or all of them changed). A replica named
+either way cites its latest change in the window ("since 05:01:10 UTC, when max_queue (serve flags) went
+256 → 1"), with the rate before it when that rose; one (replica, kind) is one finding. A rise without a
+change is left to the peer comparison.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from diagnostics import config_keys, hypothesis_tests
+from diagnostics import config_keys, hypothesis_tests, identity_events
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
@@ -158,7 +168,8 @@ def wilson(events: int, n: int) -> tuple[float, float]:
 def compare(mine: dict[tuple, list[int]], peers: dict[tuple, list[int]]) -> dict | None:
     """The replica's strata against its peers' pooled ones (those both served): rates, the rate its peers'
     per-stratum rates predict on its traffic, and the one-sided Cochran-Mantel-Haenszel p. None when either
-    side has fewer than MIN_REQUESTS requests in those strata."""
+    side has fewer than MIN_REQUESTS requests in those strata. (Over time, `peers` is the replica itself
+    before its change.)"""
     shared = [s for s in mine if s in peers and mine[s][1] > 0 and peers[s][1] > 0]
     a = np.array([mine[s][0] for s in shared], dtype=float)
     n1 = np.array([mine[s][1] for s in shared], dtype=float)
@@ -214,9 +225,35 @@ def _tests(rows: list[dict], replicas: list[str]) -> list[dict]:
                         cell[1] += n
             t = compare(tables.get(rid, {}), peers)
             if t is not None:
-                out.append({"replica": rid, "kind": kind, **t})
-    for t, q in zip(out, hypothesis_tests.holm([t["p"] for t in out])):
-        t["holm_p"] = q
+                out.append({"replica": rid, "kind": kind, "against": "peers", **t})
+    return out
+
+
+def _spans(evs: list, scope: Scope) -> list[tuple]:
+    """(change, since, at, until) for each change inside the window: the replica ran under its old identity
+    over [since, at) and under its new one over [at, until)."""
+    start, end = scope.bounds()
+    later = {e.time: n.time for e, n in zip(evs, evs[1:])}
+    return [(e, max(start, e.previous_start), e.time, min(end, later.get(e.time, end)))
+            for e in identity_events.in_window(evs, scope)]
+
+
+def _over_time(store, scope: Scope, model: str, replicas: list[str], changes: dict) -> list[dict]:
+    """Each changed replica's rate of each kind after its change against before it, like for like: `compare`
+    with the before side as the peers (its `peer_*` fields renamed `before_*`)."""
+    out = []
+    for rid in replicas:
+        for event, since, at, until in _spans(changes.get(rid, []), scope):
+            if since >= at:
+                continue  # it changed at the window's start: nothing of the old identity to compare with
+            sides = [[r for r in counts(store, scope.narrowed(start=a, end=b, replicas=(rid,)))
+                      if r["model_name"] == model] for a, b in ((since, at), (at, until))]
+            for kind in KINDS:
+                before, after = (_tables(rows, kind).get(rid, {}) for rows in sides)
+                t = compare(after, before)
+                if t is not None:
+                    t = {k.replace("peer_", "before_"): v for k, v in t.items()}
+                    out.append({"replica": rid, "kind": kind, "against": "before", "event": event.describe(), **t})
     return out
 
 
@@ -229,24 +266,29 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
     scope = request.scope
     rows = counts(store, scope)
     identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
+    changes = identity_events.events(store, scope)
     findings: list[Finding] = []
     table = by_replica(rows)
     for model in sorted({m for m, _ in table}):
         replicas = sorted(rid for m, rid in table if m == model)
         mine = [r for r in rows if r["model_name"] == model]
         availability = {rid: table[(model, rid)] for rid in replicas}
+        tests = (_tests(mine, replicas) if len(replicas) > 1 else []) + \
+            _over_time(store, scope, model, replicas, changes)
+        for t, q in zip(tests, hypothesis_tests.holm([t["p"] for t in tests])):
+            t["holm_p"] = q
+        named = [t for t in tests if t["holm_p"] < ALPHA and _material(t)]
+        limits = stated_limits(store, scope, replicas) if any(t["kind"] == "length" for t in named) else {}
+        for rid, kind in sorted({(t["replica"], t["kind"]) for t in named}):
+            findings.append(_finding(model, rid, kind, [t for t in named if (t["replica"], t["kind"]) == (rid, kind)],
+                                     replicas, identity, scope, len(tests), availability, limits,
+                                     identity_events.in_window(changes.get(rid, []), scope)))
         if len(replicas) < 2:
             findings.append(insufficient(KIND, model, DIAGNOSTIC, scope,
                                          f"{model} has one replica in the window ({replicas[0]}): no peers to "
                                          "compare its error, rejection and shed rates with",
-                                         model_name=model, availability=availability))
-            continue
-        tests = _tests(mine, replicas)
-        named = [t for t in tests if t["holm_p"] < ALPHA and _material(t)]
-        limits = stated_limits(store, scope, replicas) if any(t["kind"] == "length" for t in named) else {}
-        for t in named:
-            findings.append(_finding(model, t, replicas, identity, scope, len(tests), availability, limits))
-        if not named:
+                                         model_name=model, availability=availability, tests=tests))
+        elif not named:
             findings.append(Finding(CLEAN, "info", model, _clean_summary(model, replicas, tests, availability),
                                     DIAGNOSTIC, scope, {"model_name": model, "replicas": replicas,
                                                         "tests_in_family": len(tests), "availability": availability,
@@ -256,15 +298,62 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
 
 def _clean_summary(model: str, replicas: list[str], tests: list[dict], availability: dict) -> str:
     rates = ", ".join(f"{rid} {1 - a['answered'] / a['total']:.1%}" for rid, a in availability.items() if a["total"])
+    changed = sorted({t["replica"] for t in tests if t["against"] == "before"})
+    since = f", nor more since its identity changed than before ({', '.join(changed)})" if changed else ""
     return (f"{model}: no replica refuses, sheds or fails more than its peers in the same workload and prompt-length "
-            f"strata ({len(tests)} tests, Holm alpha {ALPHA}); requests not answered: {rates}")
+            f"strata{since} ({len(tests)} tests, Holm alpha {ALPHA}); requests not answered: {rates}")
 
 
-def _finding(model, t, replicas, identity, scope, family, availability, limits) -> Finding:
-    rid, kind = t["replica"], t["kind"]
-    peers = [identity.get(p, {"replica_id": p}) for p in replicas if p != rid]
-    diffs = config_keys.differences(identity.get(rid, {}), peers, _wanted(kind))
+def _finding(model, rid, kind, named, replicas, identity, scope, family, availability, limits, changed) -> Finding:
+    """One (replica, kind): named against its peers, after a change of its identity against before it, or both;
+    the summary leads with the peer comparison where that named it."""
+    peer = next((t for t in named if t["against"] == "peers"), None)
+    rose = [t for t in named if t["against"] == "before"]
+    strata = "workload and prompt-length strata" if KINDS[kind][1] else "workloads"
+    if rose:  # the latest change it rose after
+        event = next(e for e in reversed(changed) if e.time == rose[-1]["event"]["time"])
+    else:
+        event = changed[-1] if changed else None
+    t = peer or rose[-1]
     low, high = t["rate_ci"]
+    peers = [p for p in replicas if p != rid]
+    diffs = config_keys.differences(identity.get(rid, {}), [identity.get(p, {"replica_id": p}) for p in peers],
+                                    _wanted(kind))
+    if peer:
+        summary = (f"{rid} ({model}) {LABELS[kind]} {t['rate']:.1%} of its requests [{low:.1%}, {high:.1%}] vs "
+                   f"{t['expected_rate']:.1%} expected from its peers' rates in the same {strata} (peers: "
+                   f"{t['peer_rate']:.1%} of {t['peer_requests']}; p={t['p']:.1e}, Holm {t['holm_p']:.1e})")
+        summary += _why(rid, kind, replicas, diffs, limits)
+        if event:
+            summary += f"; {event.since()}" + (f" ({_before(rose[-1])})" if rose else "")
+    else:
+        summary = (f"{rid} ({model}) {LABELS[kind]} {t['rate']:.1%} of its requests [{low:.1%}, {high:.1%}] "
+                   f"{event.since()}, vs {t['expected_rate']:.1%} expected from its own rates before it in the same "
+                   f"{strata} ({_before(t)})" +
+                   ("; its peers do not differ enough to name it" if peers else "; it has no peers"))
+    excess = t["rate"] - t["expected_rate"]
+    evidence = {"model_name": model, "replica": rid, "outcome": kind, "codes": sorted(KINDS[kind][0]),
+                "peers": peers, "comparison": t, "against": t["against"], "over_time": rose,
+                "config_differences": diffs, "availability": availability, "tests_in_family": family,
+                "unit": "request", "stated_limits": limits,
+                "correction": f"Holm over {family} tests (replicas x outcome kinds, and identity changes x outcome "
+                              "kinds)",
+                "strata": "workload x prompt-length bucket (sqrt 2)" if KINDS[kind][1] else "workload"}
+    if event:  # cited here, with the test against it: diagnostics.run's generic citation leaves it
+        evidence["identity_events"] = [event.describe()]
+    # the subject is the replica (as every replica finding's); each outcome kind a finding of its own id
+    return Finding(KIND, "critical" if excess >= CRITICAL_EXCESS else "warning", rid, summary, DIAGNOSTIC, scope,
+                   evidence, id_kind=f"{KIND}:{kind}")
+
+
+def _before(t: dict) -> str:
+    return (f"before it: {t['before_rate']:.1%} of {t['before_requests']}; p={t['p']:.1e}, "
+            f"Holm {t['holm_p']:.1e}")
+
+
+def _why(rid, kind, replicas, diffs, limits) -> str:
+    """The identity keys of the kind on which the replica differs from its peers, and the limits its length
+    refusals stated."""
     why = ("; config differs: " + config_keys.describe(diffs)) if diffs else \
         "; no identity key of it differs from its peers' (look at its host and its clients)"
     if kind == "length" and limits.get(rid):
@@ -272,17 +361,4 @@ def _finding(model, t, replicas, identity, scope, family, availability, limits) 
         why += (f"; its refusals state a context of {'/'.join(map(str, limits[rid]['limits']))} tokens (shortest "
                 f"prompt refused: {limits[rid]['shortest']})" +
                 (f", its peers' {'/'.join(map(str, peer_limits))}" if peer_limits else ""))
-    strata = "workload and prompt-length strata" if KINDS[kind][1] else "workloads"
-    summary = (f"{rid} ({model}) {LABELS[kind]} {t['rate']:.1%} of its requests [{low:.1%}, {high:.1%}] vs "
-               f"{t['expected_rate']:.1%} expected from its peers' rates in the same {strata} (peers: "
-               f"{t['peer_rate']:.1%} of {t['peer_requests']}; p={t['p']:.1e}, Holm {t['holm_p']:.1e})" + why)
-    excess = t["rate"] - t["expected_rate"]
-    evidence = {"model_name": model, "replica": rid, "outcome": kind, "codes": sorted(KINDS[kind][0]),
-                "peers": [p["replica_id"] for p in peers], "comparison": t, "config_differences": diffs,
-                "availability": availability, "tests_in_family": family, "unit": "request",
-                "stated_limits": limits,
-                "correction": f"Holm over {family} tests (replicas x outcome kinds)",
-                "strata": "workload x prompt-length bucket (sqrt 2)" if KINDS[kind][1] else "workload"}
-    # the subject is the replica (as every replica finding's); each outcome kind a finding of its own id
-    return Finding(KIND, "critical" if excess >= CRITICAL_EXCESS else "warning", rid, summary, DIAGNOSTIC, scope,
-                   evidence, id_kind=f"{KIND}:{kind}")
+    return why

@@ -4,10 +4,11 @@ that changed, before and after.
 
 A difference between replicas (diagnostics.identity_drift) says what is different now; an event says when
 it began and from what. `events` reads every start of the scope's replicas up to the window's end (a
-change before the window still explains it: the replica runs under it since); `findings` makes one
-`identity_changed` info finding per event inside the window; `cite` appends the replica's latest event
-to the other diagnostics' findings on it ("since 05:01:10, when max_num_seqs went 16 → 2"), and puts
-it in their evidence, so a person reading a lagging or drift finding sees the change that preceded it.
+change before the window still explains it: the replica runs under it since); `in_window` picks those inside
+the window, and `findings` makes one `identity_changed` info finding per such event; `cite` appends the
+replica's latest event to the other diagnostics' findings on it ("since 05:01:10, when max_num_seqs went
+16 → 2", `Event.since`), and puts it in their evidence, so a person reading a lagging or drift finding sees
+the change that preceded it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class Event:
                  for c in self.changes[:MAX_SAID]]
         more = len(self.changes) - MAX_SAID
         return ", ".join(parts) + (f" and {more} more" if more > 0 else "")
+
+    def since(self) -> str:
+        """`since 05:01:10 UTC, when max_num_seqs went 16 → 2`: how a finding on the replica cites it."""
+        return f"since {self.clock()} UTC, when {self.said()}"
 
     def clock(self) -> str:
         from datetime import datetime, timezone
@@ -101,26 +106,32 @@ def events(store, scope: Scope) -> dict[str, list[Event]]:
     return out
 
 
+def in_window(evs: list[Event], scope: Scope) -> list[Event]:
+    """The changes that happened inside the scope's window (oldest first, as `events` lists them)."""
+    start, end = scope.bounds()
+    return [e for e in evs if start <= e.time < end]
+
+
 def findings(scope: Scope, found: dict[str, list[Event]]) -> list[Finding]:
     """One info finding per change inside the window."""
-    start, end = scope.bounds()
     out = []
     for rid, evs in sorted(found.items()):
-        for e in evs:
-            if start <= e.time < end:
-                out.append(Finding(KIND, "info", rid, f"{rid} restarted at {e.clock()} UTC with another identity: "
-                                                      f"{e.said()}", DIAGNOSTIC, scope, e.describe()))
+        for e in in_window(evs, scope):
+            out.append(Finding(KIND, "info", rid, f"{rid} restarted at {e.clock()} UTC with another identity: "
+                                                  f"{e.said()}", DIAGNOSTIC, scope, e.describe()))
     return out
 
 
 def cite(findings_: list[Finding], found: dict[str, list[Event]]) -> None:
-    """Append to each finding on a replica (or a pair naming it) the replica's latest change, in place."""
+    """Append to each finding on a replica (or a pair naming it) the replica's latest change, in place; a finding
+    that cites its replica's changes itself (evidence `identity_events`: availability's over-time rule) is left
+    as it is."""
     for f in findings_:
-        if f.kind == KIND:
+        if f.kind == KIND or "identity_events" in f.evidence:
             continue
         named = [rid for rid in found if rid == f.subject or rid in f.subject.split(" vs ")]
         cited = [found[rid][-1] for rid in named]
         if not cited:
             continue
         f.evidence["identity_events"] = [e.describe() for e in cited]
-        f.summary += "".join(f"; {e.replica_id} since {e.clock()} UTC, when {e.said()}" for e in cited)
+        f.summary += "".join(f"; {e.replica_id} {e.since()}" for e in cited)
