@@ -271,6 +271,8 @@ class Recorder(EngineObserver):
                 if buffer.rows:
                     self._count(table, "dropped", len(buffer.take()))
             if self._journal is not None:  # every batch is done: nothing to recover
+                if len(self._journal):  # appended after the final cycle's sync: counted, never lost silently
+                    self._count("requests", "dropped", len(self._journal))
                 self._journal.close()
             self._report_drops(force=True)
             if self._marker is not None:  # the final flush is done: nothing of this run to report

@@ -295,6 +295,7 @@ class RecordingProxy:
         its answer recorded like any refusal."""
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         url = httpx.URL(self.upstream + request.url.path, query=request.url.query.encode())
+        await self._ensure_info()  # its row names the served model, as every other row of this replica does
         try:
             upstream = await self._client.send(self._client.build_request(
                 "POST", url, headers=_forward_headers(request.headers), content=raw), stream=True)
