@@ -26,7 +26,9 @@ Two findings of their own come first (diagnostics.traffic_mix, diagnostics.prefi
 whose outputs end differently for the same workload (`output_mix_shift`: eos changed, every request
 runs to max_tokens) is not given an e2e verdict, only the per-token ones; a replica with a much lower
 prefix-cache hit rate is `prefix_hit_gap`. A lagging replica's identity is compared with its peers'
-(NUMA mismatch, CPU count, CPUs shared, config hash, version, tokenizer and template hashes ...).
+(NUMA mismatch, CPU count, CPUs shared, config hash, version, tokenizer and template hashes ...), and
+its mechanism is looked for in the same window (diagnostics.mechanisms: preemptions, KV pressure, queue
+at max_num_seqs, CPU quota, prefix hits, host time against its peers'), or said not to be in the records.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import numpy as np
 from diagnostics import (
     config_keys,
     hypothesis_tests,
+    mechanisms,
     prefix_hits,
     request_strata,
     stratified,
@@ -240,7 +243,7 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
                                             f"strata (workload, prompt and output length, offered load) its peers "
                                             f"also served: needs peers' traffic at the same offered tokens and lengths",
                                             requests=entry["n"], model_name=model))
-        verdicts = _verdicts(model, group, done, identity, skip, scope, limits)
+        verdicts = _verdicts(store, model, group, done, identity, skip, scope, limits)
         lagging += verdicts + _short_tails(model, done, {f.subject for f in verdicts}, scope)
     return lagging + findings
 
@@ -270,7 +273,7 @@ def _short_tails(model: str, done: list[dict], named: set[str], scope) -> list[F
     return out
 
 
-def _verdicts(model, group, done, identity, skip, scope, limits) -> list[Finding]:
+def _verdicts(store, model, group, done, identity, skip, scope, limits) -> list[Finding]:
     flagged: dict[str, dict] = {}
     for t in done:
         c, rid, m = t["comparison"], t["replica"], t["metric"]
@@ -291,6 +294,8 @@ def _verdicts(model, group, done, identity, skip, scope, limits) -> list[Finding
         me = identity.get(rid, {"replica_id": rid})
         peers = [identity.get(p, {"replica_id": p}) for p in sorted(group) if p != rid]
         diffs = identity_differences(me, peers)
+        causes = mechanisms.cited(store, scope, rid, [p["replica_id"] for p in peers], identity)
+        explained = _explain(diffs) + "; " + mechanisms.explain(causes)
         ratio, (lo, hi) = worst["ratio_to_peers"], worst["ratio_ci"]
         tw = worst["test_vs_peers"]
         like = (f"{tw['n_subject']} requests like for like in {tw['strata']} strata of workload, "
@@ -301,13 +306,13 @@ def _verdicts(model, group, done, identity, skip, scope, limits) -> list[Finding
                        f"(95% CI {lo:.2f}-{hi:.2f}x; {like}; {tw['above_peer_quantile']:.0%} of them above the "
                        f"peers' stratum p90, ~10% if alike; block bootstrap over {tw['blocks']} time blocks of "
                        f"{tw['block_seconds']:g} s, Holm p={worst['holm_p']:.1e} over {len(done)} tests); "
-                       + _explain(diffs))
+                       + explained)
         else:
             summary = (f"{rid} is {ratio:.2f}x slower than its {len(peers)} peer(s) of {model} on "
                        f"{LABELS[worst_metric]} (95% CI {lo:.2f}-{hi:.2f}x; {like}; van Elteren "
-                       f"p={tw['p_value']:.1e}, Holm over {len(done)} tests); " + _explain(diffs))
+                       f"p={tw['p_value']:.1e}, Holm over {len(done)} tests); " + explained)
         evidence = {"model_name": model, "replica": rid, "peers": [p["replica_id"] for p in peers],
-                    "metrics": metrics, "identity_differences": diffs,
+                    "metrics": metrics, "identity_differences": diffs, "mechanisms": causes,
                     "identity": {k: me.get(k) for k in
                                  (*IDENTITY, "cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes")},
                     "requests": {r: e["n"] for r, e in group.items()}, "unit": "request",

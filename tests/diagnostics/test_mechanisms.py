@@ -1,0 +1,147 @@
+"""Mechanisms: a slow replica's cause is cited from its records against its peers', or said not found; a count
+every replica shows alike is not a cause."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+from diag_records import jittered, replica, request, step
+
+from diagnostics import mechanisms, replicas
+from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope, replicas_in
+
+N = 150
+
+
+def _config(quota=None, max_num_seqs=None) -> str:
+    doc: dict = {"model": "/nonexistent", "quantization": "none"}
+    if max_num_seqs is not None:
+        doc["max_num_seqs"] = max_num_seqs
+    if quota is not None:
+        cpu_max = "max 100000" if quota == "max" else f"{int(quota * 100000)} 100000"
+        doc["placement"] = {"cgroup": {"version": "v2", "cpu_quota_cpus": quota, "cpu_max": cpu_max}}
+        doc["_start"] = {"cgroup_throttling": {"nr_periods": 10, "nr_throttled": 0, "throttled_seconds": 0.0}}
+    return json.dumps(doc)
+
+
+def fleet(store, t0, specs: dict, slow: dict | None = None, seed: int = 0):
+    """specs: replica id -> {config: replica config_json, preempted: requests preempted (2 each, spread out),
+    step: step() overrides}; slow: replica id -> latency factor."""
+    rng = random.Random(seed)
+    slow = slow or {}
+    store.insert_records("replicas", [replica(rid, t0 - 10, config_json=s.get("config", _config()))
+                                      for rid, s in specs.items()])
+    reqs, steps = [], []
+    for rid, s in specs.items():
+        k = slow.get(rid, 1.0)
+        hit = {int(i * N / s["preempted"]) for i in range(s["preempted"])} if s.get("preempted") else set()
+        for j in range(N):
+            preempted = j in hit
+            batch = j % 3 == 0
+            reqs.append(request(rid, j, t0 + j, ttft=jittered(rng, (0.06 if batch else 0.02) * k),
+                                itl=jittered(rng, 0.01 * k), workload="batch" if batch else "chat",
+                                prompt_ids=list(range(300 if batch else 20)), preemptions=2 if preempted else 0))
+            steps.append(step(rid, j, t0 + j + 0.5, num_preempted=2 if preempted else 0, **s.get("step", {})))
+    store.insert_records("requests", reqs)
+    store.insert_records("steps", steps)
+
+
+def _cited(store, t0, rid, peers, identity_ids):
+    scope = Scope(start=t0 - 60)
+    identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
+    assert set(identity) == set(identity_ids)
+    return {m["mechanism"]: m for m in mechanisms.cited(store, scope, rid, peers, identity)}
+
+
+def test_many_preemptions_are_cited_with_both_rates(clean):
+    t0 = time.time() - 3600
+    fleet(clean, t0, {"r0": {"preempted": 2}, "r1": {"preempted": 1}, "r2": {"preempted": 60}})
+    cited = _cited(clean, t0, "r2", ["r0", "r1"], ["r0", "r1", "r2"])
+    assert list(cited) == ["preemptions"]
+    p = cited["preemptions"]
+    assert p["replica"]["events"] == 60 and p["replica"]["of"] == N and p["replica"]["preemptions"] == 120
+    assert p["peers"]["events"] == 3 and p["peers"]["of"] == 2 * N
+    assert "120 preemptions" in p["said"] and "60 of 150 requests" in p["said"] and "1.0% on peers" in p["said"]
+
+
+@pytest.mark.parametrize("counts", [
+    (18, 20, 22),  # 12-15% of requests preempted everywhere: the fleet's normal rate, no rule passes
+    (37, 38, 60),  # 40% vs 25%: significant (p ~ 0.001) but not MIN_RATIO times the peers' rate
+    (4, 5, 10),  # 6.7% vs 3%: over MIN_RATIO and MIN_EVENTS, but 10 events could be chance (p ~ 0.07)
+    (0, 0, 9),  # none on the peers, significant, but fewer than MIN_EVENTS on the replica
+])
+def test_a_preemption_count_that_is_no_real_difference_is_not_a_cause(clean, counts):
+    t0 = time.time() - 3600
+    fleet(clean, t0, {f"r{i}": {"preempted": c} for i, c in enumerate(counts)})
+    assert _cited(clean, t0, "r2", ["r0", "r1"], ["r0", "r1", "r2"]) == {}
+
+
+def test_a_smaller_cpu_quota_is_cited_with_both_values(clean):
+    t0 = time.time() - 3600
+    fleet(clean, t0, {"r0": {"config": _config(quota=2.0)}, "r1": {"config": _config(quota=2.0)},
+                      "r2": {"config": _config(quota=0.3)}})
+    cited = _cited(clean, t0, "r2", ["r0", "r1"], ["r0", "r1", "r2"])
+    assert list(cited) == ["cpu_quota"]
+    q = cited["cpu_quota"]
+    assert q["replica"]["cpu_quota_cpus"] == 0.3 and q["reference"] == 2.0
+    assert "CPU quota 0.3 CPUs" in q["said"] and "30000 100000" in q["said"] and "vs 2.0 on peers" in q["said"]
+    assert q["replica"]["throttling_at_start"]["nr_periods"] == 10
+    # against peers without a quota, and not when the quota is the peers' own or larger
+    assert "vs max on peers" in _quota_said(_config(quota=0.3), [_config(quota="max")])
+    assert mechanisms._quota({"config_json": _config(quota=0.3)}, [{"config_json": _config(quota=0.3)}]) is None
+    assert mechanisms._quota({"config_json": _config(quota="max")}, [{"config_json": _config(quota=0.3)}]) is None
+    assert mechanisms._quota({"config_json": _config(quota=4.0)}, [{"config_json": _config(quota=2.0)}]) is None
+
+
+def _quota_said(mine: str, peers: list[str]) -> str:
+    return mechanisms._quota({"config_json": mine}, [{"config_json": p} for p in peers])["said"]
+
+
+def test_queue_at_a_smaller_max_num_seqs_full_kv_and_host_time_are_cited(clean):
+    t0 = time.time() - 3600
+    peer = {"config": _config(max_num_seqs=16), "step": {"num_running": 4, "num_waiting": 0}}
+    fleet(clean, t0, {"r0": peer, "r1": peer,
+                      "r2": {"config": _config(max_num_seqs=2),
+                             "step": {"num_seqs": 2, "num_running": 2, "num_waiting": 5, "kv_blocks_used": 62,
+                                      "duration": 0.02, "forward": 0.007}}})
+    cited = _cited(clean, t0, "r2", ["r0", "r1"], ["r0", "r1", "r2"])
+    assert list(cited) == ["kv_pressure", "queue_at_max_num_seqs", "host_time"]
+    assert "all 2 of max_num_seqs running in 100% of steps" in cited["queue_at_max_num_seqs"]["said"]
+    assert "(max_num_seqs 16)" in cited["queue_at_max_num_seqs"]["said"]
+    assert "(64 blocks) vs 0.0% on peers (64 blocks)" in cited["kv_pressure"]["said"]
+    assert "13.0 ms per step" in cited["host_time"]["said"] and "3.0 ms on peers" in cited["host_time"]["said"]
+    # the same limits and steps on every replica: none of it is a difference
+    clean_peers = _cited(clean, t0, "r0", ["r1"], ["r0", "r1", "r2"])
+    assert clean_peers == {}
+
+
+def test_nothing_in_the_records_is_said(clean):
+    t0 = time.time() - 3600
+    fleet(clean, t0, {f"r{i}": {"preempted": 3} for i in range(3)})
+    assert _cited(clean, t0, "r2", ["r0", "r1"], ["r0", "r1", "r2"]) == {}
+    assert mechanisms.explain([]).startswith("cause not found in the records")
+
+
+def test_a_lagging_replica_s_finding_cites_its_preemptions(clean):
+    t0 = time.time() - 3600
+    fleet(clean, t0, {"r0": {"preempted": 1}, "r1": {"preempted": 2}, "r2": {"preempted": 80}}, slow={"r2": 2.2})
+    findings = [f for f in replicas.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
+                if f.kind == replicas.KIND]
+    assert [f.subject for f in findings] == ["r2"]
+    f = findings[0]
+    assert "cause: 160 preemptions: 80 of 150 requests preempted" in f.summary
+    assert [m["mechanism"] for m in f.evidence["mechanisms"]] == ["preemptions"]
+
+
+def test_a_lagging_replica_with_no_mechanism_recorded_says_so(clean):
+    t0 = time.time() - 3600
+    fleet(clean, t0, {f"r{i}": {} for i in range(3)}, slow={"r2": 2.2})
+    findings = [f for f in replicas.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
+                if f.kind == replicas.KIND]
+    assert [f.subject for f in findings] == ["r2"]
+    assert "cause not found in the records" in findings[0].summary
+    assert findings[0].evidence["mechanisms"] == []
