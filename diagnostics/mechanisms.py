@@ -1,7 +1,10 @@
-"""Mechanisms: why a replica is slow, as far as its own records say, compared with its peers in the same window.
+"""Mechanisms: why something is slow, as far as its own records say, against what it is compared with.
 
-A latency or lag finding names a replica; this module looks in the store for what would make it slow and
-cites what it finds, with the numbers on both sides, or says that nothing was found:
+A latency or lag finding names a subject and a reference: a lagging replica and its peers in the same window
+(diagnostics.replicas, diagnostics.step_model), a candidate and its baseline (diagnostics.regression), the
+time after a change point and the time before it. This module looks in the store for what would make the
+subject slow and cites what it finds, with the numbers on both sides, or says that nothing was found
+(each side's records pooled over its replicas):
 
 - preemptions: the share of its requests preempted at least once (the request is the unit: one long request
   preempted ten times is one), from the `requests` table; where no request of the group records any, the
@@ -24,12 +27,13 @@ store can compare over a window; the counters are given as evidence.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from dataclasses import dataclass
 
 from diagnostics import config_keys, hypothesis_tests
 from diagnostics.prefix_hits import MIN_GAP as MIN_PREFIX_GAP
-from diagnostics.scope import Scope
-from telemetry.contract.derived import window_sql
+from diagnostics.scope import Scope, replicas_in, requests_in, steps_in
 
 ALPHA = 0.01
 MIN_EVENTS = 10  # preempted requests, full-KV steps, saturated steps on the replica before one is a cause
@@ -43,31 +47,40 @@ QUOTA_KEY = "placement.cgroup.cpu_quota_cpus"
 NOT_FOUND = "cause not found in the records"
 LOOKED_AT = ("preemptions", "KV usage", "queue against max_num_seqs", "CPU quota", "prefix hits", "host time")
 
+# one side's steps and requests, pooled over its replicas (`source`: scope.steps_in / requests_in, the side's
+# window, replicas, versions, config hashes and models)
 _STEPS = f"""
-SELECT replica_id,
-       countIf(phase != 'idle') AS steps,
+SELECT count() AS steps,
        sum(num_preempted) AS preemptions_total,
-       countIf(phase != 'idle' AND num_preempted > 0) AS preempting_steps,
-       countIf(phase != 'idle' AND kv_blocks_total > 0 AND kv_blocks_used >= {KV_FULL} * kv_blocks_total) AS kv_full,
-       max(kv_blocks_total) AS kv_blocks,
-       avgIf(kv_blocks_used / kv_blocks_total, phase != 'idle' AND kv_blocks_total > 0) AS kv_used_mean,
-       countIf(phase != 'idle' AND num_waiting > 0
+       countIf(num_preempted > 0) AS preempting_steps,
+       countIf(kv_blocks_total > 0 AND kv_blocks_used >= {KV_FULL} * kv_blocks_total) AS kv_full,
+       groupUniqArray(kv_blocks_total) AS kv_blocks,
+       avgIf(kv_blocks_used / kv_blocks_total, kv_blocks_total > 0) AS kv_used_mean,
+       countIf(num_waiting > 0
                AND num_running >= transform(replica_id, {{ids:Array(String)}}, {{limits:Array(Int64)}}, 0))
            AS saturated,
-       avgIf(num_waiting, phase != 'idle') AS waiting_mean,
+       avg(num_waiting) AS waiting_mean,
        sum(prefix_hit_tokens) AS prefix_hit, sum(prefix_query_tokens) AS prefix_query,
-       quantileExactIf(0.5)(duration_seconds - forward_seconds, phase != 'idle') AS host_median
-FROM steps
-WHERE {window_sql('start_time')} AND has({{ids:Array(String)}}, replica_id)
-GROUP BY replica_id
+       quantileExact(0.5)(host_seconds) AS host_median
+FROM {{source}}
+WHERE phase != 'idle'
+"""
+_STEP_COLUMNS = ("t.replica_id AS replica_id, t.phase AS phase, t.num_preempted AS num_preempted, "
+                 "t.kv_blocks_total AS kv_blocks_total, t.kv_blocks_used AS kv_blocks_used, "
+                 "t.num_waiting AS num_waiting, t.num_running AS num_running, "
+                 "t.prefix_hit_tokens AS prefix_hit_tokens, t.prefix_query_tokens AS prefix_query_tokens, "
+                 "t.duration_seconds - t.forward_seconds AS host_seconds")
+_REQUESTS = """
+SELECT count() AS requests, countIf(preemptions > 0) AS preempted, sum(preemptions) AS preemptions_total
+FROM {source}
 """
 
-_REQUESTS = f"""
-SELECT replica_id, count() AS requests, countIf(preemptions > 0) AS preempted, sum(preemptions) AS preemptions_total
-FROM requests
-WHERE {window_sql('arrival_time')} AND has({{ids:Array(String)}}, replica_id)
-GROUP BY replica_id
-"""
+
+@dataclass(frozen=True)
+class Side:
+    """What is compared: the scope's records (window, replicas, versions ...) and its replicas' identity rows."""
+    scope: Scope
+    identities: tuple[dict, ...]
 
 
 def _flat(identity: dict) -> dict:
@@ -82,154 +95,188 @@ def max_num_seqs(identity: dict) -> int:
     return 0
 
 
-def _rows(store, sql: str, parameters: dict) -> dict[str, dict]:
-    return {r["replica_id"]: r for r in store.query_arrow(sql, parameters).to_pylist()}
+def _totals(store, side: Side, ids: list[str], limits: list[int]) -> tuple[dict, dict]:
+    """(its steps' numbers, its requests' numbers), each pooled over the side's replicas."""
+    params = {**side.scope.parameters(), "ids": ids, "limits": limits}
+    steps = store.query_arrow(_STEPS.replace("{source}", steps_in(_STEP_COLUMNS)), params).to_pylist()[0]
+    source = requests_in("t.preemptions AS preemptions", scope=side.scope)
+    reqs = store.query_arrow(_REQUESTS.replace("{source}", source), side.scope.parameters()).to_pylist()[0]
+    return steps, reqs
 
 
-def _sum(rows: list[dict], key: str) -> float:
-    return sum(r.get(key) or 0 for r in rows)
+def _common(values: list):
+    """The most common value (None when there is none)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    top = Counter(json.dumps(v, sort_keys=True) for v in known).most_common(1)[0][0]
+    return next(v for v in known if json.dumps(v, sort_keys=True) == top)
 
 
 def _proportion(mine: int, n_mine: int, theirs: int, n_theirs: int) -> dict | None:
     """The test's numbers when `mine` of `n_mine` is a real excess over `theirs` of `n_theirs`, else None."""
+    mine, n_mine, theirs, n_theirs = int(mine or 0), int(n_mine or 0), int(theirs or 0), int(n_theirs or 0)
     if mine < MIN_EVENTS or n_mine <= 0 or n_theirs <= 0:
         return None
-    rate, peer_rate = mine / n_mine, theirs / n_theirs
+    rate, other_rate = mine / n_mine, theirs / n_theirs
     if rate < MIN_RATIO * max(theirs, 1) / n_theirs:
         return None
     t = hypothesis_tests.two_proportions(theirs, n_theirs, mine, n_mine)
     if t is None or t.p_value >= ALPHA:
         return None
     return {"replica": {"events": mine, "of": n_mine, "rate": rate},
-            "peers": {"events": theirs, "of": n_theirs, "rate": peer_rate},
-            "ratio": rate / peer_rate if peer_rate else None, "test": t.to_dict()}
+            "others": {"events": theirs, "of": n_theirs, "rate": other_rate},
+            "ratio": rate / other_rate if other_rate else None, "test": t.to_dict()}
 
 
-def _preemptions(me_s, peer_s, me_r, peer_r, any_request_records) -> dict | None:
-    if any_request_records:
-        c = _proportion(me_r.get("preempted", 0), me_r.get("requests", 0),
-                        int(_sum(peer_r, "preempted")), int(_sum(peer_r, "requests")))
-        unit = "requests"
+def _preemptions(mine: dict, theirs: dict, others: str) -> dict | None:
+    """Preempted requests where either side's requests record any, else preempting steps."""
+    (ms, mr), (ts, tr) = mine, theirs
+    if (mr.get("preempted") or 0) + (tr.get("preempted") or 0) > 0:
+        c, unit = _proportion(mr.get("preempted"), mr.get("requests"), tr.get("preempted"), tr.get("requests")), \
+            "requests"
     else:
-        c = _proportion(me_s.get("preempting_steps", 0), me_s.get("steps", 0),
-                        int(_sum(peer_s, "preempting_steps")), int(_sum(peer_s, "steps")))
-        unit = "steps"
+        c, unit = _proportion(ms.get("preempting_steps"), ms.get("steps"), ts.get("preempting_steps"),
+                              ts.get("steps")), "steps"
     if c is None:
         return None
-    total = max(me_s.get("preemptions_total") or 0, me_r.get("preemptions_total") or 0)
-    c["said"] = (f"{total} preemptions: {c['replica']['events']} of {c['replica']['of']} {unit} preempted "
-                 f"({c['replica']['rate']:.0%}) vs {c['peers']['rate']:.1%} on peers")
+    total = max(ms.get("preemptions_total") or 0, mr.get("preemptions_total") or 0)
     c["replica"]["preemptions"], c["unit"] = total, unit
+    c["said"] = (f"{total} preemptions: {c['replica']['events']} of {c['replica']['of']} {unit} preempted "
+                 f"({c['replica']['rate']:.0%}) vs {c['others']['rate']:.1%} {others}")
     return c
 
 
-def _kv(me_s, peer_s) -> dict | None:
-    c = _proportion(me_s.get("kv_full", 0), me_s.get("steps", 0), int(_sum(peer_s, "kv_full")),
-                    int(_sum(peer_s, "steps")))
+def _blocks(steps: dict) -> str:
+    return ", ".join(str(b) for b in sorted(steps.get("kv_blocks") or [])) or "?"
+
+
+def _kv(mine: dict, theirs: dict, others: str) -> dict | None:
+    (ms, _), (ts, _) = mine, theirs
+    c = _proportion(ms.get("kv_full"), ms.get("steps"), ts.get("kv_full"), ts.get("steps"))
     if c is None:
         return None
-    peer_blocks = sorted({r.get("kv_blocks") for r in peer_s})
-    c["replica"].update(kv_blocks_total=me_s.get("kv_blocks"), kv_used_mean=me_s.get("kv_used_mean"))
-    c["peers"].update(kv_blocks_total=peer_blocks)
-    c["said"] = (f"KV cache >= {KV_FULL:.0%} used in {c['replica']['rate']:.0%} of steps "
-                 f"({me_s.get('kv_blocks')} blocks) vs {c['peers']['rate']:.1%} on peers "
-                 f"({', '.join(str(b) for b in peer_blocks)} blocks)")
+    c["replica"].update(kv_blocks_total=sorted(ms.get("kv_blocks") or []), kv_used_mean=ms.get("kv_used_mean"))
+    c["others"].update(kv_blocks_total=sorted(ts.get("kv_blocks") or []), kv_used_mean=ts.get("kv_used_mean"))
+    c["said"] = (f"KV cache >= {KV_FULL:.0%} used in {c['replica']['rate']:.0%} of steps ({_blocks(ms)} blocks) "
+                 f"vs {c['others']['rate']:.1%} {others} ({_blocks(ts)} blocks)")
     return c
 
 
-def _queue(me_s, peer_s, limit: int, peer_limits: list[int]) -> dict | None:
-    c = _proportion(me_s.get("saturated", 0), me_s.get("steps", 0), int(_sum(peer_s, "saturated")),
-                    int(_sum(peer_s, "steps")))
+def _queue(mine: dict, theirs: dict, limit, other_limit, others: str) -> dict | None:
+    (ms, _), (ts, _) = mine, theirs
+    c = _proportion(ms.get("saturated"), ms.get("steps"), ts.get("saturated"), ts.get("steps"))
     if c is None:
         return None
-    common = Counter(peer_limits).most_common(1)[0][0] if peer_limits else 0
-    c["replica"].update(max_num_seqs=limit or None, waiting_mean=me_s.get("waiting_mean"))
-    c["peers"].update(max_num_seqs=dict(Counter(peer_limits)),
-                      waiting_mean=_sum(peer_s, "waiting_mean") / len(peer_s) if peer_s else None)
+    c["replica"].update(max_num_seqs=limit or None, waiting_mean=ms.get("waiting_mean"))
+    c["others"].update(max_num_seqs=other_limit or None, waiting_mean=ts.get("waiting_mean"))
     slots = f"all {limit} of max_num_seqs running" if limit else "requests running"
-    versus = f" (max_num_seqs {common})" if common and common != limit else ""
+    versus = f" (max_num_seqs {other_limit})" if other_limit and other_limit != limit else ""
     c["said"] = (f"requests waited with {slots} in {c['replica']['rate']:.0%} of steps (mean "
-                 f"{me_s.get('waiting_mean') or 0:.1f} waiting) vs {c['peers']['rate']:.1%} on peers{versus}")
+                 f"{ms.get('waiting_mean') or 0:.1f} waiting) vs {c['others']['rate']:.1%} {others}{versus}")
     return c
 
 
-def _quota(me: dict, peers: list[dict]) -> dict | None:
-    mine = _flat(me).get(QUOTA_KEY)
-    theirs = [_flat(p).get(QUOTA_KEY) for p in peers]
-    known = [t for t in theirs if t is not None]
-    if not isinstance(mine, (int, float)) or isinstance(mine, bool) or not known:
-        return None
-    common = Counter(str(t) for t in known).most_common(1)[0][0]
-    reference = next(t for t in known if str(t) == common)
-    if isinstance(reference, (int, float)) and not reference > mine:
-        return None  # "max" (no quota) or a larger one: only a smaller quota slows it
-    throttling = config_keys.document(me.get("config_json")).get("_start", {}).get("cgroup_throttling")
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _quota(mine: Side, theirs: Side, others: str) -> dict | None:
+    """A cgroup CPU quota smaller than the other side's ("max": none), with both values."""
+    quota = _common([_flat(r).get(QUOTA_KEY) for r in mine.identities])
+    reference = _common([_flat(r).get(QUOTA_KEY) for r in theirs.identities])
+    if not _number(quota) or reference is None or (_number(reference) and not reference > quota):
+        return None  # no quota, or the others' own or a larger one: only a smaller quota slows it
+    me = next(r for r in mine.identities if _flat(r).get(QUOTA_KEY) == quota)
     cpu_max = _flat(me).get("placement.cgroup.cpu_max")
-    return {"replica": {"cpu_quota_cpus": mine, "cpu_max": cpu_max, "throttling_at_start": throttling},
-            "peers": {"cpu_quota_cpus": dict(Counter(str(t) for t in theirs))}, "reference": reference,
-            "said": f"CPU quota {mine:g} CPUs (cgroup cpu.max {cpu_max}) vs {reference} on peers"}
+    throttling = config_keys.document(me.get("config_json")).get("_start", {}).get("cgroup_throttling")
+    return {"replica": {"cpu_quota_cpus": quota, "cpu_max": cpu_max, "throttling_at_start": throttling},
+            "others": {"cpu_quota_cpus": dict(Counter(str(_flat(r).get(QUOTA_KEY)) for r in theirs.identities))},
+            "reference": reference,
+            "said": f"CPU quota {quota:g} CPUs (cgroup cpu.max {cpu_max}) vs {reference} {others}"}
 
 
-def _prefix(me_s, peer_s) -> dict | None:
-    q, pq = me_s.get("prefix_query", 0) or 0, _sum(peer_s, "prefix_query")
-    if q < MIN_PREFIX_TOKENS or pq < MIN_PREFIX_TOKENS:
+def _prefix(mine: dict, theirs: dict, others: str) -> dict | None:
+    (ms, _), (ts, _) = mine, theirs
+    q, tq = ms.get("prefix_query") or 0, ts.get("prefix_query") or 0
+    if q < MIN_PREFIX_TOKENS or tq < MIN_PREFIX_TOKENS:
         return None
-    rate, peer_rate = (me_s.get("prefix_hit", 0) or 0) / q, _sum(peer_s, "prefix_hit") / pq
-    if peer_rate - rate < MIN_PREFIX_GAP:
+    rate, other_rate = (ms.get("prefix_hit") or 0) / q, (ts.get("prefix_hit") or 0) / tq
+    if other_rate - rate < MIN_PREFIX_GAP:
         return None
-    return {"replica": {"hit_tokens": me_s.get("prefix_hit"), "query_tokens": q, "rate": rate},
-            "peers": {"hit_tokens": _sum(peer_s, "prefix_hit"), "query_tokens": pq, "rate": peer_rate},
-            "said": f"prefix-cache hits {rate:.0%} of looked-up prompt tokens vs {peer_rate:.0%} on peers"}
+    return {"replica": {"hit_tokens": ms.get("prefix_hit"), "query_tokens": q, "rate": rate},
+            "others": {"hit_tokens": ts.get("prefix_hit"), "query_tokens": tq, "rate": other_rate},
+            "said": f"prefix-cache hits {rate:.0%} of looked-up prompt tokens vs {other_rate:.0%} {others}"}
 
 
-def _host(me_s, peer_s) -> dict | None:
-    counted = [r for r in peer_s if (r.get("steps") or 0) > 0]
-    if (me_s.get("steps") or 0) < MIN_STEPS or _sum(counted, "steps") < MIN_STEPS:
+def _host(mine: dict, theirs: dict, others: str) -> dict | None:
+    (ms, _), (ts, _) = mine, theirs
+    if (ms.get("steps") or 0) < MIN_STEPS or (ts.get("steps") or 0) < MIN_STEPS:
         return None
-    mine = me_s.get("host_median") or 0.0
-    # the peers' median of per-replica medians, weighted by steps (a peer's typical step, not one outlier)
-    weighted = sorted((r["host_median"] or 0.0, r["steps"]) for r in counted)
-    half, seen, theirs = _sum(counted, "steps") / 2, 0, 0.0
-    for value, n in weighted:
-        seen += n
-        theirs = value
-        if seen >= half:
-            break
-    if mine < HOST_RATIO * theirs or mine - theirs < HOST_MIN_SECONDS:
+    m, t = ms.get("host_median") or 0.0, ts.get("host_median") or 0.0
+    if m < HOST_RATIO * t or m - t < HOST_MIN_SECONDS:
         return None
-    return {"replica": {"host_seconds_median": mine, "steps": me_s.get("steps")},
-            "peers": {"host_seconds_median": theirs, "steps": _sum(counted, "steps")},
-            "ratio": mine / theirs if theirs else None,
-            "said": f"host time {mine * 1e3:.1f} ms per step (median, outside the forward pass) vs "
-                    f"{theirs * 1e3:.1f} ms on peers"}
+    return {"replica": {"host_seconds_median": m, "steps": ms.get("steps")},
+            "others": {"host_seconds_median": t, "steps": ts.get("steps")}, "ratio": m / t if t else None,
+            "said": f"host time {m * 1e3:.1f} ms per step (median, outside the forward pass) vs "
+                    f"{t * 1e3:.1f} ms {others}"}
+
+
+def compared(store, subject: Side, reference: Side, others: str = "on peers") -> list[dict]:
+    """What the records of `subject` show that would make it slower than `reference` (its peers in the same
+    window, a baseline, the time before a change), most fundamental first (a quota, then memory, then the
+    queue it causes, then the rest): each {mechanism, said (for people; the reference said as `others`: "on peers", "on the baseline", "before"),
+    replica (the subject's numbers), others (the reference's) ...}. Empty when nothing is a real difference."""
+    everyone = {r["replica_id"]: r for r in (*reference.identities, *subject.identities) if "replica_id" in r}
+    ids = sorted(everyone)
+    limits = [max_num_seqs(everyone[r]) for r in ids]
+    mine, theirs = _totals(store, subject, ids, limits), _totals(store, reference, ids, limits)
+    limit = _common([max_num_seqs(r) for r in subject.identities])
+    other_limit = _common([max_num_seqs(r) for r in reference.identities])
+    found = {
+        "cpu_quota": _quota(subject, reference, others),
+        "preemptions": _preemptions(mine, theirs, others),
+        "kv_pressure": _kv(mine, theirs, others),
+        "queue_at_max_num_seqs": _queue(mine, theirs, limit, other_limit, others),
+        "prefix_hits": _prefix(mine, theirs, others),
+        "host_time": _host(mine, theirs, others),
+    }
+    return [{"mechanism": name, **c} for name, c in found.items() if c is not None]
 
 
 def cited(store, scope: Scope, replica: str, peers: list[str], identity: dict[str, dict]) -> list[dict]:
-    """What the store records that would make `replica` slower than `peers` in `scope`'s window, most
-    fundamental first (a quota, then memory, then the queue it causes, then the rest): each {mechanism,
-    said (for people), replica, peers (their numbers) ...}. Empty when nothing is a real difference."""
-    ids = [replica, *peers]
-    limits = [max_num_seqs(identity.get(r, {})) for r in ids]
-    window = {k: v for k, v in scope.parameters().items() if k in ("start", "end")}
-    steps = _rows(store, _STEPS, {**window, "ids": ids, "limits": limits})
-    reqs = _rows(store, _REQUESTS, {**window, "ids": ids})
-    me_s, peer_s = steps.get(replica, {}), [steps[p] for p in peers if p in steps]
-    me_r, peer_r = reqs.get(replica, {}), [reqs[p] for p in peers if p in reqs]
-    any_request_records = any((r.get("preempted") or 0) > 0 for r in reqs.values())
-    me_id = identity.get(replica, {"replica_id": replica})
-    found = {
-        "cpu_quota": _quota(me_id, [identity.get(p, {"replica_id": p}) for p in peers]),
-        "preemptions": _preemptions(me_s, peer_s, me_r, peer_r, any_request_records),
-        "kv_pressure": _kv(me_s, peer_s),
-        "queue_at_max_num_seqs": _queue(me_s, peer_s, limits[0], limits[1:]),
-        "prefix_hits": _prefix(me_s, peer_s),
-        "host_time": _host(me_s, peer_s),
-    }
-    return [{"mechanism": name, **c} for name, c in found.items() if c is not None]
+    """`compared` for one replica against its peers in `scope`'s window."""
+    if not peers:
+        return []
+
+    def side(ids):
+        return Side(scope.narrowed(replicas=tuple(ids)), tuple(identity.get(r, {"replica_id": r}) for r in ids))
+
+    return compared(store, side([replica]), side(peers))
+
+
+def between(store, subject: Scope, reference: Scope, others: str) -> list[dict]:
+    """`compared` for two scopes (a candidate and its baseline, the time after a change and before it), each
+    with the identities of the replicas that ran in it."""
+    return compared(store, Side(subject, tuple(replicas_in(store, subject))),
+                    Side(reference, tuple(replicas_in(store, reference))), others)
+
+
+def cite(store, scope: Scope, finding, identity: dict[str, dict]):
+    """Look for the mechanism of a finding about one replica against its peers (evidence "replica" and "peers")
+    and say it: one clause appended to its summary, the numbers under evidence "mechanisms". Returns it."""
+    return said(finding, cited(store, scope, finding.evidence["replica"], list(finding.evidence["peers"]), identity))
+
+
+def said(finding, found: list[dict]):
+    """`found` said in the finding: one clause appended to its summary, the numbers under evidence "mechanisms"."""
+    finding.summary = f"{finding.summary}; {explain(found)}"
+    finding.evidence["mechanisms"] = found
+    return finding
 
 
 def explain(mechanisms: list[dict], limit: int = 3) -> str:
     """One clause for a finding's summary: `cause: <what>; <what>` or that nothing was found."""
     if not mechanisms:
-        return f"{NOT_FOUND} ({', '.join(LOOKED_AT)} compared with its peers)"
+        return f"{NOT_FOUND} ({', '.join(LOOKED_AT)} compared)"
     return "cause: " + "; ".join(m["said"] for m in mechanisms[:limit])

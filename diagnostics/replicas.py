@@ -294,8 +294,6 @@ def _verdicts(store, model, group, done, identity, skip, scope, limits) -> list[
         me = identity.get(rid, {"replica_id": rid})
         peers = [identity.get(p, {"replica_id": p}) for p in sorted(group) if p != rid]
         diffs = identity_differences(me, peers)
-        causes = mechanisms.cited(store, scope, rid, [p["replica_id"] for p in peers], identity)
-        explained = _explain(diffs) + "; " + mechanisms.explain(causes)
         ratio, (lo, hi) = worst["ratio_to_peers"], worst["ratio_ci"]
         tw = worst["test_vs_peers"]
         like = (f"{tw['n_subject']} requests like for like in {tw['strata']} strata of workload, "
@@ -306,13 +304,13 @@ def _verdicts(store, model, group, done, identity, skip, scope, limits) -> list[
                        f"(95% CI {lo:.2f}-{hi:.2f}x; {like}; {tw['above_peer_quantile']:.0%} of them above the "
                        f"peers' stratum p90, ~10% if alike; block bootstrap over {tw['blocks']} time blocks of "
                        f"{tw['block_seconds']:g} s, Holm p={worst['holm_p']:.1e} over {len(done)} tests); "
-                       + explained)
+                       + _explain(diffs))
         else:
             summary = (f"{rid} is {ratio:.2f}x slower than its {len(peers)} peer(s) of {model} on "
                        f"{LABELS[worst_metric]} (95% CI {lo:.2f}-{hi:.2f}x; {like}; van Elteren "
-                       f"p={tw['p_value']:.1e}, Holm over {len(done)} tests); " + explained)
+                       f"p={tw['p_value']:.1e}, Holm over {len(done)} tests); " + _explain(diffs))
         evidence = {"model_name": model, "replica": rid, "peers": [p["replica_id"] for p in peers],
-                    "metrics": metrics, "identity_differences": diffs, "mechanisms": causes,
+                    "metrics": metrics, "identity_differences": diffs,
                     "identity": {k: me.get(k) for k in
                                  (*IDENTITY, "cpu_affinity", "cpu_numa_nodes", "mem_policy_nodes")},
                     "requests": {r: e["n"] for r, e in group.items()}, "unit": "request",
@@ -328,5 +326,6 @@ def _verdicts(store, model, group, done, identity, skip, scope, limits) -> list[
                               "(diagnostics.tail_latency); prefill and TTFT in strata of computed prompt tokens "
                               "instead of prompt / output length"}
         severity = "critical" if ratio >= CRITICAL_RATIO else "warning"
-        findings.append(Finding(KIND, severity, rid, summary, DIAGNOSTIC, scope, evidence))
+        findings.append(mechanisms.cite(store, scope, Finding(KIND, severity, rid, summary, DIAGNOSTIC, scope, evidence),
+                                        identity))
     return findings

@@ -10,7 +10,7 @@ import time
 import pytest
 from diag_records import jittered, replica, request, step
 
-from diagnostics import mechanisms, replicas
+from diagnostics import mechanisms, regression, replicas
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in
 
@@ -64,7 +64,7 @@ def test_many_preemptions_are_cited_with_both_rates(clean):
     assert list(cited) == ["preemptions"]
     p = cited["preemptions"]
     assert p["replica"]["events"] == 60 and p["replica"]["of"] == N and p["replica"]["preemptions"] == 120
-    assert p["peers"]["events"] == 3 and p["peers"]["of"] == 2 * N
+    assert p["others"]["events"] == 3 and p["others"]["of"] == 2 * N
     assert "120 preemptions" in p["said"] and "60 of 150 requests" in p["said"] and "1.0% on peers" in p["said"]
 
 
@@ -91,14 +91,17 @@ def test_a_smaller_cpu_quota_is_cited_with_both_values(clean):
     assert "CPU quota 0.3 CPUs" in q["said"] and "30000 100000" in q["said"] and "vs 2.0 on peers" in q["said"]
     assert q["replica"]["throttling_at_start"]["nr_periods"] == 10
     # against peers without a quota, and not when the quota is the peers' own or larger
-    assert "vs max on peers" in _quota_said(_config(quota=0.3), [_config(quota="max")])
-    assert mechanisms._quota({"config_json": _config(quota=0.3)}, [{"config_json": _config(quota=0.3)}]) is None
-    assert mechanisms._quota({"config_json": _config(quota="max")}, [{"config_json": _config(quota=0.3)}]) is None
-    assert mechanisms._quota({"config_json": _config(quota=4.0)}, [{"config_json": _config(quota=2.0)}]) is None
+    assert "vs max on peers" in _quota(_config(quota=0.3), [_config(quota="max")])["said"]
+    assert _quota(_config(quota=0.3), [_config(quota=0.3)]) is None
+    assert _quota(_config(quota="max"), [_config(quota=0.3)]) is None
+    assert _quota(_config(quota=4.0), [_config(quota=2.0)]) is None
+    assert _quota(_config(), [_config(quota=2.0)]) is None  # no quota recorded: nothing to compare
 
 
-def _quota_said(mine: str, peers: list[str]) -> str:
-    return mechanisms._quota({"config_json": mine}, [{"config_json": p} for p in peers])["said"]
+def _quota(mine: str, peers: list[str]):
+    def side(configs):
+        return mechanisms.Side(Scope(), tuple({"replica_id": f"r{i}", "config_json": c} for i, c in enumerate(configs)))
+    return mechanisms._quota(side([mine]), side(peers), "on peers")
 
 
 def test_queue_at_a_smaller_max_num_seqs_full_kv_and_host_time_are_cited(clean):
@@ -145,3 +148,38 @@ def test_a_lagging_replica_with_no_mechanism_recorded_says_so(clean):
     assert [f.subject for f in findings] == ["r2"]
     assert "cause not found in the records" in findings[0].summary
     assert findings[0].evidence["mechanisms"] == []
+
+
+def test_a_regression_cites_the_candidate_s_preemptions_against_the_baseline(clean):
+    t0 = time.time() - 3600
+    rng = random.Random(4)
+    clean.insert_records("replicas", [replica("r0", t0 - 10, version="0.1.0"),
+                                      replica("r1", t0 - 10, version="0.2.0")])
+    reqs = [request(rid, j, t0 + j, ttft=jittered(rng, 0.02 * k), itl=jittered(rng, 0.01 * k),
+                    preemptions=1 if (rid == "r1" and j % 3 == 0) else 0)
+            for rid, k in (("r0", 1.0), ("r1", 1.6)) for j in range(300)]
+    clean.insert_records("requests", reqs)
+    findings = regression.compare(clean, Scope(versions=("0.1.0",), name="version=0.1.0"),
+                                  Scope(versions=("0.2.0",), name="version=0.2.0"))
+    ttft = next(f for f in findings if f.subject == "ttft: version=0.2.0 vs version=0.1.0")
+    assert ttft.kind == "regression"
+    assert "cause: 100 preemptions: 100 of 300 requests preempted (33%) vs 0.0% on the baseline" in ttft.summary
+    assert [m["mechanism"] for m in ttft.evidence["mechanisms"]] == ["preemptions"]
+
+
+def test_a_change_point_cites_what_changed_before_and_after_or_says_nothing_was_found(clean):
+    t0 = time.time() - 3600
+    rng = random.Random(3)
+    clean.insert_records("replicas", [replica("r0", t0 - 10)])
+    # latency steps up 1.8x at t0 + 1000, when the KV cache starts to run full
+    slow = [j >= 1000 for j in range(2000)]
+    clean.insert_records("requests", [request("r0", j, t0 + j, ttft=jittered(rng, 0.02 * (1.8 if s else 1.0)),
+                                              itl=jittered(rng, 0.01)) for j, s in enumerate(slow)])
+    clean.insert_records("steps", [step("r0", j, t0 + j + 0.5, kv_blocks_used=60 if s else 8)
+                                   for j, s in enumerate(slow)])
+    creep = [f for f in regression.creep(clean, Scope(start=t0 - 60)) if f.kind == "latency_change_point"]
+    ttft = next(f for f in creep if f.subject.startswith("ttft"))
+    assert "cause: KV cache >= 90% used in 100% of steps (64 blocks) vs 0.0% before the change" in ttft.summary
+    clean.command("TRUNCATE TABLE steps")  # the same step up with nothing in the records to explain it
+    ttft = next(f for f in regression.creep(clean, Scope(start=t0 - 60)) if f.subject.startswith("ttft"))
+    assert ttft.kind == "latency_change_point" and "cause not found in the records" in ttft.summary
