@@ -183,3 +183,12 @@ def test_a_change_point_cites_what_changed_before_and_after_or_says_nothing_was_
     clean.command("TRUNCATE TABLE steps")  # the same step up with nothing in the records to explain it
     ttft = next(f for f in regression.creep(clean, Scope(start=t0 - 60)) if f.subject.startswith("ttft"))
     assert ttft.kind == "latency_change_point" and "cause not found in the records" in ttft.summary
+
+
+def test_sides_without_identity_rows_are_compared_on_their_records_alone(clean):
+    t0 = time.time() - 3600
+    clean.insert_records("steps", [step(rid, j, t0 + j, kv_blocks_used=62 if rid == "x1" else 8)
+                                   for rid in ("x0", "x1") for j in range(100)])
+    side = {r: mechanisms.Side(Scope(start=t0 - 1, replicas=(r,)), ()) for r in ("x0", "x1")}
+    found = mechanisms.compared(clean, side["x1"], side["x0"])
+    assert [m["mechanism"] for m in found] == ["kv_pressure"]
