@@ -14,7 +14,9 @@ subject slow and cites what it finds, with the numbers on both sides, or says th
   allows (max_num_seqs, from its identity) was running;
 - CPU quota: a cgroup CPU quota (the identity's placement.cgroup, engine/cgroup_limits.py) below its peers';
 - prefix hits: its prefix-cache hit rate (hit / looked-up prompt tokens) below its peers' by MIN_PREFIX_GAP;
-- host time: its median host time per step (the step's wall time less its forward pass) over its peers'.
+- host time: its median host time per step (the step's wall time less its forward pass) over its peers', in
+  strata of batch size (sequences, powers of two: host time grows with the batch, so a replica that batched
+  more is not said to spend more time per step for it).
 
 Each proportion is cited only when it is a real difference: at least MIN_EVENTS events on the replica, at
 least MIN_RATIO times the peers' rate (the peers' rate floored at one event, so peers with none do not make
@@ -31,6 +33,8 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from diagnostics import config_keys, hypothesis_tests
 from diagnostics.prefix_hits import MIN_GAP as MIN_PREFIX_GAP
 from diagnostics.scope import Scope, replicas_in, requests_in, steps_in
@@ -39,8 +43,8 @@ ALPHA = 0.01
 MIN_EVENTS = 10  # preempted requests, full-KV steps, saturated steps on the replica before one is a cause
 MIN_RATIO = 2.0  # the replica's rate over its peers' (floored at one event)
 KV_FULL = 0.9  # share of KV blocks used at which a step counts as under KV pressure
-MIN_STEPS = 20  # steps on each side before host time is compared
-HOST_RATIO = 1.5  # median host time per step over the peers'
+MIN_STEPS = 20  # steps on each side of a batch-size stratum before its host times are compared
+HOST_RATIO = 1.5  # median host time per step over the peers' (weighted geometric mean over strata)
 HOST_MIN_SECONDS = 5e-4  # ... and at least this much more per step (50 us over 20 us is no cause)
 MIN_PREFIX_TOKENS = 500  # looked-up prompt tokens on each side before hit rates are compared
 QUOTA_KEY = "placement.cgroup.cpu_quota_cpus"
@@ -60,16 +64,21 @@ SELECT count() AS steps,
                AND num_running >= transform(replica_id, {{ids:Array(String)}}, {{limits:Array(Int64)}}, 0))
            AS saturated,
        avg(num_waiting) AS waiting_mean,
-       sum(prefix_hit_tokens) AS prefix_hit, sum(prefix_query_tokens) AS prefix_query,
-       quantileExact(0.5)(host_seconds) AS host_median
+       sum(prefix_hit_tokens) AS prefix_hit, sum(prefix_query_tokens) AS prefix_query
 FROM {{source}}
 WHERE phase != 'idle'
+"""
+_HOST = """
+SELECT toUInt8(floor(log2(greatest(num_seqs, 1)))) AS batch, count() AS n, quantileExact(0.5)(host_seconds) AS median
+FROM {source}
+WHERE phase != 'idle'
+GROUP BY batch
 """
 _STEP_COLUMNS = ("t.replica_id AS replica_id, t.phase AS phase, t.num_preempted AS num_preempted, "
                  "t.kv_blocks_total AS kv_blocks_total, t.kv_blocks_used AS kv_blocks_used, "
                  "t.num_waiting AS num_waiting, t.num_running AS num_running, "
                  "t.prefix_hit_tokens AS prefix_hit_tokens, t.prefix_query_tokens AS prefix_query_tokens, "
-                 "t.duration_seconds - t.forward_seconds AS host_seconds")
+                 "t.num_seqs AS num_seqs, t.duration_seconds - t.forward_seconds AS host_seconds")
 _REQUESTS = """
 SELECT count() AS requests, countIf(preemptions > 0) AS preempted, sum(preemptions) AS preemptions_total
 FROM {source}
@@ -99,6 +108,8 @@ def _totals(store, side: Side, ids: list[str], limits: list[int]) -> tuple[dict,
     """(its steps' numbers, its requests' numbers), each pooled over the side's replicas."""
     params = {**side.scope.parameters(), "ids": ids, "limits": limits}
     steps = store.query_arrow(_STEPS.replace("{source}", steps_in(_STEP_COLUMNS)), params).to_pylist()[0]
+    steps["host"] = {r["batch"]: r for r in store.query_arrow(_HOST.replace("{source}", steps_in(_STEP_COLUMNS)),
+                                                               params).to_pylist()}
     source = requests_in("t.preemptions AS preemptions", scope=side.scope)
     reqs = store.query_arrow(_REQUESTS.replace("{source}", source), side.scope.parameters()).to_pylist()[0]
     return steps, reqs
@@ -210,16 +221,25 @@ def _prefix(mine: dict, theirs: dict, others: str) -> dict | None:
 
 
 def _host(mine: dict, theirs: dict, others: str) -> dict | None:
+    """Median host time per step over the other side's in the same batch-size strata (both with MIN_STEPS
+    steps), a geometric mean weighted by the subject's steps."""
     (ms, _), (ts, _) = mine, theirs
-    if (ms.get("steps") or 0) < MIN_STEPS or (ts.get("steps") or 0) < MIN_STEPS:
+    strata = [(a, ts["host"][b], b) for b, a in sorted(ms.get("host", {}).items())
+              if b in ts.get("host", {}) and a["n"] >= MIN_STEPS and ts["host"][b]["n"] >= MIN_STEPS
+              and a["median"] > 0 and ts["host"][b]["median"] > 0]
+    if not strata:
         return None
-    m, t = ms.get("host_median") or 0.0, ts.get("host_median") or 0.0
-    if m < HOST_RATIO * t or m - t < HOST_MIN_SECONDS:
+    weights = np.array([a["n"] for a, _, _ in strata], float)
+    m, t = np.array([a["median"] for a, _, _ in strata]), np.array([o["median"] for _, o, _ in strata])
+    ratio = float(np.exp(np.average(np.log(m / t), weights=weights)))
+    m_typical, t_typical = float(np.average(m, weights=weights)), float(np.average(t, weights=weights))
+    if ratio < HOST_RATIO or m_typical - t_typical < HOST_MIN_SECONDS:
         return None
-    return {"replica": {"host_seconds_median": m, "steps": ms.get("steps")},
-            "others": {"host_seconds_median": t, "steps": ts.get("steps")}, "ratio": m / t if t else None,
-            "said": f"host time {m * 1e3:.1f} ms per step (median, outside the forward pass) vs "
-                    f"{t * 1e3:.1f} ms {others}"}
+    return {"replica": {"host_seconds_median": m_typical, "steps": int(weights.sum())},
+            "others": {"host_seconds_median": t_typical, "steps": int(sum(o["n"] for _, o, _ in strata))},
+            "ratio": ratio, "batch_size_strata": [f"{2 ** b}-{2 ** (b + 1) - 1} sequences" for _, _, b in strata],
+            "said": f"host time {m_typical * 1e3:.1f} ms per step (median, outside the forward pass) vs "
+                    f"{t_typical * 1e3:.1f} ms {others} at the same batch sizes"}
 
 
 def compared(store, subject: Side, reference: Side, others: str = "on peers") -> list[dict]:
