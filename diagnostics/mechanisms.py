@@ -245,7 +245,8 @@ def _host(mine: dict, theirs: dict, others: str) -> dict | None:
 def compared(store, subject: Side, reference: Side, others: str = "on peers") -> list[dict]:
     """What the records of `subject` show that would make it slower than `reference` (its peers in the same
     window, a baseline, the time before a change), most fundamental first (a quota, then memory, then the
-    queue it causes, then the rest): each {mechanism, said (for people; the reference said as `others`: "on peers", "on the baseline", "before"),
+    queue it causes, then the rest): each {mechanism, said (for people; the reference said as `others`: "on
+    peers", "on the baseline", "before the change"),
     replica (the subject's numbers), others (the reference's) ...}. Empty when nothing is a real difference."""
     everyone = {r["replica_id"]: r for r in (*reference.identities, *subject.identities) if "replica_id" in r}
     ids = sorted(everyone)

@@ -326,6 +326,6 @@ def _verdicts(store, model, group, done, identity, skip, scope, limits) -> list[
                               "(diagnostics.tail_latency); prefill and TTFT in strata of computed prompt tokens "
                               "instead of prompt / output length"}
         severity = "critical" if ratio >= CRITICAL_RATIO else "warning"
-        findings.append(mechanisms.cite(store, scope, Finding(KIND, severity, rid, summary, DIAGNOSTIC, scope, evidence),
-                                        identity))
+        finding = Finding(KIND, severity, rid, summary, DIAGNOSTIC, scope, evidence)
+        findings.append(mechanisms.cite(store, scope, finding, identity))
     return findings
