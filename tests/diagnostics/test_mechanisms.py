@@ -204,3 +204,31 @@ def test_sides_without_identity_rows_are_compared_on_their_records_alone(clean):
     side = {r: mechanisms.Side(Scope(start=t0 - 1, replicas=(r,)), ()) for r in ("x0", "x1")}
     found = mechanisms.compared(clean, side["x1"], side["x0"])
     assert [m["mechanism"] for m in found] == ["kv_pressure"]
+
+
+@pytest.mark.slow
+def test_a_real_engine_with_a_kv_cache_too_small_has_its_preemptions_cited(tiny_llama, clean, tmp_path):
+    """Three real engines through the recorder, the same batch of prompts; r2's KV cache holds a fraction of
+    what the batch needs, so its scheduler preempts: its preemptions and full KV are cited, its peers' not."""
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+    from telemetry.recorder import Recorder
+
+    t0 = time.time()
+    prompts = [f"the replica number {i} says a cache token latency story" for i in range(24)]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    for rid, blocks in (("r0", 256), ("r1", 256), ("r2", 12)):
+        recorder = Recorder(clean, rid, spool_dir=tmp_path / rid, flush_interval=0.2)
+        llm = LLM(tiny_llama, observer=recorder, replica_id=rid, max_num_seqs=8, num_kv_blocks=blocks,
+                  block_size=16, max_model_len=128)
+        llm.generate(prompts, params, use_tqdm=False)
+        llm.engine.close()
+        recorder.close()
+    preempted = clean.query_df("SELECT replica_id, sum(preemptions) AS p FROM requests GROUP BY replica_id")
+    by_replica = dict(zip(preempted["replica_id"], preempted["p"]))
+    assert by_replica["r2"] >= mechanisms.MIN_EVENTS and by_replica["r0"] == by_replica["r1"] == 0
+    cited = _cited(clean, t0, "r2", ["r0", "r1"], ["r0", "r1", "r2"])
+    assert "preemptions" in cited and "kv_pressure" in cited
+    assert cited["preemptions"]["replica"]["preemptions"] == by_replica["r2"]
+    assert "(12 blocks) vs 0.0% on peers (256 blocks)" in cited["kv_pressure"]["said"]
+    assert "preemptions" not in _cited(clean, t0, "r0", ["r1", "r2"], ["r0", "r1", "r2"])
