@@ -134,6 +134,17 @@ def test_more_host_time_for_bigger_batches_is_not_a_cause(clean):
     assert "host_time" not in cited
 
 
+@pytest.mark.parametrize("hits, cited_", [(4, True), (15, False)])
+def test_a_prefix_hit_rate_ten_points_below_the_peers_is_cited_and_five_is_not(clean, hits, cited_):
+    t0 = time.time() - 3600
+    peer = {"step": {"prefix_query_tokens": 20, "prefix_hit_tokens": 16}}  # 80%
+    fleet(clean, t0, {"r0": peer, "r1": peer, "r2": {"step": {"prefix_query_tokens": 20, "prefix_hit_tokens": hits}}})
+    cited = _cited(clean, t0, "r2", ["r0", "r1"], ["r0", "r1", "r2"])
+    assert ("prefix_hits" in cited) is cited_
+    if cited_:
+        assert cited["prefix_hits"]["said"] == "prefix-cache hits 20% of looked-up prompt tokens vs 80% on peers"
+
+
 def test_nothing_in_the_records_is_said(clean):
     t0 = time.time() - 3600
     fleet(clean, t0, {f"r{i}": {"preempted": 3} for i in range(3)})
