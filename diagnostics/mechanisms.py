@@ -18,10 +18,13 @@ subject slow and cites what it finds, with the numbers on both sides, or says th
   strata of batch size (sequences, powers of two: host time grows with the batch, so a replica that batched
   more is not said to spend more time per step for it).
 
-Each proportion is cited only when it is a real difference: at least MIN_EVENTS events on the replica, at
-least MIN_RATIO times the peers' rate (the peers' rate floored at one event, so peers with none do not make
-any count a difference) and a two-proportion test at p < ALPHA. A preemption count every replica shows at
-the same rate is how the fleet runs, not what makes one of them slow.
+Each proportion is cited only when it is a real difference: at least MIN_EVENTS events on the subject, at
+least MIN_RATIO times the reference's rate (floored at one event, so a reference with none does not make any
+count a difference) and a two-proportion test at p < ALPHA. A preemption count every replica shows at the
+same rate is how the fleet runs, not what makes one of them slow. The test takes steps as independent,
+which consecutive steps are not (they share a batch): for KV pressure and the queue it is a screen, and the
+ratio bar, not the p-value, carries the decision. These are citations beside a finding its own diagnostic
+has already tested, not findings of their own.
 
 Throttling is recorded only at start (the cgroup's counters then, under `_start`): the quota is what the
 store can compare over a window; the counters are given as evidence.
