@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from diagnostics import hypothesis_tests
+from diagnostics import hypothesis_tests, mechanisms
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, requests_in, steps_in
@@ -195,8 +195,13 @@ def _direction(c: hypothesis_tests.Comparison, higher_is_worse: bool) -> str | N
 
 def compare(store, baseline_scope: Scope, candidate_scope: Scope, *, metrics=tuple(METRICS),
             seed: int = 0) -> list[Finding]:
-    """Findings for every metric on which the candidate differs from the baseline (see `analyse`)."""
-    return analyse(store, baseline_scope, candidate_scope, metrics=metrics, seed=seed).findings
+    """Findings for every metric on which the candidate differs from the baseline (see `analyse`); a regression
+    cites what the candidate's records show against the baseline's (diagnostics.mechanisms) or that none is."""
+    findings = analyse(store, baseline_scope, candidate_scope, metrics=metrics, seed=seed).findings
+    if any(f.kind == "regression" for f in findings):
+        found = mechanisms.between(store, candidate_scope, baseline_scope, "on the baseline")
+        findings = [mechanisms.said(f, found) if f.kind == "regression" else f for f in findings]
+    return findings
 
 
 def analyse(store, baseline_scope: Scope, candidate_scope: Scope, *, metrics=tuple(METRICS),
@@ -417,7 +422,9 @@ def creep(store, scope: Scope, metrics=CREEP_METRICS, buckets: int = 120, min_pe
             continue
         finding = _shift_finding(metric, scope, series, lo, width_us, min_shift)
         if finding:
-            findings.append(finding)
+            at = finding.evidence["change_at"]
+            findings.append(mechanisms.said(finding, mechanisms.between(
+                store, scope.narrowed(start=at), scope.narrowed(end=at), "before the change")))
     return findings
 
 

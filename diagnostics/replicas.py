@@ -26,7 +26,9 @@ Two findings of their own come first (diagnostics.traffic_mix, diagnostics.prefi
 whose outputs end differently for the same workload (`output_mix_shift`: eos changed, every request
 runs to max_tokens) is not given an e2e verdict, only the per-token ones; a replica with a much lower
 prefix-cache hit rate is `prefix_hit_gap`. A lagging replica's identity is compared with its peers'
-(NUMA mismatch, CPU count, CPUs shared, config hash, version, tokenizer and template hashes ...).
+(NUMA mismatch, CPU count, CPUs shared, config hash, version, tokenizer and template hashes ...), and
+its mechanism is looked for in the same window (diagnostics.mechanisms: preemptions, KV pressure, queue
+at max_num_seqs, CPU quota, prefix hits, host time against its peers'), or said not to be in the records.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import numpy as np
 from diagnostics import (
     config_keys,
     hypothesis_tests,
+    mechanisms,
     prefix_hits,
     request_strata,
     stratified,
@@ -240,7 +243,7 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
                                             f"strata (workload, prompt and output length, offered load) its peers "
                                             f"also served: needs peers' traffic at the same offered tokens and lengths",
                                             requests=entry["n"], model_name=model))
-        verdicts = _verdicts(model, group, done, identity, skip, scope, limits)
+        verdicts = _verdicts(store, model, group, done, identity, skip, scope, limits)
         lagging += verdicts + _short_tails(model, done, {f.subject for f in verdicts}, scope)
     return lagging + findings
 
@@ -270,7 +273,7 @@ def _short_tails(model: str, done: list[dict], named: set[str], scope) -> list[F
     return out
 
 
-def _verdicts(model, group, done, identity, skip, scope, limits) -> list[Finding]:
+def _verdicts(store, model, group, done, identity, skip, scope, limits) -> list[Finding]:
     flagged: dict[str, dict] = {}
     for t in done:
         c, rid, m = t["comparison"], t["replica"], t["metric"]
@@ -323,5 +326,6 @@ def _verdicts(model, group, done, identity, skip, scope, limits) -> list[Finding
                               "(diagnostics.tail_latency); prefill and TTFT in strata of computed prompt tokens "
                               "instead of prompt / output length"}
         severity = "critical" if ratio >= CRITICAL_RATIO else "warning"
-        findings.append(Finding(KIND, severity, rid, summary, DIAGNOSTIC, scope, evidence))
+        finding = Finding(KIND, severity, rid, summary, DIAGNOSTIC, scope, evidence)
+        findings.append(mechanisms.cite(store, scope, finding, identity))
     return findings

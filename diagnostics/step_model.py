@@ -41,7 +41,9 @@ a model of their cost, never raw:
    the model.
 5. A replica is slow when a target's interval lies above its bar (MIN_RATIO; the gap's derived one, 1.) and its Holm-adjusted p is
    below ALPHA. The finding names the replica, the targets, the effect with its interval, and how
-   its identity and placement differ from its peers' (CPU count, CPUs shared, NUMA, version, config).
+   its identity and placement differ from its peers' (CPU count, CPUs shared, NUMA, version, config), and
+   the mechanism its records show in the window against its peers' (diagnostics.mechanisms: a smaller CPU
+   quota, host time, KV pressure ...) or that none is recorded.
    Too few blocks or steps is an explicit "insufficient data" finding.
 """
 
@@ -50,6 +52,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
+from diagnostics import mechanisms
 from diagnostics.findings import Finding, insufficient
 from diagnostics.hypothesis_tests import autocorrelation_inflation, holm
 from diagnostics.replicas import (
@@ -315,7 +318,7 @@ def run(store, request: DiagnosticRequest, *, block_seconds: float | None = None
         replicas, replica = np.unique(replica_ids[rows], return_inverse=True)
         findings += _model_findings(model, list(replicas), block[rows], replica, sums[rows], gap_sums[rows],
                                     identity, scope, block_seconds, adapt=not fixed, report=report)
-    return findings
+    return [mechanisms.cite(store, scope, f, identity) if f.kind == KIND else f for f in findings]
 
 
 def engine_family(engine_version: str) -> str:

@@ -4,6 +4,7 @@ longer contexts does not; block-level noise and many replicas do not fool it. Re
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -380,3 +381,17 @@ def test_a_replica_without_gaps_keeps_the_context_slope_in_its_peers_gap_fit(sto
     assert above_info(run(store, scope, report=report)) == []
     (gap,) = [r for r in report if r["replica"] == "gk-long" and r["target"] == "gap"]
     assert gap["ci"][0] < 1.1  # explained by its contexts, not lagging
+
+
+def test_a_canary_under_a_smaller_cpu_quota_is_slow_and_the_quota_is_cited_with_both_values(store):
+    def config(quota):
+        cpu_max = "max 100000" if quota == "max" else f"{int(quota * 100000)} 100000"
+        return json.dumps({"model": "/nonexistent", "quantization": "none",
+                           "placement": {"cgroup": {"version": "v2", "cpu_quota_cpus": quota, "cpu_max": cpu_max}}})
+
+    scope = fleet(store, "m-quota", {"q-base": {}, "q-canary": {"forward_factor": 2.0, "host_factor": 2.0}},
+                  {"q-base": {"config_json": config("max")}, "q-canary": {"config_json": config(0.3)}})
+    f = slow(run(store, scope))["q-canary"]
+    assert "cause: CPU quota 0.3 CPUs (cgroup cpu.max 30000 100000) vs max on peers" in f.summary
+    assert f.evidence["mechanisms"][0]["mechanism"] == "cpu_quota"
+    assert f.evidence["mechanisms"][0]["replica"]["cpu_quota_cpus"] == 0.3
