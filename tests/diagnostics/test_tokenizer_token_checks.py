@@ -13,6 +13,7 @@ from diagnostics.scope import Scope
 from engine.tokenization import Tokenizer
 from telemetry.schema import migrate
 from telemetry.store import open_store
+from tests.telemetry.older_schema import insert_as_then
 
 
 class MidVocabularySpecials:
@@ -33,8 +34,8 @@ def test_id_runs():
 
 
 def _prompts(store, rid: str, prompts: list[list[int]], t0: float) -> None:
-    store.insert_records("requests", [request(rid, i, t0 + i, prompt_ids=p, prompt_text=f"text {rid} {i}")
-                                      for i, p in enumerate(prompts)])
+    insert_as_then(store, "requests", [request(rid, i, t0 + i, prompt_ids=p, prompt_text=f"text {rid} {i}")
+                                       for i, p in enumerate(prompts)])
 
 
 def _specials_found(store, tok, rid: str, t0: float):

@@ -23,11 +23,11 @@ from telemetry.recorder import Recorder
 PARAMS = SamplingParams(temperature=0.8, max_tokens=3)
 
 
-def serve(store, replica_id: str, model_dir, incident) -> None:
+def serve(store, replica_id: str, model_dir, incident, role: str) -> None:
     recorder = Recorder(store, replica_id, flush_interval=60)
     try:
         llm = LLM(model_dir, recorder, replica_id=replica_id, served_model_name=f"real-{incident.family}",
-                  block_size=8, num_kv_blocks=64)
+                  block_size=8, num_kv_blocks=64, role=role)
         texts = [p for p in incident.prompts if isinstance(p, str)]
         chats = [list(p) for p in incident.prompts if not isinstance(p, str)]
         if texts:
@@ -48,8 +48,8 @@ def served(request, store, incident_dirs):
         store.command(f"TRUNCATE TABLE {table}")
     base_dir, cand_dir = incident_dirs(incident)
     t0 = time.time()
-    serve(store, "base", base_dir, incident)
-    serve(store, "cand", cand_dir, incident)  # started later: the canary
+    serve(store, "base", base_dir, incident, role="baseline")  # the deploy names its sides (diagnostics/baseline.py)
+    serve(store, "cand", cand_dir, incident, role="candidate")
     dirs = {"base": str(base_dir), "cand": str(cand_dir)}
     return incident, DiagnosticRequest(Scope(start=t0 - 1), model_dirs=dirs), dirs
 

@@ -9,11 +9,11 @@ import math
 import re
 
 from telemetry import synthetic
-from telemetry.columnar import records_to_arrow
 from telemetry.contract import derived
 from telemetry.contract.records import record_fields
 from telemetry.schema import load_migrations, migrate, render_statements
 from telemetry.store import open_store
+from tests.telemetry.older_schema import insert_as_then
 
 COLUMN = "mean_itl_seconds"
 # edge cases: no token, one token (no gap), a clock stepping back (gap 0), tokens accepted together,
@@ -82,10 +82,7 @@ def test_parts_written_before_the_migration_read_the_same_mean_itl(store):
     with open_store(store.path, database="pre0010") as s:  # a second database, same data directory
         migrate(s, until=9)  # as a store before migration 0010
         assert COLUMN not in set(s.query_df("DESCRIBE TABLE requests")["name"])
-        # the columns a store at 0009 has: the contract has grown since (later migrations add columns)
-        existing = set(s.query_df("DESCRIBE TABLE requests")["name"])
-        old = records_to_arrow("requests", _records("itl-old"))
-        s.insert_arrow("requests", old.select([c for c in old.column_names if c in existing]))
+        insert_as_then(s, "requests", _records("itl-old"))
         assert migrate(s, until=10) == [10]
         _check(_rows(s, "itl-old"))  # computed on read: the part has no such column
         migrate(s)  # the later migrations, so the contract's records insert whole

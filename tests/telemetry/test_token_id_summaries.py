@@ -10,6 +10,7 @@ from telemetry import synthetic
 from telemetry.contract.records import record_fields
 from telemetry.schema import migrate
 from telemetry.store import open_store
+from tests.telemetry.older_schema import insert_as_then
 
 SUMMARIES = ("prompt_ids_hash", "prompt_ids_head", "prompt_ids_max", "output_ids_max", "prompt_tail_min",
              "prompt_tail_max")
@@ -61,7 +62,7 @@ def test_parts_written_before_the_migration_read_the_same_summaries(store):
     with open_store(store.path, database="pre0009") as s:  # a second database, same data directory
         migrate(s, until=8)  # as a store before migration 0009
         assert "prompt_ids_hash" not in set(s.query_df("DESCRIBE TABLE requests")["name"])
-        s.insert_records("requests", _records("sum-old"))
+        insert_as_then(s, "requests", _records("sum-old"))
         assert 9 in migrate(s)
         _check(_summaries(s, "sum-old"))  # computed on read: the part has no such columns
         s.insert_records("requests", _records("sum-after"))
