@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.server.engine_args import check_engine_option
+from engine.server.engine_args import check_engine_option, engine_fields
 from evals.results import EvalRun
 
 
@@ -51,8 +51,9 @@ def engine_config_from_dict(data: dict, where: str, base_dir: Path | None = None
     if not isinstance(data["model"], str):
         raise ValueError(f"{where}: 'model' must be a string (a model directory), got {data['model']!r}")
     try:
+        options = {f.name for f in engine_fields()}  # not model, nor serve's own flags (a recorded run's)
         for key, value in data.items():
-            if key != "model" and value is not None:  # None (a recorded config's unset field): the default
+            if key in options and value is not None:  # None (a recorded config's unset field): the default
                 check_engine_option(key, value)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
