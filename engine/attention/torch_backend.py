@@ -227,9 +227,14 @@ PAGED_MIN_ROW_BYTES = 1024
 PAGED_BLOCK_SIZE = 64
 
 
-def attends_in_place(kv_row_bytes: int, device: torch.device, inductor: bool) -> bool:
-    """Do compiled decodes attend the pool in place (paged_decode.py) for KV rows of this size?"""
-    return (PAGED_DECODE and inductor and kv_row_bytes >= PAGED_MIN_ROW_BYTES
+# ... and blocks of at least the template's key tile: below it, on a CPU with AVX2 and no AVX-512 (AMD EPYC),
+# blocks of 8 came out wrong (whole outputs off by up to 4.6; 16, 32, 64 exact), so smaller blocks gather
+PAGED_MIN_BLOCK_SIZE = 16
+
+
+def attends_in_place(kv_row_bytes: int, device: torch.device, inductor: bool, block_size: int) -> bool:
+    """Do compiled decodes attend the pool in place (paged_decode.py) for KV rows of this size, in these blocks?"""
+    return (PAGED_DECODE and inductor and kv_row_bytes >= PAGED_MIN_ROW_BYTES and block_size >= PAGED_MIN_BLOCK_SIZE
             and paged_decode.unavailable_reason(device) is None)
 
 
@@ -285,7 +290,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     @classmethod
     def default_block_size(cls, kv_row_bytes: int, device: torch.device, compiled: bool) -> int:
-        if compiled and attends_in_place(kv_row_bytes, device, inductor=True):
+        if compiled and attends_in_place(kv_row_bytes, device, inductor=True, block_size=PAGED_BLOCK_SIZE):
             return PAGED_BLOCK_SIZE
         return super().default_block_size(kv_row_bytes, device, compiled)
 
@@ -294,8 +299,8 @@ class TorchAttentionBackend(AttentionBackend):
         its flex attention template runs (PAGED_DECODE, a CPU with AVX2) and the gather it saves is worth
         the template's fixed cost (`PAGED_MIN_ROW_BYTES`), decodes attend the pool in place."""
         self.split_decodes = False
-        num_blocks, _, kv_heads, head_dim = k_cache.shape
-        if attends_in_place(2 * kv_heads * head_dim * k_cache.element_size(), k_cache.device, inductor):
+        num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+        if attends_in_place(2 * kv_heads * head_dim * k_cache.element_size(), k_cache.device, inductor, block_size):
             self._paged = paged_decode.BlockLists(num_blocks, k_cache.device)
 
     def activate(self, metadata: AttentionMetadata) -> None:

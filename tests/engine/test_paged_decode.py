@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import paged_decode
+from engine.attention.torch_backend import PAGED_MIN_BLOCK_SIZE, PAGED_MIN_ROW_BYTES, attends_in_place
 
 pytestmark = pytest.mark.skipif(paged_decode.unavailable_reason(torch.device("cpu")) is not None,
                                 reason=str(paged_decode.unavailable_reason(torch.device("cpu"))))
@@ -47,12 +48,12 @@ def test_compiled_paged_decode_equals_each_sequence_alone(heads, kv_heads):
     whole block, and of blocks plus one; batches of other sizes and batch 1 through the same compiled function."""
     torch.manual_seed(0)
     rng = random.Random(0)
-    head_dim, block_size, num_blocks = 16, 8, 96
+    head_dim, block_size, num_blocks = 16, PAGED_MIN_BLOCK_SIZE, 96
     k_flat = torch.randn(num_blocks * block_size, kv_heads, head_dim)
     v_flat = torch.randn_like(k_flat)
     lists = paged_decode.BlockLists(num_blocks, torch.device("cpu"))
     attend = torch.compile(paged_decode.attend, dynamic=True)
-    for context_lens, spare in [([1, 8, 9, 23, 40], 1), ([17, 3, 64], 0), ([30], 1)]:
+    for context_lens, spare in [([1, 16, 17, 46, 80], 1), ([34, 6, 128], 0), ([60], 1)]:
         tables = _batch(rng, context_lens, num_blocks, block_size, spare)
         q = torch.randn(len(tables), heads, head_dim)
         blocks = lists.decode_blocks(tables, context_lens, block_size)
@@ -90,8 +91,8 @@ def test_compiled_engine_attends_in_place_and_gives_the_eager_tokens(tiny_llama,
     prompts = [[5, 9, 17, 3, 11, 8, 2, 40, 41, 42], [7, 7, 1, 30], list(range(20, 39))]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (11, 5, 14)]
     torch._dynamo.reset()
-    compiled = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64, compile_decode=True, num_scheduler_steps=4)
-    eager = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64)
+    compiled = LLMEngine(tiny_llama, block_size=16, num_kv_blocks=64, compile_decode=True, num_scheduler_steps=4)
+    eager = LLMEngine(tiny_llama, block_size=16, num_kv_blocks=64)
     seen = []
     prepare = compiled.backend.prepare
 
@@ -115,7 +116,7 @@ def test_in_place_only_for_rows_worth_it_and_with_inductor(tiny_llama, monkeypat
     import engine.model_runner as model_runner
     from engine.engine import LLMEngine
 
-    kw = dict(block_size=4, num_kv_blocks=16, compile_decode=True)
+    kw = dict(block_size=16, num_kv_blocks=16, compile_decode=True)
     assert LLMEngine(tiny_llama, **kw).backend._paged is None  # 2 kv heads of 16 in float32: 256 bytes
     monkeypatch.setattr(torch_backend, "PAGED_MIN_ROW_BYTES", 256)
     assert LLMEngine(tiny_llama, **kw).backend._paged is not None
@@ -157,3 +158,12 @@ def _generate(engine, prompts, params) -> list[list[int]]:
     while engine.has_unfinished():
         done.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
     return [done[str(i)] for i in range(len(prompts))]
+
+
+def test_blocks_smaller_than_the_templates_key_tile_are_gathered_not_read_in_place():
+    """Blocks of 8 came out wrong from inductor's CPU template on an AVX2-only CPU: the engine gathers them."""
+    if paged_decode.unavailable_reason(torch.device("cpu")) is not None:
+        pytest.skip(paged_decode.unavailable_reason(torch.device("cpu")))
+    row = PAGED_MIN_ROW_BYTES
+    assert attends_in_place(row, torch.device("cpu"), True, PAGED_MIN_BLOCK_SIZE)
+    assert not attends_in_place(row, torch.device("cpu"), True, PAGED_MIN_BLOCK_SIZE // 2)
