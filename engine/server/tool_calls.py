@@ -180,7 +180,7 @@ def _check_tools(tools: list) -> list[dict]:
             raise APIError(f"{param}.function.name must be 1-64 letters, digits, '_' or '-', got {name!r}",
                            param="tools")
         if name in names:
-            raise APIError(f"{param}.function.name {name!r} is given twice", param="tools")
+            raise APIError(f"{param}.function.name {name!r} is given twice", param="tools", code="duplicate_tool_name")
         names.add(name)
         if fn.get("description") is not None and not isinstance(fn["description"], str):
             raise APIError(f"{param}.function.description must be a string", param="tools")

@@ -107,7 +107,7 @@ def _previous_sql(scope: Scope) -> str:
     return (_PREVIOUS.replace("{active}", ACTIVE_WORKLOADS_SQL).replace("{source}", source)
             .replace("{cap}", str(rs.SAMPLE_PER_STRATUM)).replace("{seed}", str(rs.SEED))
             .replace("{sampled}", ", ".join(sampled)).replace("{unpack}", unpack)
-            .replace("{window}", str(int(rs.OFFERED_WINDOW * 1e6))).replace("{offered}", rs._LOG2.format(x="arrived")))
+            .replace("{window}", str(int(rs.OFFERED_WINDOW * 1e6))).replace("{offered}", rs.LOG2_BUCKET.format(x="arrived")))
 
 
 def test_the_query_returns_what_the_previous_one_did(clean):

@@ -49,12 +49,12 @@ def damaged(tmp_path_factory):
     return path
 
 
-def serve(store, model: Path, replica_id: str, seed: int, seen: set[str]) -> None:
+def serve(store, model: Path, replica_id: str, seed: int, seen: set[str], role: str = "") -> None:
     """One replica serving N sampled chat prompts no other replica got."""
     torch.set_num_threads(1)
     recorder = Recorder(store, replica_id, flush_interval=0.1)
     engine = LLMEngine(EngineConfig(model=str(model), max_num_seqs=128, num_kv_blocks=1024, block_size=16,
-                                    replica_id=replica_id, seed=seed), recorder)
+                                    replica_id=replica_id, seed=seed, role=role), recorder)
     examples = [ex for ex in itertools.islice(stream(seed=seed), 3 * N) if ex.prompt not in seen][:N]
     seen.update(ex.prompt for ex in examples)
     params = SamplingParams(temperature=1.0, max_tokens=24)  # answers end at <|eos|>, as real traffic does
@@ -72,8 +72,8 @@ def diagnose(store, t0):
 
 def test_damaged_checkpoint_is_named_under_sampled_traffic(clean, damaged):
     t0, seen = time.time(), set()
-    serve(clean, REFERENCE, "baseline", 1, seen)
-    serve(clean, damaged, "canary", 2, seen)
+    serve(clean, REFERENCE, "baseline", 1, seen, role="baseline")  # the deploy names its sides
+    serve(clean, damaged, "canary", 2, seen, role="candidate")
     hashes = clean.query_df("SELECT replica_id, uniqExact(prompt_text_hash) AS u, count() AS n FROM requests "
                             "GROUP BY replica_id")
     assert list(hashes.n) == [N, N]
@@ -84,7 +84,7 @@ def test_damaged_checkpoint_is_named_under_sampled_traffic(clean, damaged):
     hits = [f for f in found if f.severity != "info"]
     assert [f.subject for f in hits] == ["canary"], [f.summary for f in found]
     f = hits[0]
-    assert f.kind == "sampled_logprob_shift" and f.evidence["baseline"]["rule"] == "first_served"
+    assert f.kind == "sampled_logprob_shift" and f.evidence["baseline"]["rule"] == "role"  # the recorded roles decide, not start order
     assert f.evidence["metrics"]["mean_logprob"]["ci95"][1] < 0  # less sure of what it samples
     assert "weights_hash" in f.summary
 
