@@ -168,8 +168,8 @@ class EmbeddedStore(Store):
         whose string literals hold bytes that are not UTF-8 (`SELECT '\\xff'`), passed through as they are."""
         # an INSERT ... SELECT that fails counts in the failed-insert counter insert_stream reads: one
         # insert at a time (not a security decision: a statement is checked before it gets here)
-        head = sql[:16].lstrip().upper()
-        is_insert = (head.startswith(b"INSERT") if isinstance(head, bytes) else head.startswith("INSERT"))
+        text = sql if isinstance(sql, str) else sql[:256].decode("latin-1")
+        is_insert = text.lstrip()[:6].upper() == "INSERT"
         with self.session(settings, readonly, database) as s, (self._insert_lock if is_insert else _NO_LOCK):
             try:
                 return s.query(sql, fmt, params=dict(params or {}))
