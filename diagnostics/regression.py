@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from diagnostics import hypothesis_tests, mechanisms
+from diagnostics import change_attribution, hypothesis_tests, mechanisms
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, requests_in, steps_in
@@ -382,6 +382,15 @@ def _creep_source(scope: Scope) -> str:
     return f"(SELECT * FROM {source} WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL})"
 
 
+def _attribution_source(scope: Scope, metric: str) -> str:
+    """Served traffic with each request's replica, stratum and `metric` (change_attribution's source)."""
+    source = requests_in(f"t.replica_id AS replica_id, t.model_name AS model_name, t.workload AS workload, "
+                         f"{PROMPT_BUCKET} AS bucket, t.finish_reason AS finish_reason, "
+                         f"t.arrival_time AS arrival_time, {METRICS[metric][1]} AS value", scope=scope)
+    return (f"(SELECT replica_id, {_STRATUM} AS stratum, arrival_time, value FROM {source} "
+            f"WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL} AND finish_reason NOT IN ('abort', 'error'))")
+
+
 def _positive(x) -> float:
     return float(x) if x is not None and np.isfinite(x) and x > 0 else float("nan")
 
@@ -389,7 +398,24 @@ def _positive(x) -> float:
 def creep(store, scope: Scope, metrics=CREEP_METRICS, buckets: int = 120, min_per_bucket: int = 5,
           min_shift: float = 1.2) -> list[Finding]:
     """Level shifts up over time in each metric (relative to its stratum's median), placed on one half of
-    the requests and confirmed on the other."""
+    the requests and confirmed on the other: on the fleet's requests pooled, then, for a metric where the
+    pool shows none, on each replica's own (Bonferroni over the replicas): one replica's step among peers
+    that did not step makes the pool's bucket medians bimodal, and no step of the pool. Each step found is
+    attributed (diagnostics.change_attribution)."""
+    found = _creep(store, scope, metrics, buckets, min_per_bucket, min_shift, ALPHA, scope)
+    stepped = {f.evidence.get("metric") for f in found if f.severity != "info"}
+    ids = change_attribution.served_replicas(store, _attribution_source(scope, metrics[0]), scope.parameters())
+    rest = tuple(m for m in metrics if m not in stepped)
+    if len(ids) > 1 and rest:
+        for rid in ids:
+            found += [f for f in _creep(store, scope.narrowed(replicas=(rid,)), rest, buckets, min_per_bucket,
+                                        min_shift, ALPHA / len(ids), scope) if f.severity != "info"]
+    return found
+
+
+def _creep(store, scope: Scope, metrics, buckets: int, min_per_bucket: int, min_shift: float, alpha: float,
+           fleet: Scope) -> list[Finding]:
+    """`creep` on `scope`'s requests, each step attributed among `fleet`'s replicas."""
     source = _creep_source(scope)
     strata = [r for r in store.query_arrow(_STRATUM_MEDIANS.replace("{source}", source),
                                            scope.parameters()).to_pylist() if r["n"] >= min_per_bucket]
@@ -420,16 +446,20 @@ def creep(store, scope: Scope, metrics=CREEP_METRICS, buckets: int = 120, min_pe
                                          f"(need 12)",
                                          buckets=len(series)))
             continue
-        finding = _shift_finding(metric, scope, series, lo, width_us, min_shift)
+        finding = _shift_finding(metric, scope, series, lo, width_us, min_shift, alpha)
         if finding:
             at = finding.evidence["change_at"]
+            change_attribution.attribute(store, fleet, finding, _attribution_source(fleet, metric),
+                                         fleet.parameters(), min_shift)
+            whose = finding.evidence["attribution"].get("replica")
+            side = scope.narrowed(replicas=(whose,)) if whose else scope  # its own records explain it
             findings.append(mechanisms.said(finding, mechanisms.between(
-                store, scope.narrowed(start=at), scope.narrowed(end=at), "before the change")))
+                store, side.narrowed(start=at), side.narrowed(end=at), "before the change")))
     return findings
 
 
 def _shift_finding(metric: str, scope: Scope, series: list[dict], t0: float, width_us: int,
-                   min_shift: float) -> Finding | None:
+                   min_shift: float, alpha: float = ALPHA) -> Finding | None:
     levels = np.log([s["level"] for s in series])  # placement half
     cps = hypothesis_tests.change_points(levels)  # each then tested on the confirmation half's samples
     bounds = [0, *cps, len(series)]
@@ -439,7 +469,7 @@ def _shift_finding(metric: str, scope: Scope, series: list[dict], t0: float, wid
         before = np.concatenate([s["sample"] for s in series[a0:a1]])
         after = np.concatenate([s["sample"] for s in series[b0:b1]])
         c = hypothesis_tests.compare_samples(before, after, bootstrap=False)
-        if c is None or c.ratio is None or c.ratio < min_shift or c.p_value * max(1, len(cps)) >= ALPHA:
+        if c is None or c.ratio is None or c.ratio < min_shift or c.p_value * max(1, len(cps)) >= alpha:
             continue
         confirmed.append((c.ratio, (a0, a1, b0, b1), before, after))
     # the largest confirmed step whose interval, not only its point, clears the bar, as in every latency rule
@@ -461,6 +491,8 @@ def _shift_finding(metric: str, scope: Scope, series: list[dict], t0: float, wid
     summary = (f"{LABELS[metric]} stepped up {c.ratio:.2f}x{ci} at {when} (relative to each workload/prompt-length "
                f"stratum's median; MWU p={c.mwu_p:.1e}, KS p={c.ks_p:.1e})")
     evidence = {"metric": metric, "change_at": at, "change_at_iso": when,
+                "before_from": t0 + series[a0]["bucket_index"] * width_us / 1e6,
+                "after_to": t0 + (series[b1 - 1]["bucket_index"] + 1) * width_us / 1e6,
                 "bucket_seconds": width_us / 1e6, "change_points": len(bounds) - 2,
                 "levels": [{"t": t0 + s["bucket_index"] * width_us / 1e6, "relative_median": s["level"], "n": s["n"]}
                            for s in series],
