@@ -1,13 +1,17 @@
 """The fault matrix: each fault, deployed the ordinary way, on real local fleets under
 production-shaped traffic; which finding catches it, on which replica, after how much traffic.
 
-    python -m diagnostics.benchmarks.fault_matrix [--matrix identity|perf] [--faults a,b]
+    python -m diagnostics.benchmarks.fault_matrix [--matrix identity|perf|deploy] [--faults a,b]
                                                   [--shapes canary,three] [--clean-runs 3] [--requests 300]
                                                   [--rate 4]
 
-Two matrices: `identity` (the prober's faults, probe rounds on) and `perf` (perf_faults.py: CPU
+Three matrices: `identity` (the prober's faults, probe rounds on), `perf` (perf_faults.py: CPU
 starvation, scheduler budget, prefix caching, eos, quantization, noisy weights, a damaged draft,
-caught from sampled, load-balanced traffic alone by the rules that compare the same work).
+caught from sampled, load-balanced traffic alone by the rules that compare the same work) and `deploy`
+(faults of every family an operator deploys by configuration: config.json, generation_config.json,
+engine limits, serve flags, a cgroup CPU quota, the KV cache's size, a restart with other options; and
+tenants whose traffic alone differs). A deploy fault names the key a finding must say with both values
+and, where there is one, the mechanism it must cite (Fault.key, Fault.mechanism; finding_checks.py).
 
 A run, per (fault, fleet shape):
 1. the baseline replicas start on a copy of the reference model at one path P (one sidecar);
@@ -20,8 +24,11 @@ A run, per (fault, fleet shape):
 4. after each checkpoint every diagnostic runs over the window (not written), and the first
    checkpoint where a finding above info names the candidate with one of the fault's detector
    kinds is "requests needed".
-Shapes: "canary" (one baseline + one candidate, started later) and "three" (two baselines + the
-candidate). A clean run (no fault) must give nothing above info on any replica.
+Shapes: "canary-staggered" (one baseline + one candidate deployed once the baseline serves; "canary" is
+its old name), "canary-together" (both started by one `fleet up`, roles recorded as a fleet TOML with
+`role` gives them; a file fault is then the candidate's own model directory) and "three" (two baselines +
+the candidate, deployed later). A clean run (no fault) and a tenant run must give nothing above info on
+any replica.
 
 Traffic: --rate and --requests, except for a fault that names its own (Fault.traffic, TRAFFIC; main
 applies it, and run_case's caller passes its rate and requests): a scheduler limit costs latency only
@@ -45,7 +52,8 @@ from pathlib import Path
 
 from diagnostics import DIAGNOSTICS, replicas, request_strata, spec_sums, step_model
 from diagnostics import run as run_diagnostics
-from diagnostics.benchmarks import perf_faults
+from diagnostics.benchmarks import finding_checks, perf_faults
+from diagnostics.benchmarks.deploy_faults import QuotaUnavailable, Tenant, cpu_quota_group, restart_replica
 from diagnostics.benchmarks.model_faults import FILE_FAULTS
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in
@@ -53,7 +61,8 @@ from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
 from engine.fleet.fleet import fleet_down, fleet_up
 from engine.fleet.models import REFERENCE_MODEL
 from engine.loadgen.arrivals import Arrival
-from engine.loadgen.runner import run_load
+from engine.loadgen.fit import fit_scale
+from engine.loadgen.runner import discover, run_load
 from engine.loadgen.workloads import make_workload
 from engine.probe.rescore import run_rescore_round
 from engine.probe.runner import run_probe_round
@@ -63,6 +72,8 @@ from telemetry.store.waiting import wait_for_requests
 # small engines: three replicas, the sidecar and the load share two cores
 ENGINE = {"served_model_name": "reference", "max_num_seqs": 8, "num_kv_blocks": 128, "block_size": 16}
 SERVE_ARGS = ["--store-text"]  # the recorder keeps prompt text: the text checks use it
+PROBE_FILLERS = 1  # busy-batch fillers per batched probe: one makes it batched; the default 4 would spend most of
+#                   the matrix's requests per replica on fillers (a round is ~80 requests per replica with one)
 RESCORED = 24  # requests of each replica a rescore round teacher-forces on every replica (perf matrix)
 RATE = 4.0  # requests/s over the fleet: 2 cores for 3 replicas, the sidecar and the load; the default traffic
 # (rate, requests) a fault may ask for: "busy" is 5x the arrivals for the same ~75 s of traffic. Measured on the
@@ -83,6 +94,13 @@ class Fault:
     draft: str | None = None  # "good" | "damaged": every replica drafts with the served checkpoint, the
     #                           candidate with this one (perf_faults.good_draft / damaged_draft)
     traffic: str | None = None  # TRAFFIC's key: the rate and requests this fault shows at (None: the run's)
+    serve_args: tuple = ()  # the candidate's further `infersight serve` flags
+    cpu_quota: float | None = None  # the candidate starts in a cgroup with this many CPUs' worth of quota
+    restart_engine: dict = field(default_factory=dict)  # after the first checkpoint the candidate restarts,
+    #                                                     same id, with these options over its own
+    tenant: Tenant | None = None  # the candidate gets a tenant's traffic of its own (a clean run: nothing differs)
+    key: tuple | None = None  # (key, one value, the other): what a finding on the candidate must say
+    mechanism: str | None = None  # diagnostics.mechanisms' name a finding on the candidate must cite
 
     @property
     def clean(self) -> bool:
@@ -130,8 +148,39 @@ PERF_FAULTS = {f.name: f for f in (
     Fault("clean_speculative", "every replica drafts with the same good draft model (a clean run)", frozenset(),
           every_engine=perf_faults.SPECULATIVE, draft="good"),
 )}
-MATRICES = {"identity": FAULTS, "perf": PERF_FAULTS}
-SHAPES = {"canary": 1, "three": 2}  # shape -> baseline replicas (the candidate is one more)
+_LIMITS = frozenset({"config_mismatch", "lagging_replica", "slow_steps", "availability_gap"})
+# every family an operator deploys by configuration, each with the key a finding must name (both values)
+DEPLOY_FAULTS = {f.name: f for f in (
+    Fault("rope_theta", "config.json's rope_theta x10 (10000 -> 100000)",
+          frozenset({"config_mismatch", "probe_drift", "output_drift"}), file_fault="rope_theta",
+          key=("rope_theta", 10000.0, 100000.0)),
+    Fault("eos_ids", "generation_config.json names another eos id",
+          frozenset({"config_mismatch", "probe_drift", "output_drift"}), file_fault="eos_ids",
+          key=("eos_token_id", [1], [4])),
+    Fault("max_num_seqs", "max_num_seqs 2 instead of 8", _LIMITS, engine={"max_num_seqs": 2},
+          key=("max_num_seqs", 2, 8), mechanism="queue_at_max_num_seqs"),
+    Fault("max_model_len", "max_model_len 64 instead of the model's 256", _LIMITS, engine={"max_model_len": 64},
+          key=("max_model_len", 64, 256)),
+    Fault("max_queue", "serve --max-queue 0 (the default lets 2 x max_num_seqs wait)", _LIMITS,
+          serve_args=("--max-queue", "0"), key=("max_queue", 0, 16)),
+    Fault("cpu_quota", "a cgroup CPU quota of 0.3 CPUs", _LIMITS, cpu_quota=0.3,
+          key=("cpu_quota_cpus", 0.3, "max"), mechanism="cpu_quota"),
+    Fault("kv_small", "num_kv_blocks 24 instead of 128 (preemptions)", _LIMITS, engine={"num_kv_blocks": 24},
+          key=("num_kv_blocks", 24, 128), mechanism="preemptions"),
+    Fault("restart_max_num_seqs", "every replica at max_num_seqs 16; the candidate restarted (same id) with 2",
+          frozenset({"identity_changed", *_LIMITS}), every_engine={"max_num_seqs": 16},
+          restart_engine={"max_num_seqs": 2}, key=("max_num_seqs", 16, 2)),
+    Fault("tenant_load", "the candidate's tenant sends 4x the requests per second", frozenset(),
+          tenant=Tenant(load=4.0)),
+    Fault("tenant_output", "max_tokens 64 from the candidate's tenant, 8 from the fleet's", frozenset(),
+          tenant=Tenant(max_tokens=(8, 64))),
+    Fault("tenant_prompts", "the candidate's tenant has its own system prompts and seed", frozenset(),
+          tenant=Tenant(own_seed=True)),
+)}
+MATRICES = {"identity": FAULTS, "perf": PERF_FAULTS, "deploy": DEPLOY_FAULTS}
+# shape -> baseline replicas (the candidate is one more)
+SHAPES = {"canary-staggered": 1, "canary-together": 1, "three": 2, "canary": 1}
+TOGETHER = frozenset({"canary-together"})  # one `fleet up` starts every replica, roles recorded
 
 
 @dataclass
@@ -144,11 +193,16 @@ class Outcome:
     false_positives: list  # (kind, subject, severity) above info that are not the candidate's
     requests: int = 0
     traffic: str = ""  # the rate it ran at (main adds TRAFFIC's name where a case ran at one)
+    per_replica: int = 0  # the most requests one replica got
+    key_named: bool | None = None  # a finding on the candidate said Fault.key with both values (None: none asked)
+    mechanism_cited: bool | None = None  # ... cited Fault.mechanism (None: none asked)
+    symmetric: list = field(default_factory=list)  # above-info findings on a pair ("r0 vs r1"): nobody blamed
+    skipped: str = ""  # why the case could not run here (a cgroup quota without a writable cgroup ...)
 
 
-def _spec(rid: str, model: Path, engine: dict) -> ReplicaSpec:
+def _spec(rid: str, model: Path, engine: dict, serve_args=()) -> ReplicaSpec:
     return ReplicaSpec(id=rid, model=str(model), threads=1, engine={**ENGINE, **engine}, drain_timeout=3.0,
-                       args=list(SERVE_ARGS))
+                       args=[*SERVE_ARGS, *serve_args])
 
 
 def _up(run_dir: Path, name: str, replicas: list[ReplicaSpec], sidecar: SidecarSpec):
@@ -170,26 +224,53 @@ def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, s
     shutil.copytree(REFERENCE_MODEL, model)
     baselines = [f"r{i}" for i in range(SHAPES[shape])]
     candidate = f"r{len(baselines)}"
+    together = shape in TOGETHER
     every = dict(fault.every_engine) if fault else {}
     cand_engine = {**every, **(fault.engine if fault else {})}
     if fault is not None and fault.draft:
         every["draft_model"] = perf_faults.good_draft(model)
         cand_engine["draft_model"] = (perf_faults.damaged_draft(work, model) if fault.draft == "damaged"
                                       else perf_faults.good_draft(model))
+    cand_model = model
+    if fault is not None and fault.file_fault and together:  # started at once: the candidate's own directory
+        cand_model = work / "candidate-model"
+        shutil.copytree(model, cand_model)
+        FILE_FAULTS[fault.file_fault](cand_model)
     fleets = []
-    with ExitStack() as neighbours:
+    with ExitStack() as context:
         try:
-            base = _up(work, "base", [_spec(r, model, every) for r in baselines], SidecarSpec(port=0))
-            fleets.append(base.run_dir)
-            if fault is not None and fault.file_fault:
-                FILE_FAULTS[fault.file_fault](model)
-            cand_spec = _spec(candidate, model, cand_engine)
+            cand_spec = _spec(candidate, cand_model, cand_engine, fault.serve_args if fault else ())
+            base_specs = [_spec(r, model, every) for r in baselines]
+            if fault is not None and fault.cpu_quota is not None:
+                try:
+                    cand_spec.env = context.enter_context(cpu_quota_group(fault.cpu_quota))
+                except QuotaUnavailable as e:
+                    log(f"{fault.name:22s} {shape:7s} not run: {e}")
+                    return Outcome(fault.name, shape, candidate, None, "", [], skipped=str(e))
             if fault is not None and fault.neighbour:
                 cand_spec.cpus = str(perf_faults.NEIGHBOUR_CPU)
-                neighbours.enter_context(perf_faults.busy_neighbour())
-            cand = _up(work, "cand", [cand_spec], SidecarSpec(enabled=False, url=base.store_url))
-            fleets.append(cand.run_dir)
-            outcome = _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate)
+                context.enter_context(perf_faults.busy_neighbour())
+            if together:
+                for spec in base_specs:
+                    spec.role = "baseline"
+                cand_spec.role = "candidate"
+                base = _up(work, "fleet", [*base_specs, cand_spec], SidecarSpec(port=0))
+                fleets.append(base.run_dir)
+                cand = base
+            else:
+                base = _up(work, "base", base_specs, SidecarSpec(port=0))
+                fleets.append(base.run_dir)
+                if fault is not None and fault.file_fault:
+                    FILE_FAULTS[fault.file_fault](model)
+                cand = _up(work, "cand", [cand_spec], SidecarSpec(enabled=False, url=base.store_url))
+                fleets.append(cand.run_dir)
+            restart = None
+            if fault is not None and fault.restart_engine:
+                again = _spec(candidate, cand_model, {**cand_engine, **fault.restart_engine}, fault.serve_args)
+                again.role, again.env = cand_spec.role, cand_spec.env
+                restart = lambda: restart_replica(cand, again, cand_model)  # noqa: E731
+            outcome = _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate,
+                               restart)
             outcome.traffic = f"{rate:g}/s"
             return outcome
         finally:
@@ -197,8 +278,32 @@ def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, s
                 fleet_down(run_dir)
 
 
-def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate) -> Outcome:
-    urls = [r.url for r in base.replicas] + [r.url for r in cand.replicas]
+async def _fitted(workload, urls: list[str]):
+    """The workload at the prompt scale that fits the baselines' context: a candidate with a shorter one
+    gets the same production prompts, as it would behind a load balancer."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        tightest = min(await discover(client, urls, None), key=lambda e: e.max_model_len or 1 << 30)
+        if not tightest.max_model_len:
+            return workload
+        scale = await fit_scale(client, tightest.url, tightest.model, tightest.max_model_len, workload)
+    return workload.rescaled(scale) if scale != workload.scale else workload
+
+
+async def _loads(streams: list[tuple]) -> list:
+    """Several load streams at once: (urls, workload, rate, requests, seed, run id) each."""
+    return await asyncio.gather(*(
+        run_load(urls, workload, Arrival("poisson", rate=r), num_requests=n, seed=s, pick="random", run_id=rid,
+                 request_timeout=60.0, fit_context=False)
+        for urls, workload, r, n, s, rid in streams if n > 0))
+
+
+def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate,
+             restart=None) -> Outcome:
+    replicas = {r.name: r.url for r in [*base.replicas, *(cand.replicas if cand is not base else [])]}
+    urls = list(replicas.values())
+    base_urls = [u for name, u in replicas.items() if name != candidate]
     since = time.time() - 1
     stages = []  # (label, findings)
 
@@ -207,27 +312,47 @@ def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, l
 
     first = "probe round 1 + " if probes else ""
     if probes:
-        run_probe_round(urls)
+        run_probe_round(urls, batch_fillers=PROBE_FILLERS)
         check("probe round 1")
     run_id = f"fm{seed}-{int(time.time())}"
     # the perf matrix's traffic ends at EOS as production traffic does (an eos change must be able to show);
     # the identity matrix keeps the loadgen's default (ignore_eos: fixed output lengths)
     ignore_eos = probes
-    workload = make_workload("mixed", seed, ignore_eos=ignore_eos)
+    tenant = fault.tenant if fault is not None else None
+    fleet_tokens, own_tokens = tenant.max_tokens if tenant else (None, None)
+
+    def workloads(k: int):
+        fleet = make_workload("mixed", seed * 100 + k, ignore_eos=ignore_eos, max_tokens=fleet_tokens)
+        own = make_workload("mixed", (seed * 100 + k) + (7919 if tenant and tenant.own_seed else 0),
+                            ignore_eos=ignore_eos, max_tokens=own_tokens)
+        return (asyncio.run(_fitted(fleet, base_urls)),
+                asyncio.run(_fitted(own, base_urls)) if tenant else None)  # new prompts each checkpoint
+
     sent = 0
     per = max(1, requests // checkpoints)
     for k in range(checkpoints):
         n = per if k < checkpoints - 1 else requests - sent
-        load = asyncio.run(run_load(urls, workload, Arrival("poisson", rate=rate), num_requests=n,
-                                    seed=seed * 100 + k, pick="random", run_id=f"{run_id}c{k}",
-                                    request_timeout=60.0))
-        workload = make_workload("mixed", seed * 100 + k + 1, ignore_eos=ignore_eos)  # new prompts each checkpoint
-        sent += len(load.results)
+        fleet_load, own = workloads(k)
+        if tenant is None:
+            streams = [(urls, fleet_load, rate, n, seed * 100 + k, f"{run_id}c{k}")]
+        else:  # the baselines at the fleet's per-replica rate, the candidate at `load` times it, for as long
+            share = n / (len(base_urls) + tenant.load)
+            each = rate / len(urls)
+            streams = [(base_urls, fleet_load, each * len(base_urls), round(share * len(base_urls)), seed * 100 + k,
+                        f"{run_id}c{k}"),
+                       ([replicas[candidate]], own, each * tenant.load, round(share * tenant.load),
+                        seed * 100 + k + 50, f"{run_id}t{k}")]
+        loads = asyncio.run(_loads(streams))
         with open_store(base.store_url) as store:
-            wait_for_requests(store, f"{run_id}c{k}-", len(load.results))
+            for stream, load in zip([s for s in streams if s[3] > 0], loads):
+                sent += len(load.results)
+                wait_for_requests(store, f"{stream[5]}-", len(load.results))
         check(f"{first}{sent} requests")
+        if k == 0 and restart is not None:
+            restart()
+            log(f"    {candidate} restarted with {fault.restart_engine}")
     if probes:
-        run_probe_round(urls)
+        run_probe_round(urls, batch_fillers=PROBE_FILLERS)
         check(f"two probe rounds + {sent} requests")
     else:  # cross-scoring: the traffic's own requests, teacher-forced on every replica (no shared prompts)
         rescored = run_rescore_round(urls, base.store_url, per_replica=RESCORED)
@@ -237,8 +362,8 @@ def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, l
     if fault is not None and fault.draft:  # what the detector sees: each replica's acceptance over the run
         with open_store(base.store_url) as store:
             for r in spec_sums.acceptance(store, Scope(start=since)):
-                rate = "n/a" if r["rate"] is None else f"{r['rate']:.3f}"
-                log(f"    acceptance {r['replica_id']}: {r['accepted']}/{r['proposed']} = {rate} "
+                acc = "n/a" if r["rate"] is None else f"{r['rate']:.3f}"
+                log(f"    acceptance {r['replica_id']}: {r['accepted']}/{r['proposed']} = {acc} "
                     f"({sum(s.n for s in r['requests'].values())} requests with drafts)")
     if fault is not None and fault.detectors & {"slow_steps", "lagging_replica"}:
         _measured(base.store_url, since, candidate, log)
@@ -252,7 +377,11 @@ def _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, l
                 pq.write_table(store.query_arrow(f"SELECT * FROM {table}"),
                                dump / f"{fault.name if fault else 'clean'}-{shape}-{table}.parquet")
     log(f"    load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    return _outcome(fault, shape, candidate, stages, sent, log)
+    with open_store(base.store_url) as store:
+        most = finding_checks.most_requests_per_replica(store, since)
+    outcome = _outcome(fault, shape, candidate, stages, sent, log)
+    outcome.per_replica = most
+    return outcome
 
 
 def _measured(store_url: str, since: float, candidate: str, log) -> None:
@@ -281,25 +410,31 @@ def _outcome(fault, shape, candidate, stages, sent, log) -> Outcome:
     caught, explanation = None, ""
     final = stages[-1][1]
     for label, findings in stages:
-        hits = [f for f in findings if f.severity != "info" and f.subject == candidate
-                and fault is not None and f.kind in fault.detectors]
+        hits = [f for f in findings if fault is not None and f.kind in fault.detectors and f.subject == candidate
+                and (f.severity != "info" or f.kind == finding_checks.CHANGE_KIND)]
         if hits:
             caught, explanation = label, f"{hits[0].kind} ({hits[0].severity}): {hits[0].summary}"
             break
     above = [f for f in final if f.severity != "info"]
     clean = fault is None or fault.clean
+    symmetric = [(f.kind, f.subject, f.severity, f.summary) for f in above if " vs " in f.subject]
     false_positives = [(f.kind, f.subject, f.severity, f.summary) for f in above
-                       if clean or f.subject != candidate]
+                       if " vs " not in f.subject and (clean or f.subject != candidate)]
     name = "clean" if fault is None else fault.name
-    out = Outcome(name, shape, candidate, caught, explanation, false_positives, sent)
+    out = Outcome(name, shape, candidate, caught, explanation, false_positives, sent, symmetric=symmetric)
+    if fault is not None and fault.key:
+        out.key_named = finding_checks.key_named(final, candidate, *fault.key)
+    if fault is not None and fault.mechanism:
+        out.mechanism_cited = finding_checks.mechanism_cited(final, candidate, fault.mechanism)
     verdict = "clean run" if clean else f"caught: {caught}" if caught else "MISSED"
-    log(f"{out.fault:22s} {shape:7s} {verdict}  {explanation[:140]}")
-    if not clean and caught is None:  # what the detectors said instead (info: insufficient data, below a bar ...)
-        for f in final:
-            if f.kind in fault.detectors or f.subject == candidate:
-                log(f"    {f.severity} {f.kind} {f.subject}: {f.summary[:220]}")
-    for fp in false_positives:
-        log(f"    false positive: {fp}")
+    log(f"{out.fault:22s} {shape:7s} {verdict}  key named {out.key_named} mechanism {out.mechanism_cited}  "
+        f"{explanation[:140]}")
+    if not clean and (caught is None or out.key_named is False or out.mechanism_cited is False):
+        for f in final:  # what the detectors said instead (info: insufficient data, below a bar ...)
+            if f.kind in fault.detectors or candidate in f.subject.split(" vs "):
+                log(f"    {f.severity} {f.kind} {f.subject}: {f.summary[:300]}")
+    for fp in false_positives + symmetric:
+        log(f"    above info, not on the candidate: {fp}")
     return out
 
 
@@ -315,16 +450,33 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def confusion(outcomes: list[Outcome], faults: dict) -> str:
+    """fault x shape: caught (the candidate named; + key: the key with both values; + mechanism), missed,
+    symmetric (a pair named, nobody blamed), false-blame (a healthy replica named above info), quiet (a clean
+    or tenant run with nothing above info); with the requests it took and the most one replica got."""
+    shapes = list(dict.fromkeys(o.shape for o in outcomes))
+    rows: dict[str, dict[str, str]] = {}
+    for o in outcomes:
+        rows.setdefault(o.fault, {})[o.shape] = finding_checks.cell(o, faults.get(o.fault))
+    lines = ["| fault | " + " | ".join(shapes) + " |", "|---|" + "---|" * len(shapes)]
+    lines += [f"| {fault} | " + " | ".join(cells.get(s, "") for s in shapes) + " |" for fault, cells in rows.items()]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matrix", choices=sorted(MATRICES), default="identity",
                         help="identity: the prober's faults (probes on); perf: the same-work rules' faults, "
-                             "from sampled traffic alone (no probes)")
+                             "from sampled traffic alone (no probes); deploy: every configuration family and "
+                             "tenants, probes on, the key and mechanism checked")
     parser.add_argument("--faults", default="", help="comma-separated (default: the matrix's all); "
                                                      "'none' for clean runs only")
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default="canary-staggered,canary-together,three",
+                        help=f"comma-separated, of {', '.join(SHAPES)} (canary: canary-staggered's old name)")
     parser.add_argument("--clean-runs", type=int, default=3, help="clean fleets per shape")
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--checkpoints", type=int, default=3, help="diagnose after each of this many parts of the "
+                                                                    "traffic")
     parser.add_argument("--rate", type=float, default=RATE,
                         help=f"requests/s over the fleet (default {RATE:g}); a fault with a traffic of its own "
                              f"(TRAFFIC: {TRAFFIC}, rate and requests) runs at that, whatever --rate and "
@@ -347,13 +499,16 @@ def main(argv=None) -> int:
         for i, (fault, traffic) in enumerate(cases):
             rate, requests = TRAFFIC[traffic] if traffic else default
             with tempfile.TemporaryDirectory(prefix="infersight-fm-") as work:
-                outcome = run_case(fault, shape, Path(work), requests, seed=i, probes=args.matrix == "identity",
-                                   rate=rate)
+                outcome = run_case(fault, shape, Path(work), requests, seed=i, probes=args.matrix != "perf",
+                                   rate=rate, checkpoints=args.checkpoints)
             if traffic:
                 outcome.traffic = f"{traffic} ({outcome.traffic})"
             outcomes.append(outcome)
     print(table(outcomes))
-    missed = [o for o in outcomes if not o.fault.startswith("clean") and o.caught_after is None]
+    print()
+    print(confusion(outcomes, faults))
+    missed = [o for o in outcomes if not o.fault.startswith("clean") and not o.skipped and o.caught_after is None
+              and not faults[o.fault].clean]
     noisy = [o for o in outcomes if o.false_positives]
     return 1 if missed or noisy else 0
 

@@ -10,7 +10,8 @@ field:
 - double_bos: the tokenizer's post-processor adds a second BOS (the template already has one, or
   add_bos_token switched on in a tokenizer that already prepends it);
 - noisy_weights: every weight matrix with relative Gaussian noise (a different checkpoint);
-- eos_ids: generation_config.json names another eos id (answers stop elsewhere, or never).
+- eos_ids: generation_config.json names another eos id (answers stop elsewhere, or never);
+- rope_theta: config.json's RoPE base multiplied (a config from another context-length variant).
 Engine-option faults (int4, prefix caching, budgets) need no file: they are replica options.
 """
 
@@ -84,6 +85,17 @@ def eos_ids(model: Path, eos: int | list[int] | None = None) -> None:
     _edit_json(model / "generation_config.json", change)
 
 
+def rope_theta(model: Path, factor: float = 10.0) -> None:
+    """config.json's rope_theta times `factor`, wherever the file keeps it (top level, or rope_parameters)."""
+    def change(c: dict) -> None:
+        holder = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else c
+        if "rope_theta" not in holder:
+            raise ValueError(f"{model}: config.json has no rope_theta")
+        holder["rope_theta"] = float(holder["rope_theta"]) * factor
+
+    _edit_json(model / "config.json", change)
+
+
 FILE_FAULTS = {
     "lowercase_normalizer": lowercase_normalizer,
     "nfkc_normalizer": nfkc_normalizer,
@@ -91,5 +103,6 @@ FILE_FAULTS = {
     "double_bos": double_bos,
     "noisy_weights": noisy_weights,
     "eos_ids": eos_ids,
+    "rope_theta": rope_theta,
 }
 
