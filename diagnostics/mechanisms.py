@@ -13,6 +13,9 @@ subject slow and cites what it finds, with the numbers on both sides, or says th
 - queue against max_num_seqs: the share of its steps where requests waited while every slot its scheduler
   allows (max_num_seqs, from its identity) was running;
 - CPU quota: a cgroup CPU quota (the identity's placement.cgroup, engine/cgroup_limits.py) below its peers';
+- CPU throttling: the share of its cgroup's CPU periods throttled over the window (the steps carry the
+  cgroup's counters, each replica's difference between its first and last step), above its peers' (a peer
+  without a quota has no periods: throttled never);
 - prefix hits: its prefix-cache hit rate (hit / looked-up prompt tokens) below its peers' by MIN_PREFIX_GAP;
 - host time: its median host time per step (the step's wall time less its forward pass) over its peers', in
   strata of batch size (sequences, powers of two: host time grows with the batch, so a replica that batched
@@ -26,8 +29,8 @@ which consecutive steps are not (they share a batch): for KV pressure and the qu
 ratio bar, not the p-value, carries the decision. These are citations beside a finding its own diagnostic
 has already tested, not findings of their own.
 
-Throttling is recorded only at start (the cgroup's counters then, under `_start`): the quota is what the
-store can compare over a window; the counters are given as evidence.
+A quota is a setting; throttling is what it did in the window: a quota the replica never reached is no cause,
+and a quota set on a running process (after its start row was written) shows only as throttling.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ HOST_MIN_SECONDS = 5e-4  # ... and at least this much more per step (50 us over 
 MIN_PREFIX_TOKENS = 500  # looked-up prompt tokens on each side before hit rates are compared
 QUOTA_KEY = "placement.cgroup.cpu_quota_cpus"
 NOT_FOUND = "cause not found in the records"
-LOOKED_AT = ("preemptions", "KV usage", "queue against max_num_seqs", "CPU quota", "prefix hits", "host time")
+LOOKED_AT = ("preemptions", "KV usage", "queue against max_num_seqs", "CPU quota", "CPU throttling", "prefix hits",
+             "host time")
 
 # one side's steps and requests, pooled over its replicas (`source`: scope.steps_in / requests_in, the side's
 # window, replicas, versions, config hashes and models)
@@ -81,7 +85,18 @@ _STEP_COLUMNS = ("t.replica_id AS replica_id, t.phase AS phase, t.num_preempted 
                  "t.kv_blocks_total AS kv_blocks_total, t.kv_blocks_used AS kv_blocks_used, "
                  "t.num_waiting AS num_waiting, t.num_running AS num_running, "
                  "t.prefix_hit_tokens AS prefix_hit_tokens, t.prefix_query_tokens AS prefix_query_tokens, "
-                 "t.num_seqs AS num_seqs, t.duration_seconds - t.forward_seconds AS host_seconds")
+                 "t.num_seqs AS num_seqs, t.duration_seconds - t.forward_seconds AS host_seconds, "
+                 "t.cpu_periods AS cpu_periods, t.cpu_throttled_periods AS cpu_throttled_periods, "
+                 "t.cpu_throttled_seconds AS cpu_throttled_seconds")
+# each replica's cgroup counters over the window (cumulative: last minus first), summed over the side
+_THROTTLED = """
+SELECT sum(periods) AS periods, sum(throttled) AS throttled, sum(seconds) AS seconds
+FROM (SELECT replica_id, max(cpu_periods) - min(cpu_periods) AS periods,
+             max(cpu_throttled_periods) - min(cpu_throttled_periods) AS throttled,
+             max(cpu_throttled_seconds) - min(cpu_throttled_seconds) AS seconds
+      FROM {source} GROUP BY replica_id)
+"""
+MIN_THROTTLED_SHARE = 0.05  # of its periods, against peers that have no quota (no periods to compare)
 _REQUESTS = """
 SELECT count() AS requests, countIf(preemptions > 0) AS preempted, sum(preemptions) AS preemptions_total
 FROM {source}
@@ -111,6 +126,8 @@ def _totals(store, side: Side, ids: list[str], limits: list[int]) -> tuple[dict,
     """(its steps' numbers, its requests' numbers), each pooled over the side's replicas."""
     params = {**side.scope.parameters(), "ids": ids, "limits": limits}
     steps = store.query_arrow(_STEPS.replace("{source}", steps_in(_STEP_COLUMNS)), params).to_pylist()[0]
+    steps["throttling"] = store.query_arrow(_THROTTLED.replace("{source}", steps_in(_STEP_COLUMNS)),
+                                            params).to_pylist()[0]
     steps["host"] = {r["batch"]: r for r in store.query_arrow(_HOST.replace("{source}", steps_in(_STEP_COLUMNS)),
                                                                params).to_pylist()}
     source = requests_in("t.preemptions AS preemptions", scope=side.scope)
@@ -210,6 +227,28 @@ def _quota(mine: Side, theirs: Side, others: str) -> dict | None:
             "said": f"CPU quota {quota:g} CPUs (cgroup cpu.max {cpu_max}) vs {reference} {others}"}
 
 
+def _throttling(mine: dict, theirs: dict, others: str) -> dict | None:
+    """The share of its cgroup's CPU periods throttled, over the other side's (or over none, where the other
+    side ran without a quota: no periods, never throttled)."""
+    m, t = mine[0]["throttling"], theirs[0]["throttling"]
+    throttled, periods = int(m.get("throttled") or 0), int(m.get("periods") or 0)
+    if int(t.get("periods") or 0) > 0:
+        c = _proportion(throttled, periods, t.get("throttled"), t.get("periods"))
+    elif throttled >= MIN_EVENTS and throttled >= MIN_THROTTLED_SHARE * periods:
+        c = {"replica": {"events": throttled, "of": periods, "rate": throttled / periods},
+             "others": {"events": 0, "of": 0, "rate": 0.0}, "ratio": None, "test": None}
+    else:
+        c = None
+    if c is None:
+        return None
+    c["replica"]["throttled_seconds"] = float(m.get("seconds") or 0.0)
+    c["others"]["throttled_seconds"] = float(t.get("seconds") or 0.0)
+    versus = f"{c['others']['rate']:.1%} {others}" if c["others"]["of"] else f"none {others} (no CPU quota)"
+    c["said"] = (f"CPU throttled in {c['replica']['rate']:.0%} of its cgroup's periods "
+                 f"({throttled} of {periods}, {c['replica']['throttled_seconds']:.1f} s) vs {versus}")
+    return c
+
+
 def _prefix(mine: dict, theirs: dict, others: str) -> dict | None:
     (ms, _), (ts, _) = mine, theirs
     q, tq = ms.get("prefix_query") or 0, ts.get("prefix_query") or 0
@@ -259,6 +298,7 @@ def compared(store, subject: Side, reference: Side, others: str = "on peers") ->
     other_limit = _common([max_num_seqs(r) for r in reference.identities])
     found = {
         "cpu_quota": _quota(subject, reference, others),
+        "cpu_throttling": _throttling(mine, theirs, others),
         "preemptions": _preemptions(mine, theirs, others),
         "kv_pressure": _kv(mine, theirs, others),
         "queue_at_max_num_seqs": _queue(mine, theirs, limit, other_limit, others),

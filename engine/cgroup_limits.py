@@ -11,12 +11,14 @@ container shows its own group as the root) the root of the hierarchy is read. Ev
 best effort: what cannot be read is left out, never guessed.
 
 `limits()` are identity (they change how fast a replica can be); `throttling()` are counters, read at
-start as a reference and again by whoever wants the share of periods throttled since.
+start as a reference, and over time by a ThrottlingSampler (every step record carries its latest reading,
+so the share of periods throttled over any window is a difference of two rows).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 UNLIMITED = "max"
@@ -119,3 +121,26 @@ def throttling(root: str | os.PathLike = "/sys/fs/cgroup", proc_root: str | os.P
     throttled = (stat.get("throttled_usec", 0) / 1e6 if version == "v2" else stat.get("throttled_time", 0) / 1e9)
     return {"nr_periods": stat["nr_periods"], "nr_throttled": stat.get("nr_throttled", 0),
             "throttled_seconds": throttled}
+
+
+class ThrottlingSampler:
+    """The cgroup's throttling counters, read at most once per `interval` seconds (a step runs every few
+    milliseconds; cpu.stat is a file read): `read()` gives the latest (nr_periods, nr_throttled,
+    throttled_seconds), zeros where the counters are not readable."""
+
+    def __init__(self, interval: float = 1.0, read=throttling):
+        self.interval = interval
+        self._read = read
+        self._next = 0.0
+        self._last = (0, 0, 0.0)
+        self._readable = True
+
+    def read(self) -> tuple[int, int, float]:
+        now = time.monotonic()
+        if self._readable and now >= self._next:
+            self._next = now + self.interval
+            t = self._read()
+            self._readable = bool(t)  # no cgroup counters now: none later in this process either
+            if t:
+                self._last = (int(t["nr_periods"]), int(t["nr_throttled"]), float(t["throttled_seconds"]))
+        return self._last

@@ -22,6 +22,7 @@ from telemetry.contract.outcomes import engine_error_code
 from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 
 ENGINE_DISTRIBUTION = "infersight"
+_THROTTLING = cgroup_limits.ThrottlingSampler()  # the process's cgroup: one sampler for every engine in it
 
 
 def engine_version() -> str:
@@ -164,4 +165,6 @@ def build_step_record(replica_id: str, step_id: int, batch, start_wall: float, s
         kv_blocks_cached=kv.num_cached_blocks, prefix_hit_tokens=batch.prefix_hit_tokens,
         prefix_query_tokens=batch.prefix_query_tokens, evictions=evictions,
         num_waiting=scheduler.num_waiting, num_running=scheduler.num_running,
-        num_preempted=len(batch.preempted), num_context_tokens=sum(context_lens), **spec_fields)
+        num_preempted=len(batch.preempted), num_context_tokens=sum(context_lens),
+        **dict(zip(("cpu_periods", "cpu_throttled_periods", "cpu_throttled_seconds"), _THROTTLING.read())),
+        **spec_fields)

@@ -168,6 +168,11 @@ class StepRecord:
     spec_accepted_per_pos: list[int] = field(default_factory=list)
     spec_num_drafts: int = 0  # sequences that got a non-empty draft this step
     num_context_tokens: int = 0  # tokens attention reads this step: sum of the batch's context lengths
+    # the replica's cgroup CPU throttling counters as last read (at most a second old; cumulative, engine/
+    # cgroup_limits.py): periods, periods throttled, seconds throttled; 0 where the OS does not expose them
+    cpu_periods: int = 0
+    cpu_throttled_periods: int = 0
+    cpu_throttled_seconds: float = 0.0
 
 
 @dataclass(slots=True)

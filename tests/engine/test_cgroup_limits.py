@@ -54,3 +54,21 @@ def test_no_cgroup_says_nothing(tmp_path):
 def test_this_machine_reads_without_error():
     limits = cgroup_limits.limits()
     assert limits == {} or limits["version"] in ("v1", "v2")
+
+
+def test_the_throttling_sampler_reads_at_most_once_an_interval_and_zeros_where_nothing_is_readable():
+    readings = iter([{"nr_periods": 10, "nr_throttled": 3, "throttled_seconds": 0.2},
+                     {"nr_periods": 20, "nr_throttled": 9, "throttled_seconds": 0.7}])
+    calls = []
+
+    def read():
+        calls.append(1)
+        return next(readings)
+
+    sampler = cgroup_limits.ThrottlingSampler(interval=3600.0, read=read)
+    assert sampler.read() == (10, 3, 0.2) and sampler.read() == (10, 3, 0.2)
+    assert len(calls) == 1  # the second step within the interval reuses the reading
+    sampler._next = 0.0  # the interval has passed
+    assert sampler.read() == (20, 9, 0.7)
+    none = cgroup_limits.ThrottlingSampler(interval=0.0, read=lambda: {})
+    assert none.read() == (0, 0, 0.0) and none.read() == (0, 0, 0.0)
