@@ -52,10 +52,13 @@ def key_named(findings: list, replica: str, key: str, one, other) -> bool:
                if _on(f, replica) and (f.severity != "info" or f.kind == CHANGE_KIND))
 
 
-def mechanism_cited(findings: list, replica: str, mechanism: str) -> bool:
-    """A finding on `replica` cites `mechanism` among the causes it found."""
-    return any(m.get("mechanism") == mechanism for f in findings if _on(f, replica)
-               for m in f.evidence.get("mechanisms") or [])
+def mechanism_cited(findings: list, replica: str, mechanism: str) -> bool | None:
+    """A lag finding on `replica` (one that looked for causes: evidence "mechanisms") cites `mechanism`;
+    None where no finding on it looked (nothing lagged: a difference in identity needs no mechanism)."""
+    looked = [f for f in findings if _on(f, replica) and f.severity != "info" and "mechanisms" in f.evidence]
+    if not looked:
+        return None
+    return any(m.get("mechanism") == mechanism for f in looked for m in f.evidence["mechanisms"])
 
 
 def most_requests_per_replica(store, since: float) -> int:
