@@ -80,6 +80,16 @@ def identity_sections(config: EngineConfig, generation: dict) -> dict:
     return {"generation": generation, SECTION: model_files(config.model)}
 
 
+def _effective_limits(document: dict, sections: dict) -> None:
+    """An engine limit left unset is recorded as it takes effect (the model's), in place: a peer's explicit
+    `max_model_len 64` then reads against `256`, not against `unset`. Not in config_hash: it follows from
+    config.json, which is."""
+    if document.get("max_model_len") is None:
+        positions = ((sections.get(SECTION) or {}).get("config_json") or {}).get("max_position_embeddings")
+        if isinstance(positions, int) and not isinstance(positions, bool):
+            document["max_model_len"] = positions
+
+
 def build_replica_record(config: EngineConfig, *, model_name: str, weights_hash: str, tokenizer_hash: str,
                          chat_template_hash: str, quantization: str, attention_backend: str,
                          sections: dict | None = None) -> ReplicaRecord:
@@ -90,6 +100,7 @@ def build_replica_record(config: EngineConfig, *, model_name: str, weights_hash:
     "_start" (not compared)."""
     sections = sections or {}
     document = json.loads(config.to_json(sections))
+    _effective_limits(document, sections)
     document["placement"] = {"cgroup": cgroup_limits.limits()}
     document["_start"] = {"cgroup_throttling": cgroup_limits.throttling()}
     return ReplicaRecord(

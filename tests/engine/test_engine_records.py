@@ -251,3 +251,16 @@ def test_the_role_and_the_deploy_time_are_in_the_replica_row_not_in_its_config(t
     assert "role" not in json.loads(candidate.config_json)
     with pytest.raises(ValueError, match="role must be one of"):
         EngineConfig(model=str(tiny_llama), role="canary")
+
+
+def test_an_unset_max_model_len_is_recorded_as_it_takes_effect(tiny_llama):
+    """A replica given max_model_len 64 beside one left at the model's context: both values in the identity
+    (the model's max_position_embeddings for the unset one), so a difference reads `64 vs N`, not `vs unset`."""
+    documents = []
+    for kw in ({}, {"max_model_len": 64}):
+        observer = Recording()
+        LLMEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=10, **kw), observer)
+        (replica,), = observer.of("on_replica_start")
+        documents.append(json.loads(replica.config_json))
+    positions = json.loads((tiny_llama / "config.json").read_text())["max_position_embeddings"]
+    assert [d["max_model_len"] for d in documents] == [positions, 64]
