@@ -49,6 +49,32 @@ def _header(scope, name: bytes) -> str:
     return value.decode("latin-1")
 
 
+# vLLM: "This model's maximum context length is 96 tokens. However, your prompt contains [at least] 120 input
+# tokens ..." (or "... contains 9000 characters ...", refused before tokenizing); infersight: "the prompt is 120
+# tokens but this model's maximum context length is 96 tokens"
+_LIMIT = re.compile(r"maximum context length is (\d+) tokens")
+_PROMPT_TOKENS = re.compile(r"contains (?:at least )?(\d+) input tokens|request has (\d+) input tokens"
+                            r"|\((\d+) in the messages|the prompt (?:is|has) (\d+) tokens|asks for (\d+) prompt")
+# an engine's limit below the context: "without chunked prefill a prompt must fit in max_num_batched_tokens (64)"
+_BATCH_LIMIT = re.compile(r"max_num_batched_tokens \((\d+)\)")
+_PROMPT_CHARS = re.compile(r"contains (\d+) characters")
+
+
+def length_numbers(message: str) -> dict:
+    """A length refusal's numbers from its message: max_model_len (or max_num_batched_tokens), prompt_tokens (or
+    prompt_chars)."""
+    numbers = {}
+    if m := _LIMIT.search(message):
+        numbers["max_model_len"] = int(m.group(1))
+    elif m := _BATCH_LIMIT.search(message):
+        numbers["max_num_batched_tokens"] = int(m.group(1))
+    if m := _PROMPT_TOKENS.search(message):
+        numbers["prompt_tokens"] = int(next(g for g in m.groups() if g))
+    elif m := _PROMPT_CHARS.search(message):
+        numbers["prompt_chars"] = int(m.group(1))
+    return numbers
+
+
 def error_fields(body: bytes) -> dict:
     """OpenAI's {"error": {"message", "type", "param", "code"}} (FastAPI's {"detail": ...} too), or {}."""
     try:
@@ -75,6 +101,8 @@ def refused_record(scope, *, replica_id: str, model_name: str, status: int, body
     api_code = error.get("code") if isinstance(error.get("code"), str) else None
     code = code_for(status, api_code, message, upstream=upstream_status is not None)
     detail = {**(scope.get("state", {}).get(ROW_DETAIL) or {}), **(detail or {})}
+    if code == "context_length" and "prompt_tokens" not in detail:  # a refusal that states its numbers only in
+        detail = {**length_numbers(message), **detail}  # words (the engine's own limits): the stratum needs them
     if api_code:
         detail["api_code"] = api_code
     if isinstance(error.get("type"), str):

@@ -41,8 +41,11 @@ _API_CODES = {"context_length_exceeded": "context_length", "body_too_large": "bo
               "queue_full": "queue_full"}
 _STATUS_CODES = {401: "unauthorized", 403: "unauthorized", 408: "timeout", 409: "duplicate_request_id",
                  413: "body_too_large", 429: "queue_full", 499: "client_abort", 503: "unavailable", 504: "timeout"}
-# how vLLM (and OpenAI) word a context-length refusal, which vLLM sends as a plain 400
-_LENGTH_WORDS = ("maximum context length", "context length", "max_model_len")
+# how vLLM (and OpenAI) word a context-length refusal, which vLLM sends as a plain 400; and how an engine words
+# the limits below the context that its configuration sets (a prompt longer than the batch budget with chunked
+# prefill off, or than the whole KV cache), refused as plainly: a length refusal under another key
+_LENGTH_WORDS = ("maximum context length", "context length", "max_model_len", "max_num_batched_tokens",
+                 "whole kv cache")
 
 
 def code_for(status: int, api_code: str | None = None, message: str = "", upstream: bool = False) -> str:

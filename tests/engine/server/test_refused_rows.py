@@ -220,3 +220,18 @@ def test_a_request_cancelled_while_the_engine_holds_it_is_one_row_the_engines(li
     rows = _rows(store, ids, timeout=0)
     assert sorted(rows["request_id"]) == sorted(ids)  # one row each
     assert set(zip(rows["error_code"], rows["finish_reason"])) == {("client_abort", "abort")}
+
+
+def test_a_limit_of_the_engine_below_the_context_is_a_length_refusal_with_its_numbers():
+    """Chunked prefill off with a 64-token batch budget refuses longer prompts as the engine words it (a plain
+    400): the row is a length refusal with the prompt's length (its stratum) and the limit, as vLLM's are."""
+    from engine.server.rejections import refused_record
+
+    message = ("the prompt has 70 tokens; without chunked prefill a prompt must fit in max_num_batched_tokens "
+               "(64)")
+    for upstream in (None, 400):  # the replica's own refusal, and the same answer through a recording proxy
+        row = refused_record({"headers": []}, replica_id="r", model_name="m", status=400, arrival=1.0, finish=1.1,
+                             body=json.dumps({"error": {"message": message, "code": None}}).encode(),
+                             upstream_status=upstream)
+        assert (row.error_code, row.prompt_tokens) == ("context_length", 70)
+        assert json.loads(row.error_detail_json)["max_num_batched_tokens"] == 64
