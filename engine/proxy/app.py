@@ -33,7 +33,7 @@ import anyio
 import httpx
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -44,6 +44,7 @@ from engine.proxy.refusals import upstream_refusal
 from engine.proxy.request_row import ProxiedRequest, build_records, needs_tokenizer
 from engine.proxy.upstream_info import UpstreamInfo, fetch_info, replica_record
 from engine.server.headers import parse_traceparent
+from telemetry.connections import CLOSED_BY
 from telemetry.contract.hooks import replay_request
 from telemetry.contract.outcomes import engine_error_code
 
@@ -212,7 +213,12 @@ class RecordingProxy:
 
     async def generation(self, request: Request) -> Response:
         arrival = time.time()
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # the client left, or its body stopped arriving (telemetry/connections.py)
+            closed = request.scope.get("state", {}).get(CLOSED_BY) == "body_timeout"
+            request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+            return self._refused(request, request_id, Response(status_code=408 if closed else 499), None, arrival, {})
         try:
             body = json.loads(raw)
         except ValueError:
@@ -308,9 +314,10 @@ class RecordingProxy:
 
     # -- recording -------------------------------------------------------------------------------
 
-    def _refused(self, request: Request, request_id: str, response: Response, upstream_status: int, arrival: float,
-                 body: dict) -> Response:
-        """Record the request `response` refuses (the upstream's answer, or the proxy's 502); returns it."""
+    def _refused(self, request: Request, request_id: str, response: Response, upstream_status: int | None,
+                 arrival: float, body: dict) -> Response:
+        """Record the request `response` refuses (the upstream's answer, the proxy's 502, or, upstream_status None,
+        the proxy's own answer to a client gone before its body came); returns it."""
         try:
             # the served model's name, as the replica's own server records its refusals (not what the client asked)
             model = self.info.model if self.info else str(body.get("model") or "")

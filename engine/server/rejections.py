@@ -30,7 +30,8 @@ from engine.server.errors import ROW_DETAIL
 from engine.server.headers import WORKLOAD_HEADER, parse_traceparent
 from telemetry.contract.derived import e2e_seconds
 from telemetry.contract.hooks import replay_request
-from telemetry.contract.outcomes import code_for
+from telemetry.connections import CLOSED_BY
+from telemetry.contract.outcomes import ABORTED, code_for, outcome_of
 from telemetry.contract.records import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,8 @@ def refused_record(scope, *, replica_id: str, model_name: str, status: int, body
         queue_seconds=0.0, prefill_seconds=0.0, ttft_seconds=0.0, e2e_seconds=e2e_seconds(arrival, finish),
         prompt_tokens=int(detail.get("prompt_tokens", 0)), output_tokens=0, cached_tokens=0,
         prompt_token_ids=[], output_token_ids=[], token_times=[], sampling_params_json="",
-        finish_reason="error", error=message, http_status=status, error_code=code,
+        finish_reason="abort" if outcome_of(code) == ABORTED else "error", error=message, http_status=status,
+        error_code=code,
         error_param=str(error.get("param") or "")[:MAX_PARAM_CHARS],
         error_detail_json=json.dumps(detail, sort_keys=True, default=str),
         upstream_status=upstream_status or 0,
@@ -148,13 +150,15 @@ class RefusalRecorder:
         async def watched_receive():
             message = await receive()
             if message["type"] == "http.disconnect" and not seen["status"]:
-                # the client left (or a body deadline closed it) before its request was read: whatever the app
-                # answers now (FastAPI: a 400 "error parsing the body") reaches nobody; a client abort
+                # the client left (or a body deadline closed it: 408) before its request was read: whatever the app
+                # answers now (FastAPI: a 400 "error parsing the body") reaches nobody; the client's doing
                 seen["gone"] = True
             return message
 
         def answered(status: int) -> int:
-            return 499 if seen["gone"] else status
+            if not seen["gone"]:
+                return status
+            return 408 if state.get(CLOSED_BY) == "body_timeout" else 499  # what the client got: its 408, or nothing
 
         async def watch(message):
             if message["type"] == "http.response.start":
