@@ -41,12 +41,13 @@ from engine.proxy import sse
 from engine.proxy.capture import ResponseCapture
 from engine.proxy.extras import UNASKED_STYLES, UpstreamExtras, dumps_like, strip, strip_keys
 from engine.proxy.refusals import upstream_refusal
-from engine.proxy.request_row import ProxiedRequest, build_records, needs_tokenizer
+from engine.proxy.request_row import ProxiedRequest, build_records, needs_tokenizer, prompt_length
 from engine.proxy.upstream_info import UpstreamInfo, fetch_info, replica_record
 from engine.server.headers import parse_traceparent
+from engine.server.rejections import error_fields
 from telemetry.connections import CLOSED_BY
 from telemetry.contract.hooks import replay_request
-from telemetry.contract.outcomes import engine_error_code
+from telemetry.contract.outcomes import code_for, engine_error_code
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +255,9 @@ class RecordingProxy:
             break
         if upstream.status_code != 200:  # passed on as it came, and recorded
             await upstream.aread()
-            return self._refused(request, request_id, _read_response(upstream), upstream.status_code, arrival, body)
+            counted = await self._refused_prompt_length(upstream, proxied)
+            return self._refused(request, request_id, _read_response(upstream), upstream.status_code, arrival, body,
+                                 counted)
         capture = ResponseCapture(kind, arrival)
         keys = strip_keys(added)
         style = self.unasked if self.unasked in UNASKED_STYLES else "omit"
@@ -314,8 +317,23 @@ class RecordingProxy:
 
     # -- recording -------------------------------------------------------------------------------
 
+    async def _refused_prompt_length(self, upstream: httpx.Response, proxied: ProxiedRequest) -> dict | None:
+        """A length refusal's prompt length as the proxy's tokenizer counts it: vLLM states a bound ("at least 97
+        input tokens": it stops tokenizing past the context) or characters, which would put every refused prompt
+        in one length stratum (or none) and hide the limit from the like-for-like comparison."""
+        error = error_fields(upstream.content)
+        api_code = error.get("code") if isinstance(error.get("code"), str) else None
+        if self.tokenizer is None or code_for(upstream.status_code, api_code, str(error.get("message") or ""),
+                                              upstream=True) != "context_length":
+            return None
+        try:
+            n = await anyio.to_thread.run_sync(prompt_length, proxied, self.tokenizer)
+        except Exception:  # noqa: BLE001 - a prompt the tokenizer cannot take: the upstream's numbers stand
+            return None
+        return {"prompt_tokens": n, "prompt_tokens_source": "proxy_tokenizer"}
+
     def _refused(self, request: Request, request_id: str, response: Response, upstream_status: int | None,
-                 arrival: float, body: dict) -> Response:
+                 arrival: float, body: dict, detail: dict | None = None) -> Response:
         """Record the request `response` refuses (the upstream's answer, the proxy's 502, or, upstream_status None,
         the proxy's own answer to a client gone before its body came); returns it."""
         try:
@@ -324,7 +342,7 @@ class RecordingProxy:
             record = upstream_refusal(request.scope, replica_id=self.replica_id, model_name=model,
                                       request_id=request_id, status=response.status_code,
                                       upstream_status=upstream_status, body=bytes(response.body), arrival=arrival,
-                                      finish=time.time())
+                                      finish=time.time(), detail=detail)
             replay_request(self.observer, record)
             self.recorded += 1
         except Exception:  # noqa: BLE001 - telemetry never breaks proxying

@@ -9,9 +9,11 @@ from engine.server.rejections import refused_record
 
 
 def upstream_refusal(scope, *, replica_id: str, model_name: str, request_id: str, status: int,
-                     upstream_status: int | None, body: bytes, arrival: float, finish: float):
+                     upstream_status: int | None, body: bytes, arrival: float, finish: float,
+                     detail: dict | None = None):
     """The row of a request the proxy answered `status` because its upstream answered `upstream_status`
     (0: unreachable; None: never asked, the client was gone before its body came) with `body`; a length
-    refusal's numbers come from its message (rejections.length_numbers)."""
+    refusal's numbers come from its message (rejections.length_numbers) where `detail` has none."""
     return refused_record(scope, replica_id=replica_id, model_name=model_name, status=status, body=body,
-                          arrival=arrival, finish=finish, request_id=request_id, upstream_status=upstream_status)
+                          arrival=arrival, finish=finish, request_id=request_id, upstream_status=upstream_status,
+                          detail=detail)
