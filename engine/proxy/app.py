@@ -4,9 +4,11 @@ POST /v1/completions and /v1/chat/completions: the client's body goes upstream w
 store needs (engine/proxy/extras.py) and the proxy's request id (`X-Request-Id`: the client's, or
 a new one, echoed to the client), a W3C `traceparent` (the client's, or a new unsampled one, so the
 upstream's spans share the stored trace id); the answer comes back with the extras taken out, a
-stream event by event as the upstream cut it. Once the response is over, its rows are built and
-handed to the observer (the Recorder: buffered, flushed in the background, spooled while the store
-is down), off the response's path: a broken store never slows or breaks proxying.
+stream event by event as the upstream cut it. Before the answer's last byte (a stream's `[DONE]`) its
+rows are built and handed to the observer (the Recorder: journaled, buffered, flushed in the background,
+spooled while the store is down), so with `infersight proxy`'s journal (engine/server/journal_barrier.py)
+a request whose answer a client got survives a kill -9 of the proxy, as a replica's do; the store is never
+on the response's path: a broken store never slows or breaks proxying.
 
 Anything else (GET /v1/models, /metrics, /tokenize ...) and any body that is not a JSON object
 passes through untouched, and so does every upstream error: the client sees exactly what the
@@ -271,13 +273,15 @@ class RecordingProxy:
                 capture.on_response(answer, time.time())
                 if strip(answer, keys, style):
                     content = dumps_like(answer, content)
-        response = Response(content, status_code=200, background=BackgroundTask(self._record, proxied, capture))
+        await self._record(proxied, capture)  # before the answer leaves: journaled first (journal_barrier.py)
+        response = Response(content, status_code=200)
         _copy_headers(response, upstream, request_id)
         return response
 
     def _stream(self, upstream: httpx.Response, proxied: ProxiedRequest, capture: ResponseCapture,
                 keys: tuple[str, ...], style: str, request_id: str) -> StreamingResponse:
         async def events():
+            recorded = False
             try:
                 async for event in sse.events(upstream.aiter_bytes()):
                     parsed = sse.data_json(event)
@@ -288,12 +292,17 @@ class RecordingProxy:
                             event = prefix + dumps_like(chunk, event) + ending
                     elif event.strip() == b"data: [DONE]":
                         capture.complete = True
+                        capture.finish_time = time.time()
+                        await self._record(proxied, capture)  # before the last event leaves: journaled first
+                        recorded = True
                     yield event
             finally:  # done, the client gone (cancelled), or the upstream broke off
-                capture.finish_time = time.time()
+                if not recorded:
+                    capture.finish_time = time.time()
                 with anyio.CancelScope(shield=True):
                     await upstream.aclose()
-                self._spawn(self._record(proxied, capture))
+                if not recorded:
+                    self._spawn(self._record(proxied, capture))
 
         response = StreamingResponse(events(), status_code=200)
         _copy_headers(response, upstream, request_id)
