@@ -14,7 +14,8 @@ Replicas of the reference model (256-token context), each scenario a fleet of it
   way through v0's vLLM process is killed, as a crash does, and its proxy answers 502 (the 5xx of an upstream).
 
 Traffic: sampled (temperature 0.8), load balanced (each request to one replica at random, 6 at a time), 40%
-long prompts (as users send them, not fitted to the smallest context), then bursts of short prompts that hold
+long prompts (~80-440 tokens, as users send them, not fitted to the smallest context: past 256 every replica
+refuses them), then bursts of short prompts that hold
 their slots (ignore_eos) to every replica at once (under the default queue: a healthy replica sheds none).
 Then, by request id, what was sent against what the store holds (the status, per outcome), and
 `diagnose availability`: PASS when exactly the expected (replica, outcome) pairs are named, each citing its key.
@@ -98,7 +99,7 @@ async def drive(urls: dict[str, str], steady: int, bursts: int, burst_size: int,
 
     async def one(client, request_id, replica, burst):
         long = not burst and rng.random() < long_share.get(replica, 0.4)
-        body = {"model": "reference", "prompt": _text(rng, rng.randint(80, 300) if long else rng.randint(5, 35)),
+        body = {"model": "reference", "prompt": _text(rng, rng.randint(40, 200) if long else rng.randint(5, 35)),
                 "max_tokens": 40 if burst else 8, "temperature": 0.8, "ignore_eos": burst}
         try:
             r = await client.post(urls[replica] + "/v1/completions", json=body, timeout=300,

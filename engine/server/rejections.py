@@ -102,8 +102,8 @@ def refused_record(scope, *, replica_id: str, model_name: str, status: int, body
     api_code = error.get("code") if isinstance(error.get("code"), str) else None
     code = code_for(status, api_code, message, upstream=upstream_status is not None)
     detail = {**(scope.get("state", {}).get(ROW_DETAIL) or {}), **(detail or {})}
-    if code == "context_length" and "prompt_tokens" not in detail:  # a refusal that states its numbers only in
-        detail = {**length_numbers(message), **detail}  # words (the engine's own limits): the stratum needs them
+    if code == "context_length":  # the numbers its message states (the engine's own limits, vLLM's): the stratum
+        detail = {**length_numbers(message), **detail}  # and the limit; what the caller counted wins
     if api_code:
         detail["api_code"] = api_code
     if isinstance(error.get("type"), str):

@@ -45,3 +45,12 @@ def test_other_refusals_and_a_proxy_without_tokenizer_are_not_counted():
     assert _counted(proxy, 500, "engine died", {"prompt": "hello"}) is None
     blind = RecordingProxy("http://127.0.0.1:9", None, "v0")
     assert _counted(blind, 400, VLLM_LENGTH, {"prompt": "hello"}) is None
+
+
+def test_the_counted_length_keeps_the_limit_the_message_states():
+    from engine.server.rejections import refused_record
+
+    body = json.dumps({"error": {"message": VLLM_LENGTH, "type": "BadRequestError", "code": 400}}).encode()
+    row = refused_record({"headers": []}, replica_id="v0", model_name="m", status=400, body=body, arrival=1.0,
+                         finish=1.1, upstream_status=400, detail={"prompt_tokens": 240})
+    assert row.prompt_tokens == 240 and json.loads(row.error_detail_json)["max_model_len"] == 96
