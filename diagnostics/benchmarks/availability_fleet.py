@@ -182,7 +182,7 @@ def start(plan: Scenario, candidate: str, stagger: float, work: Path) -> list:
         role = ("candidate" if rid == candidate else "baseline") if plan.canary else ""
         specs.append(_replica(rid, engine, args, role))
     specs += [_vllm_replica(rid, options) for rid, options in plan.vllm.items()]
-    common = dict(startup_timeout=600.0, stop_timeout=10.0, log_level="warning")
+    common = dict(startup_timeout=900.0, stop_timeout=10.0, log_level="warning")  # vLLM on a busy CPU: minutes
     if not (plan.canary and stagger > 0):
         return [fleet_up(FleetConfig(name="availability", run_dir=work / "fleet", sidecar=SidecarSpec(port=0),
                                      replicas=specs, **common))]
