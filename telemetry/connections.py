@@ -42,6 +42,10 @@ def _timeout_response(what: str) -> bytes:
 
 
 _HEADER_TIMEOUT_RESPONSE, _BODY_TIMEOUT_RESPONSE = _timeout_response("headers"), _timeout_response("body")
+# the request's ASGI scope state: which bound closed its connection ("body_timeout"), so the app, which sees only a
+# disconnect, records the request as what the client got (408). A connection closed before its headers were
+# complete carried no request (no route, no id): it is counted by the bound's on_drop, not a row.
+CLOSED_BY = "infersight_closed_by"
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,8 @@ def guarded_protocol(header_timeout: float, max_connections: int,
                 self.transport.write(_HEADER_TIMEOUT_RESPONSE)
             elif reason == "body_timeout":
                 cycle = getattr(self, "cycle", None)
+                if cycle is not None:
+                    cycle.scope.setdefault("state", {})[CLOSED_BY] = reason
                 if cycle is None or not cycle.response_started:
                     self.transport.write(_BODY_TIMEOUT_RESPONSE)
             self.transport.close()

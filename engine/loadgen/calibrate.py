@@ -74,11 +74,11 @@ async def fit_once(args) -> None:
             workload = make_workload(args.workload, args.seed, args.prompt_scale, args.max_tokens, not args.respect_eos)
             args.prompt_scale = await fit_scale(client, endpoint.url, endpoint.model, endpoint.max_model_len,
                                                 workload, args.api_key)
-    args.fit_context = False
+    args.fit_context = "none"
 
 
 async def sweep(args) -> list[RatePoint]:
-    if args.fit_context:
+    if args.fit_context != "none":
         await fit_once(args)
     print(f"prompt scale {args.prompt_scale:.3g}")
     print(HEADER)

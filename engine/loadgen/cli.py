@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from engine.loadgen.arrivals import parse_arrival
-from engine.loadgen.runner import LoadResult, run_load
+from engine.loadgen.runner import FIT_CHOICES, LoadResult, run_load
 from engine.loadgen.stats import format_table, summarize
 from engine.loadgen.workloads import DEFAULT_TEMPERATURE, WORKLOADS, make_workload
 
@@ -29,9 +29,14 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=None, help="output tokens of every request")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--request-timeout", type=float, default=300.0)
-    parser.add_argument("--no-fit", dest="fit_context", action="store_false",
-                        help="send prompts as they are, even those longer than the replicas' context "
-                             "(default: scale prompts down until they fit, asking the replica's /tokenize)")
+    fit = parser.add_mutually_exclusive_group()
+    fit.add_argument("--fit", dest="fit_context", choices=FIT_CHOICES, default="smallest",
+                     help="scale prompts down (asking a replica's /tokenize) until they fit the smallest context "
+                          "among the endpoints (default: every replica can answer every request), the largest "
+                          "(as the model's users send them: a replica with a shorter limit refuses the longer "
+                          "prompts, which is what a length-limit canary must be shown), or none (as they are)")
+    fit.add_argument("--no-fit", dest="fit_context", action="store_const", const="none",
+                     help="the same as --fit none")
     parser.add_argument("--respect-eos", action="store_true",
                         help="let generation stop at EOS (default: ignore_eos, so lengths are the workload's)")
 
@@ -109,7 +114,7 @@ def run(args) -> int:
         close()
     summary = summarize(load.results, load.wall_seconds)
     scale = load.config["prompt_scale"]
-    fitted = "" if scale == args.prompt_scale else " to fit the context"
+    fitted = "" if scale == args.prompt_scale else f" to fit the {args.fit_context} context"
     print(f"{len(load.results)} requests in {load.wall_seconds:.1f} s ({args.workload}, {args.arrival.describe()}, "
           f"{len(urls)} endpoint(s), prompt scale {scale:.3g}{fitted})")
     print(format_table(summary))

@@ -31,6 +31,8 @@ from engine.loadgen.fit import fit_scale
 from engine.loadgen.workloads import Workload, check_share
 
 DUPLICATE_SUFFIX = "-dup"
+# the context the prompts are fitted to: the endpoints' smallest, their largest, or none
+FIT_CHOICES = ("smallest", "largest", "none")
 
 
 @dataclass
@@ -96,12 +98,16 @@ class _Duplicator:
 async def run_load(urls: list[str], workload: Workload, arrival: Arrival, *, duration: float | None = None,
                    num_requests: int | None = None, seed: int = 0, pick: str = "round-robin",
                    api_key: str | None = None, request_timeout: float = 300.0, run_id: str | None = None,
-                   progress=None, max_in_flight: int = 1024, fit_context: bool = True,
+                   progress=None, max_in_flight: int = 1024, fit_context: bool | str = "smallest",
                    duplicate_share: float = 0.0) -> LoadResult:
     """Run the load; `progress(result)` is called as each request finishes.
 
-    With `fit_context`, prompts are first scaled down (if needed) to fit the smallest context
-    among the endpoints (see engine/loadgen/fit.py). ValueError on knobs that cannot run."""
+    `fit_context` (FIT_CHOICES; True is "smallest", False "none"): prompts are first scaled down (if needed)
+    to fit the smallest context among the endpoints, or the largest, where a replica with a shorter limit
+    refuses what the others answer (see engine/loadgen/fit.py). ValueError on knobs that cannot run."""
+    fit = {True: "smallest", False: "none"}.get(fit_context, fit_context)
+    if fit not in FIT_CHOICES:
+        raise ValueError(f"fit the prompts to one of {', '.join(FIT_CHOICES)}, got {fit_context!r}")
     if duration is None and num_requests is None:
         raise ValueError("give a duration or a number of requests")
     check_share(duplicate_share, "duplicate share")
@@ -112,9 +118,9 @@ async def run_load(urls: list[str], workload: Workload, arrival: Arrival, *, dur
     limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits, timeout=request_timeout) as client:
         endpoints = await discover(client, urls, api_key)
-        if fit_context and all(e.max_model_len for e in endpoints):
-            tightest = min(endpoints, key=lambda e: e.max_model_len)
-            scale = await fit_scale(client, tightest.url, tightest.model, tightest.max_model_len, workload, api_key)
+        if fit != "none" and all(e.max_model_len for e in endpoints):
+            target = (min if fit == "smallest" else max)(endpoints, key=lambda e: e.max_model_len)
+            scale = await fit_scale(client, target.url, target.model, target.max_model_len, workload, api_key)
             if scale != workload.scale:
                 workload = workload.rescaled(scale)
         picker = _Picker(endpoints, pick, seed)
@@ -168,7 +174,7 @@ async def run_load(urls: list[str], workload: Workload, arrival: Arrival, *, dur
         if issued:
             await asyncio.gather(*issued, return_exceptions=True)
         wall = time.monotonic() - start
-    config = {"workload": workload.name, "prompt_scale": workload.scale, "arrival": arrival.describe(),
+    config = {"workload": workload.name, "prompt_scale": workload.scale, "fit": fit, "arrival": arrival.describe(),
               "temperature": workload.temperature, "greedy_share": workload.greedy_share,
               "duplicate_share": duplicate_share, "duration": duration,
               "num_requests": num_requests, "seed": seed, "pick": pick, "run_id": run_id,

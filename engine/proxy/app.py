@@ -4,9 +4,11 @@ POST /v1/completions and /v1/chat/completions: the client's body goes upstream w
 store needs (engine/proxy/extras.py) and the proxy's request id (`X-Request-Id`: the client's, or
 a new one, echoed to the client), a W3C `traceparent` (the client's, or a new unsampled one, so the
 upstream's spans share the stored trace id); the answer comes back with the extras taken out, a
-stream event by event as the upstream cut it. Once the response is over, its rows are built and
-handed to the observer (the Recorder: buffered, flushed in the background, spooled while the store
-is down), off the response's path: a broken store never slows or breaks proxying.
+stream event by event as the upstream cut it. Before the answer's last byte (a stream's `[DONE]`) its
+rows are built and handed to the observer (the Recorder: journaled, buffered, flushed in the background,
+spooled while the store is down), so with `infersight proxy`'s journal (engine/server/journal_barrier.py)
+a request whose answer a client got survives a kill -9 of the proxy, as a replica's do; the store is never
+on the response's path: a broken store never slows or breaks proxying.
 
 Anything else (GET /v1/models, /metrics, /tokenize ...) and any body that is not a JSON object
 passes through untouched, and so does every upstream error: the client sees exactly what the
@@ -33,7 +35,7 @@ import anyio
 import httpx
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -41,11 +43,13 @@ from engine.proxy import sse
 from engine.proxy.capture import ResponseCapture
 from engine.proxy.extras import UNASKED_STYLES, UpstreamExtras, dumps_like, strip, strip_keys
 from engine.proxy.refusals import upstream_refusal
-from engine.proxy.request_row import ProxiedRequest, build_records, needs_tokenizer
+from engine.proxy.request_row import ProxiedRequest, build_records, needs_tokenizer, prompt_length
 from engine.proxy.upstream_info import UpstreamInfo, fetch_info, replica_record
 from engine.server.headers import parse_traceparent
+from engine.server.rejections import error_fields
+from telemetry.connections import CLOSED_BY
 from telemetry.contract.hooks import replay_request
-from telemetry.contract.outcomes import engine_error_code
+from telemetry.contract.outcomes import code_for, engine_error_code
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +216,12 @@ class RecordingProxy:
 
     async def generation(self, request: Request) -> Response:
         arrival = time.time()
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # the client left, or its body stopped arriving (telemetry/connections.py)
+            closed = request.scope.get("state", {}).get(CLOSED_BY) == "body_timeout"
+            request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+            return self._refused(request, request_id, Response(status_code=408 if closed else 499), None, arrival, {})
         try:
             body = json.loads(raw)
         except ValueError:
@@ -248,7 +257,9 @@ class RecordingProxy:
             break
         if upstream.status_code != 200:  # passed on as it came, and recorded
             await upstream.aread()
-            return self._refused(request, request_id, _read_response(upstream), upstream.status_code, arrival, body)
+            counted = await self._refused_prompt_length(upstream, proxied)
+            return self._refused(request, request_id, _read_response(upstream), upstream.status_code, arrival, body,
+                                 counted)
         capture = ResponseCapture(kind, arrival)
         keys = strip_keys(added)
         style = self.unasked if self.unasked in UNASKED_STYLES else "omit"
@@ -262,13 +273,15 @@ class RecordingProxy:
                 capture.on_response(answer, time.time())
                 if strip(answer, keys, style):
                     content = dumps_like(answer, content)
-        response = Response(content, status_code=200, background=BackgroundTask(self._record, proxied, capture))
+        await self._record(proxied, capture)  # before the answer leaves: journaled first (journal_barrier.py)
+        response = Response(content, status_code=200)
         _copy_headers(response, upstream, request_id)
         return response
 
     def _stream(self, upstream: httpx.Response, proxied: ProxiedRequest, capture: ResponseCapture,
                 keys: tuple[str, ...], style: str, request_id: str) -> StreamingResponse:
         async def events():
+            recorded = False
             try:
                 async for event in sse.events(upstream.aiter_bytes()):
                     parsed = sse.data_json(event)
@@ -279,12 +292,17 @@ class RecordingProxy:
                             event = prefix + dumps_like(chunk, event) + ending
                     elif event.strip() == b"data: [DONE]":
                         capture.complete = True
+                        capture.finish_time = time.time()
+                        await self._record(proxied, capture)  # before the last event leaves: journaled first
+                        recorded = True
                     yield event
             finally:  # done, the client gone (cancelled), or the upstream broke off
-                capture.finish_time = time.time()
+                if not recorded:
+                    capture.finish_time = time.time()
                 with anyio.CancelScope(shield=True):
                     await upstream.aclose()
-                self._spawn(self._record(proxied, capture))
+                if not recorded:
+                    self._spawn(self._record(proxied, capture))
 
         response = StreamingResponse(events(), status_code=200)
         _copy_headers(response, upstream, request_id)
@@ -308,16 +326,32 @@ class RecordingProxy:
 
     # -- recording -------------------------------------------------------------------------------
 
-    def _refused(self, request: Request, request_id: str, response: Response, upstream_status: int, arrival: float,
-                 body: dict) -> Response:
-        """Record the request `response` refuses (the upstream's answer, or the proxy's 502); returns it."""
+    async def _refused_prompt_length(self, upstream: httpx.Response, proxied: ProxiedRequest) -> dict | None:
+        """A length refusal's prompt length as the proxy's tokenizer counts it: vLLM states a bound ("at least 97
+        input tokens": it stops tokenizing past the context) or characters, which would put every refused prompt
+        in one length stratum (or none) and hide the limit from the like-for-like comparison."""
+        error = error_fields(upstream.content)
+        api_code = error.get("code") if isinstance(error.get("code"), str) else None
+        if self.tokenizer is None or code_for(upstream.status_code, api_code, str(error.get("message") or ""),
+                                              upstream=True) != "context_length":
+            return None
+        try:
+            n = await anyio.to_thread.run_sync(prompt_length, proxied, self.tokenizer)
+        except Exception:  # noqa: BLE001 - a prompt the tokenizer cannot take: the upstream's numbers stand
+            return None
+        return {"prompt_tokens": n, "prompt_tokens_source": "proxy_tokenizer"}
+
+    def _refused(self, request: Request, request_id: str, response: Response, upstream_status: int | None,
+                 arrival: float, body: dict, detail: dict | None = None) -> Response:
+        """Record the request `response` refuses (the upstream's answer, the proxy's 502, or, upstream_status None,
+        the proxy's own answer to a client gone before its body came); returns it."""
         try:
             # the served model's name, as the replica's own server records its refusals (not what the client asked)
             model = self.info.model if self.info else str(body.get("model") or "")
             record = upstream_refusal(request.scope, replica_id=self.replica_id, model_name=model,
                                       request_id=request_id, status=response.status_code,
                                       upstream_status=upstream_status, body=bytes(response.body), arrival=arrival,
-                                      finish=time.time())
+                                      finish=time.time(), detail=detail)
             replay_request(self.observer, record)
             self.recorded += 1
         except Exception:  # noqa: BLE001 - telemetry never breaks proxying

@@ -93,6 +93,7 @@ def build_proxy(args):
     import uvicorn
 
     from engine.proxy.app import RecordingProxy
+    from engine.server.journal_barrier import journaled
     from telemetry.replica_wiring import build_observer
     from telemetry.spool import replica_spool_dir
 
@@ -102,7 +103,7 @@ def build_proxy(args):
 
         tokenizer = Tokenizer(args.model_dir)
     spool = {"spool_dir": args.spool_dir or replica_spool_dir(f"{args.replica_id}-proxy"),
-             "spool_max_bytes": args.spool_max_bytes}
+             "spool_max_bytes": args.spool_max_bytes, "journal": True}  # answered requests survive a kill -9
     model = os.path.basename(os.path.normpath(args.model_dir)) if args.model_dir else "unknown"
     observer, parts = build_observer(args.replica_id, model, store_target=args.store, store_text=args.store_text,
                                      metrics=args.metrics, recorder_kwargs=spool if args.store else None,
@@ -113,7 +114,8 @@ def build_proxy(args):
                            deploy={"role": args.role, "deploy_time": args.deploy_time})
     connections = connection_limits_from_args(args)  # slow or idle clients cannot hold the proxy's sockets
     raise_open_files_limit(2 * connections.max_connections + 256)  # each client's request has its upstream socket
-    config = uvicorn.Config(proxy.app(), host=args.host, port=args.port, log_level=args.log_level,
+    app = journaled(proxy.app(), parts.recorder)  # every recorded request on disk before its answer leaves
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
                             access_log=False, http=connections.protocol())
     return uvicorn.Server(config), parts, proxy

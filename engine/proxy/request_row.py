@@ -137,6 +137,14 @@ def _content(content) -> str:
     return content if isinstance(content, str) else ""
 
 
+def prompt_length(req: ProxiedRequest, tokenizer) -> int:
+    """The request's prompt length in tokens as the proxy's tokenizer makes them (a batch of prompts: its
+    longest)."""
+    if req.kind == "chat":
+        return len(_prompt_ids(req, None, tokenizer))
+    return max(len(_prompt_ids(req, prompt, tokenizer)) for prompt in _prompts(req.body))
+
+
 def needs_tokenizer(capture: ResponseCapture) -> bool:
     return any(_ids_missing(capture, c) for c in capture.choices.values())
 

@@ -30,7 +30,8 @@ from engine.server.errors import ROW_DETAIL
 from engine.server.headers import WORKLOAD_HEADER, parse_traceparent
 from telemetry.contract.derived import e2e_seconds
 from telemetry.contract.hooks import replay_request
-from telemetry.contract.outcomes import code_for
+from telemetry.connections import CLOSED_BY
+from telemetry.contract.outcomes import ABORTED, code_for, outcome_of
 from telemetry.contract.records import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,32 @@ _WORKLOAD = re.compile(r"^[A-Za-z0-9._:\-]{0,64}$")
 def _header(scope, name: bytes) -> str:
     value = next((v for k, v in scope.get("headers", []) if k.lower() == name), b"")
     return value.decode("latin-1")
+
+
+# vLLM: "This model's maximum context length is 96 tokens. However, your prompt contains [at least] 120 input
+# tokens ..." (or "... contains 9000 characters ...", refused before tokenizing); infersight: "the prompt is 120
+# tokens but this model's maximum context length is 96 tokens"
+_LIMIT = re.compile(r"maximum context length is (\d+) tokens")
+_PROMPT_TOKENS = re.compile(r"contains (?:at least )?(\d+) input tokens|request has (\d+) input tokens"
+                            r"|\((\d+) in the messages|the prompt (?:is|has) (\d+) tokens|asks for (\d+) prompt")
+# an engine's limit below the context: "without chunked prefill a prompt must fit in max_num_batched_tokens (64)"
+_BATCH_LIMIT = re.compile(r"max_num_batched_tokens \((\d+)\)")
+_PROMPT_CHARS = re.compile(r"contains (\d+) characters")
+
+
+def length_numbers(message: str) -> dict:
+    """A length refusal's numbers from its message: max_model_len (or max_num_batched_tokens), prompt_tokens (or
+    prompt_chars)."""
+    numbers = {}
+    if m := _LIMIT.search(message):
+        numbers["max_model_len"] = int(m.group(1))
+    elif m := _BATCH_LIMIT.search(message):
+        numbers["max_num_batched_tokens"] = int(m.group(1))
+    if m := _PROMPT_TOKENS.search(message):
+        numbers["prompt_tokens"] = int(next(g for g in m.groups() if g))
+    elif m := _PROMPT_CHARS.search(message):
+        numbers["prompt_chars"] = int(m.group(1))
+    return numbers
 
 
 def error_fields(body: bytes) -> dict:
@@ -75,6 +102,8 @@ def refused_record(scope, *, replica_id: str, model_name: str, status: int, body
     api_code = error.get("code") if isinstance(error.get("code"), str) else None
     code = code_for(status, api_code, message, upstream=upstream_status is not None)
     detail = {**(scope.get("state", {}).get(ROW_DETAIL) or {}), **(detail or {})}
+    if code == "context_length":  # the numbers its message states (the engine's own limits, vLLM's): the stratum
+        detail = {**length_numbers(message), **detail}  # and the limit; what the caller counted wins
     if api_code:
         detail["api_code"] = api_code
     if isinstance(error.get("type"), str):
@@ -92,7 +121,8 @@ def refused_record(scope, *, replica_id: str, model_name: str, status: int, body
         queue_seconds=0.0, prefill_seconds=0.0, ttft_seconds=0.0, e2e_seconds=e2e_seconds(arrival, finish),
         prompt_tokens=int(detail.get("prompt_tokens", 0)), output_tokens=0, cached_tokens=0,
         prompt_token_ids=[], output_token_ids=[], token_times=[], sampling_params_json="",
-        finish_reason="error", error=message, http_status=status, error_code=code,
+        finish_reason="abort" if outcome_of(code) == ABORTED else "error", error=message, http_status=status,
+        error_code=code,
         error_param=str(error.get("param") or "")[:MAX_PARAM_CHARS],
         error_detail_json=json.dumps(detail, sort_keys=True, default=str),
         upstream_status=upstream_status or 0,
@@ -120,13 +150,15 @@ class RefusalRecorder:
         async def watched_receive():
             message = await receive()
             if message["type"] == "http.disconnect" and not seen["status"]:
-                # the client left (or a body deadline closed it) before its request was read: whatever the app
-                # answers now (FastAPI: a 400 "error parsing the body") reaches nobody; a client abort
+                # the client left (or a body deadline closed it: 408) before its request was read: whatever the app
+                # answers now (FastAPI: a 400 "error parsing the body") reaches nobody; the client's doing
                 seen["gone"] = True
             return message
 
         def answered(status: int) -> int:
-            return 499 if seen["gone"] else status
+            if not seen["gone"]:
+                return status
+            return 408 if state.get(CLOSED_BY) == "body_timeout" else 499  # what the client got: its 408, or nothing
 
         async def watch(message):
             if message["type"] == "http.response.start":

@@ -10,8 +10,8 @@ API error codes (OpenAI's, vLLM's, ours) are many and grow, so each writer maps 
 
 Outcomes: answered (a 200 with the model's answer), rejected (the request could not be served as sent:
 400 / 401 / 409 / 413), shed (the replica refused it for lack of room: 429, or 503 while it cannot
-serve), failed (the engine or the upstream failed it: 5xx, or an in-band stream error), timed_out, and
-aborted (the client went away: 499).
+serve), failed (the engine or the upstream failed it: 5xx, or an in-band stream error), timed_out (504), and
+aborted (the client went away, 499, or its request stopped arriving, 408).
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ ERROR_CODES: dict[str, str] = {
     "body_too_large": REJECTED,  # 413
     "queue_full": SHED,  # 429: the running batch and the queue are full (detail: the queue's state)
     "unavailable": SHED,  # 503: shutting down, or the engine is dead
-    "timeout": TIMED_OUT,  # 408 / 504: the client's body or the upstream's answer came too late
+    "timeout": TIMED_OUT,  # 504: the upstream's answer came too late
     "client_abort": ABORTED,  # 499: the client went away before the answer
+    # 408: the client's request stopped arriving (a body deadline closed its connection): the client's doing, as an
+    # abort is, so one slow client never gets a healthy replica named
+    "client_timeout": ABORTED,
     "engine_error": FAILED,  # 500 (or an in-band stream error): the engine failed the request
     "internal_error": FAILED,  # 500: the server failed outside the engine
     "upstream_error": FAILED,  # a recording proxy: the upstream answered 5xx, or could not be reached
@@ -39,10 +42,13 @@ ERROR_CODES: dict[str, str] = {
 _API_CODES = {"context_length_exceeded": "context_length", "body_too_large": "body_too_large",
               "duplicate_request_id": "duplicate_request_id", "invalid_api_key": "unauthorized",
               "queue_full": "queue_full"}
-_STATUS_CODES = {401: "unauthorized", 403: "unauthorized", 408: "timeout", 409: "duplicate_request_id",
+_STATUS_CODES = {401: "unauthorized", 403: "unauthorized", 408: "client_timeout", 409: "duplicate_request_id",
                  413: "body_too_large", 429: "queue_full", 499: "client_abort", 503: "unavailable", 504: "timeout"}
-# how vLLM (and OpenAI) word a context-length refusal, which vLLM sends as a plain 400
-_LENGTH_WORDS = ("maximum context length", "context length", "max_model_len")
+# how vLLM (and OpenAI) word a context-length refusal, which vLLM sends as a plain 400; and how an engine words
+# the limits below the context that its configuration sets (a prompt longer than the batch budget with chunked
+# prefill off, or than the whole KV cache), refused as plainly: a length refusal under another key
+_LENGTH_WORDS = ("maximum context length", "context length", "max_model_len", "max_num_batched_tokens",
+                 "whole kv cache")
 
 
 def code_for(status: int, api_code: str | None = None, message: str = "", upstream: bool = False) -> str:

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from telemetry.contract.derived import decode_seconds, itl_gaps, ttft_split
 from telemetry.contract.hooks import EngineObserver
-from telemetry.contract.outcomes import REJECTED, SHED, engine_error_code, outcome_of
+from telemetry.contract.outcomes import ABORTED, REJECTED, SHED, engine_error_code, outcome_of
 from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
 from telemetry.metrics.definitions import engine_metrics
 
@@ -209,6 +209,9 @@ class MetricsObserver(EngineObserver):
         if outcome == SHED:
             self._requests_shed.inc()
             return
+        if outcome == ABORTED:  # its client gave up before the server read it (499, 408): counted as the engine's
+            self._success["abort"].inc()  # aborts are, in the SLO's total and never its errors (no budget spent)
+            return
         child = self._refused.get(r.error_code)
         if child is None:
             family = self.metrics.requests_rejected if outcome == REJECTED else self.metrics.requests_failed
@@ -216,7 +219,7 @@ class MetricsObserver(EngineObserver):
         child.inc()
 
     def _fold_finished(self, r: RequestRecord) -> None:
-        if r.error_code and r.error_code not in ENGINE_ERROR_CODES:
+        if r.error_code and (r.http_status >= 400 or r.error_code not in ENGINE_ERROR_CODES):  # the HTTP layer answered
             self._fold_refused(r)
             return
         success = self._success.get(r.finish_reason)

@@ -16,6 +16,8 @@ def test_api_answers_map_onto_the_vocabulary():
     assert code_for(200) == ""
     assert code_for(400, "context_length_exceeded") == "context_length"
     assert code_for(400, None, "This model's maximum context length is 96 tokens. However, ...") == "context_length"
+    assert code_for(400, None, "the prompt has 70 tokens; without chunked prefill a prompt must fit in "
+                               "max_num_batched_tokens (64)") == "context_length"  # a limit below the context
     assert code_for(400, "invalid_value") == code_for(422) == "invalid_request"
     assert code_for(401, "invalid_api_key") == "unauthorized"
     assert code_for(429, "queue_full") == code_for(429) == "queue_full"

@@ -153,3 +153,85 @@ def test_a_client_gone_before_its_body_is_read_is_an_abort_not_a_refusal(live, s
     row = _rows(store, [request_id], timeout=60)
     assert list(row["request_id"]) == [request_id]
     assert (row["http_status"][0], row["error_code"][0]) == (499, "client_abort")
+
+
+class _CancelOnceHeld:
+    """ASGI: runs the app as a task of its own and cancels it once the engine holds a request (running or
+    waiting), as a shutdown cancels the tasks of requests in flight."""
+
+    def __init__(self, app, served):
+        self.app, self.served = app, served
+
+    async def __call__(self, scope, receive, send):
+        import asyncio
+        import contextlib
+
+        if scope["type"] != "http" or scope["path"] not in ("/v1/completions", "/v1/chat/completions"):
+            return await self.app(scope, receive, send)
+        started = []
+
+        async def watched(message):
+            started.append(message["type"] == "http.response.start")
+            await send(message)
+
+        task = asyncio.ensure_future(self.app(scope, receive, watched))
+        deadline = time.monotonic() + 60
+        while not task.done() and time.monotonic() < deadline:
+            state = self.served.engine_state()
+            if state["running"] + state["waiting"]:
+                break
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert not any(started), "the app answered before the engine held the request"
+        await send({"type": "http.response.start", "status": 503, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def test_a_request_cancelled_while_the_engine_holds_it_is_one_row_the_engines(live, store):
+    """The task of a request the engine holds is cancelled (a shutdown does it): the engine's abort is its row
+    (client_abort, finish reason abort), and the HTTP layer writes none beside it (it wrote a 499 refusal too)."""
+    ids = []
+    runner = live.served.engine.engine.runner
+    forward = runner.forward
+
+    def slow(*args, **kwargs):  # the first token comes well after the engine holds the request
+        time.sleep(0.3)
+        return forward(*args, **kwargs)
+
+    runner.forward = slow  # the instance attribute shadows the method while it is set
+    try:
+        with BackgroundServer(_CancelOnceHeld(build_app(live.served, manage_engine=False), live.served)) as server:
+            for stream in (False, True):
+                request_id = f"cancelled-{'stream' if stream else 'full'}-{uuid.uuid4().hex[:8]}"
+                ids.append(request_id)
+                r = httpx.post(server.url + "/v1/completions", timeout=60, headers={"X-Request-Id": request_id},
+                               json={"model": live.served.name, "prompt": "hello there", "max_tokens": 20,
+                                     "ignore_eos": True, "stream": stream})
+                assert r.status_code == 503  # the wrapper's answer: the app's task was cancelled
+                live.wait_idle()
+    finally:
+        del runner.forward
+    live.flush()
+    _rows(store, ids, timeout=30)
+    time.sleep(1)  # a second row would come with the same flush; look again after it
+    live.flush()
+    rows = _rows(store, ids, timeout=0)
+    assert sorted(rows["request_id"]) == sorted(ids)  # one row each
+    assert set(zip(rows["error_code"], rows["finish_reason"])) == {("client_abort", "abort")}
+
+
+def test_a_limit_of_the_engine_below_the_context_is_a_length_refusal_with_its_numbers():
+    """Chunked prefill off with a 64-token batch budget refuses longer prompts as the engine words it (a plain
+    400): the row is a length refusal with the prompt's length (its stratum) and the limit, as vLLM's are."""
+    from engine.server.rejections import refused_record
+
+    message = ("the prompt has 70 tokens; without chunked prefill a prompt must fit in max_num_batched_tokens "
+               "(64)")
+    for upstream in (None, 400):  # the replica's own refusal, and the same answer through a recording proxy
+        row = refused_record({"headers": []}, replica_id="r", model_name="m", status=400, arrival=1.0, finish=1.1,
+                             body=json.dumps({"error": {"message": message, "code": None}}).encode(),
+                             upstream_status=upstream)
+        assert (row.error_code, row.prompt_tokens) == ("context_length", 70)
+        assert json.loads(row.error_detail_json)["max_num_batched_tokens"] == 64
