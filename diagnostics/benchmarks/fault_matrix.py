@@ -163,9 +163,11 @@ def _diagnose(store_url: str, since: float) -> list:
 
 
 def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, seed: int = 0,
-             checkpoints: int = 3, log=print, probes: bool = True, rate: float = RATE) -> Outcome:
+             checkpoints: int = 3, log=print, probes: bool = True, rate: float = RATE, traffic=None,
+             file_faults: dict = FILE_FAULTS) -> Outcome:
     """One fleet, one fault (None: clean), the traffic and the diagnostics (see the module doc);
-    without `probes`, sampled traffic only."""
+    without `probes`, sampled traffic only. `traffic` replaces this module's traffic and checks (same
+    arguments, quality_faults.py); `file_faults` names the file faults a Fault may use."""
     model = work / "model"
     shutil.copytree(REFERENCE_MODEL, model)
     baselines = [f"r{i}" for i in range(SHAPES[shape])]
@@ -182,14 +184,15 @@ def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, s
             base = _up(work, "base", [_spec(r, model, every) for r in baselines], SidecarSpec(port=0))
             fleets.append(base.run_dir)
             if fault is not None and fault.file_fault:
-                FILE_FAULTS[fault.file_fault](model)
+                file_faults[fault.file_fault](model)
             cand_spec = _spec(candidate, model, cand_engine)
             if fault is not None and fault.neighbour:
                 cand_spec.cpus = str(perf_faults.NEIGHBOUR_CPU)
                 neighbours.enter_context(perf_faults.busy_neighbour())
             cand = _up(work, "cand", [cand_spec], SidecarSpec(enabled=False, url=base.store_url))
             fleets.append(cand.run_dir)
-            outcome = _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate)
+            outcome = (traffic or _traffic)(fault, shape, candidate, base, cand, requests, seed, checkpoints, log,
+                                            probes, rate)
             outcome.traffic = f"{rate:g}/s"
             return outcome
         finally:
