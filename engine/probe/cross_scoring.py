@@ -24,6 +24,7 @@ more than one of them beside its production batch.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import zlib
 from collections.abc import Callable
@@ -153,19 +154,22 @@ def plan(store, found: list[Endpoint], since: float, until: float, settings: Cro
         out.served_tokens += served
         ledger.grant(settings.token_share * served)
         max_len = min((e.max_model_len for e in group if e.max_model_len), default=1 << 30)
-        for e in group:
-            sent = 0
-            for p in pick_share(store, e, since, until, settings.share, max_len):
-                if not ledger.spend(2 * p.tokens):
-                    out.over_budget += 1
-                    continue
-                peer = peer_for(p.request_id, [g for g in group if g.replica != e.replica])
-                for scorer in (peer.replica, e.replica):
-                    work.setdefault(scorer, []).append(p)
-                out.tokens += 2 * p.tokens
-                sent += 1
-            out.picked[e.replica] = sent
+        out.picked.update({e.replica: 0 for e in group})
+        # the replicas' picks taken in turn, so a budget that binds leaves every replica its part
+        for p in _in_turn([pick_share(store, e, since, until, settings.share, max_len) for e in group]):
+            if not ledger.spend(2 * p.tokens):
+                out.over_budget += 1
+                continue
+            peer = peer_for(p.request_id, [g for g in group if g.replica != p.replica])
+            for scorer in (peer.replica, p.replica):
+                work.setdefault(scorer, []).append(p)
+            out.tokens += 2 * p.tokens
+            out.picked[p.replica] += 1
     return {s: picks for s, picks in work.items() if s in by_id}
+
+
+def _in_turn(lists: list[list[Pick]]) -> list[Pick]:
+    return [p for row in itertools.zip_longest(*lists) for p in row if p is not None]
 
 
 async def cross_score_pass(client, urls: list[str], store, since: float, until: float,
