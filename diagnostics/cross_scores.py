@@ -181,15 +181,16 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
         decide(pairs, rng)
         findings += _insufficient(model, [p for p in pairs if p["n"] < MIN_REQUESTS], scope)
         findings += _model_findings(model, replicas, [p for p in pairs if "p_holm" in p], identity,
-                                    baselines.get(model), scope)
+                                    baselines.get(model), scope,
+                                    untested={frozenset((p["served"], p["scorer"])) for p in pairs if "p_holm" not in p})
     return findings
 
 
 def _insufficient(model: str, pairs: list[dict], scope) -> list[Finding]:
     return [insufficient(KIND, f"{p['served']} scored by {p['scorer']}", DIAGNOSTIC, scope,
                          f"{p['n']} requests of {p['served']} rescored by both {p['scorer']} and {p['served']} "
-                         f"itself; need >= {MIN_REQUESTS} ({MIN_REQUESTS - p['n']} more: `infersight probe "
-                         f"--rescore N` or [probe] rescore = N)",
+                         f"itself; need >= {MIN_REQUESTS} ({MIN_REQUESTS - p['n']} more: continuous "
+                         f"cross-scoring's share ([cross_score] share), or `infersight probe --rescore N`)",
                          requests=p["n"], needed=MIN_REQUESTS, model_name=model, served=p["served"],
                          scorer=p["scorer"]) for p in pairs]
 
@@ -202,7 +203,7 @@ def _pair_evidence(p: dict) -> dict:
             "p_holm": p["p_holm"], "differs": p["differs"]}
 
 
-def _model_findings(model, replicas, pairs, identity, baseline, scope) -> list[Finding]:
+def _model_findings(model, replicas, pairs, identity, baseline, scope, untested=frozenset()) -> list[Finding]:
     if not pairs:
         return []
     evidence = {
@@ -233,6 +234,12 @@ def _model_findings(model, replicas, pairs, identity, baseline, scope) -> list[F
         evidence["baseline"] = {"rule": "agreeing_peers", "replicas": [r for r in replicas if r != subject]}
     if subject is None:
         names = ", ".join(f"{p['served']}->{p['scorer']}" for p in hits)
+        tested = {frozenset((p["served"], p["scorer"])) for p in pairs}
+        if untested - tested:  # a pair not yet tested either way may still name one replica: wait for it
+            return [insufficient(KIND, model, DIAGNOSTIC, scope,
+                                 f"cross-scoring differs on {names}, and {len(untested - tested)} replica pair(s) "
+                                 f"have fewer than {MIN_REQUESTS} scored requests either way: which replica differs "
+                                 "is not known yet", model_name=model, pairs=evidence["pairs"])]
         return [Finding(KIND, "warning", model, f"{model}: cross-scoring differs on pairs {names}, which no single "
                         f"replica explains (several replicas differ?)", DIAGNOSTIC, scope, evidence)]
     mine = [p for p in hits if subject in (p["served"], p["scorer"])]

@@ -95,7 +95,7 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
                                   f"[cross_score] share)", requests=p["n"], needed=MIN_REQUESTS, model_name=model)
                      for p in pairs if p["n"] < MIN_REQUESTS]
         findings += _model_findings(model, replicas, [p for p in pairs if "p_holm" in p], identity,
-                                    baselines.get(model), scope)
+                                    baselines.get(model), scope, untested=any(p["n"] < MIN_REQUESTS for p in pairs))
     return findings
 
 
@@ -104,7 +104,7 @@ def _evidence(p: dict) -> dict:
             "kl_estimate_nats": -p["mean"], "p": p["p"], "p_holm": p["p_holm"], "disagrees": p["disagrees"]}
 
 
-def _model_findings(model, replicas, pairs, identity, baseline, scope) -> list[Finding]:
+def _model_findings(model, replicas, pairs, identity, baseline, scope, untested=False) -> list[Finding]:
     if not pairs:
         return []
     evidence = {
@@ -131,6 +131,10 @@ def _model_findings(model, replicas, pairs, identity, baseline, scope) -> list[F
         evidence["baseline"] = {"rule": "agreeing_peers", "replicas": [r for r in replicas if r != subject]}
     if subject is None:
         names = ", ".join(" vs ".join(p["pair"]) for p in hits)
+        if untested:  # a pair with too few requests yet may still name one replica: wait for it
+            return [insufficient(KIND, model, DIAGNOSTIC, scope, f"sampled tokens disagree on {names}, and other "
+                                 f"pairs have fewer than {MIN_REQUESTS} scored requests: which replica differs is "
+                                 "not known yet", model_name=model, pairs=evidence["pairs"])]
         return [Finding(KIND, "warning", model, f"{model}: sampled tokens disagree on pairs {names}, which no single "
                         "replica explains (several replicas differ?)", DIAGNOSTIC, scope, evidence)]
     lead = max((p for p in hits if subject in p["pair"]), key=lambda p: -p["ci"][1])

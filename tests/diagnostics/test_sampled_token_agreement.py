@@ -82,3 +82,13 @@ def test_too_few_requests_is_insufficient(clean):
     found = run(clean)
     assert not above_info(found)
     assert [f.evidence.get("status") for f in found] == ["insufficient_data"] and found[0].evidence["needed"] == 8
+
+
+def test_three_replicas_with_an_untested_pair_wait_instead_of_warning_on_the_model(clean):
+    fleet(clean, 6, {frozenset(("c", "a")): 0.02}, replicas=("a", "c"))
+    few = [served("b", 100 + i, np.full(4, -0.4)) for i in range(2)]
+    clean.insert_records("replicas", [replica("b", T0 - 100)])
+    clean.insert_records("requests", few + [scored(o, s, np.zeros(4)) for o in few for s in ("b", "c")])
+    found = run(clean)
+    assert not above_info(found)
+    assert any(f.evidence.get("status") == "insufficient_data" and f.subject == "tiny" for f in found)
