@@ -164,14 +164,34 @@ def canary_of_two(replicas: list[str], baseline, identity: dict) -> tuple[str, s
 
 # -- the diagnostic ----------------------------------------------------------------------------------
 
+def scored_fleet(store, request: DiagnosticRequest) -> tuple[dict, dict, dict]:
+    """(read_scores' data, identity by replica, baseline by model): what every cross-score rule starts from."""
+    data = read_scores(store, request.scope)
+    if not data:
+        return {}, {}, {}
+    identity = {r["replica_id"]: r for r in replicas_in(store, request.scope)}
+    rows = [identity[r] for m in data.values() for r in m if r in identity]
+    return data, identity, baselines_by_model(store, rows, request, models=data)
+
+
+def name_subject(replicas: list[str], differs: set[frozenset], baseline, identity: dict, evidence: dict) -> str | None:
+    """Which replica the differing pairs name (None: no single one), its baseline written into `evidence`:
+    two replicas, the baseline rule; three or more, the one that differs from peers that agree."""
+    if len(replicas) == 2:
+        subject, base = canary_of_two(replicas, baseline, identity)
+        evidence["baseline"] = baseline.describe() if baseline is not None else {"rule": "earlier_started",
+                                                                                 "replicas": [base]}
+        return subject
+    subject = differing_replica(replicas, differs)
+    evidence["baseline"] = {"rule": "agreeing_peers", "replicas": [r for r in replicas if r != subject]}
+    return subject
+
+
 def run(store, request: DiagnosticRequest) -> list[Finding]:
     scope = request.scope
-    data = read_scores(store, scope)
+    data, identity, baselines = scored_fleet(store, request)
     if not data:
         return []
-    identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
-    rows = [identity[r] for m in data.values() for r in m if r in identity]
-    baselines = baselines_by_model(store, rows, request, models=data)
     rng = np.random.default_rng(0)
     findings: list[Finding] = []
     for model, served in sorted(data.items()):
@@ -224,14 +244,8 @@ def _model_findings(model, replicas, pairs, identity, baseline, scope, untested=
                         f"{model}: cross-scoring agrees on {len(pairs)} replica pairs (mean cross "
                         f"{max(p['mean_cross'] for p in pairs):.2g} nats/token at most)", DIAGNOSTIC, scope,
                         evidence, id_kind=KIND)]
-    differs = {frozenset((p["served"], p["scorer"])) for p in hits}
-    if len(replicas) == 2:
-        subject, base = canary_of_two(replicas, baseline, identity)
-        evidence["baseline"] = baseline.describe() if baseline is not None else {"rule": "earlier_started",
-                                                                                 "replicas": [base]}
-    else:
-        subject = differing_replica(replicas, differs)
-        evidence["baseline"] = {"rule": "agreeing_peers", "replicas": [r for r in replicas if r != subject]}
+    subject = name_subject(replicas, {frozenset((p["served"], p["scorer"])) for p in hits}, baseline, identity,
+                           evidence)
     if subject is None:
         names = ", ".join(f"{p['served']}->{p['scorer']}" for p in hits)
         tested = {frozenset((p["served"], p["scorer"])) for p in pairs}

@@ -27,13 +27,11 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from diagnostics.baseline import baselines_by_model
-from diagnostics.cross_scores import canary_of_two, differing_replica, mean_ci, read_scores
+from diagnostics.cross_scores import mean_ci, name_subject, scored_fleet
 from diagnostics.findings import Finding, insufficient
 from diagnostics.hypothesis_tests import holm
 from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
-from diagnostics.scope import replicas_in
 
 DIAGNOSTIC = "agreement"
 KIND = "sampled_token_disagreement"
@@ -78,12 +76,9 @@ def decide_pairs(served: dict, replicas: list[str], rng) -> list[dict]:
 
 def run(store, request: DiagnosticRequest) -> list[Finding]:
     scope = request.scope
-    data = read_scores(store, scope)
+    data, identity, baselines = scored_fleet(store, request)
     if not data:
         return []
-    identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
-    rows = [identity[r] for m in data.values() for r in m if r in identity]
-    baselines = baselines_by_model(store, rows, request, models=data)
     rng = np.random.default_rng(0)
     findings: list[Finding] = []
     for model, served in sorted(data.items()):
@@ -122,13 +117,7 @@ def _model_findings(model, replicas, pairs, identity, baseline, scope, untested=
                         f"{model}: each replica's sampled tokens are as likely under its peers on {len(pairs)} pairs "
                         f"(mean {min(p['mean'] for p in pairs):.2g} nats/token at the lowest)", DIAGNOSTIC, scope,
                         evidence, id_kind=KIND)]
-    if len(replicas) == 2:
-        subject, base = canary_of_two(replicas, baseline, identity)
-        evidence["baseline"] = baseline.describe() if baseline is not None else {"rule": "earlier_started",
-                                                                                 "replicas": [base]}
-    else:
-        subject = differing_replica(replicas, {frozenset(p["pair"]) for p in hits})
-        evidence["baseline"] = {"rule": "agreeing_peers", "replicas": [r for r in replicas if r != subject]}
+    subject = name_subject(replicas, {frozenset(p["pair"]) for p in hits}, baseline, identity, evidence)
     if subject is None:
         names = ", ".join(" vs ".join(p["pair"]) for p in hits)
         if untested:  # a pair with too few requests yet may still name one replica: wait for it

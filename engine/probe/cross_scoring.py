@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 
 from engine.loadgen.runner import Endpoint
-from engine.probe.rescore import MIN_OUTPUT_TOKENS, Pick, by_served_model, discover_replicas, score_one
+from engine.probe.rescore import MIN_OUTPUT_TOKENS, Pick, by_served_model, discover_replicas, picks_of, score_one
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL, RESCORE_ORIGINAL_SQL, RESCORE_WORKLOAD, round_id
 from telemetry.store import StoreError
 
@@ -134,11 +134,9 @@ def served_tokens(store, model: str, replicas: list[str], since: float, until: f
 
 
 def pick_share(store, endpoint: Endpoint, since: float, until: float, share: float, max_len: int) -> list[Pick]:
-    rows = store.query_arrow(_PICK, {"replica": endpoint.replica, "model": endpoint.model, "since": since,
-                                     "until": until, "max_len": max_len,
-                                     "share_ppm": int(round(share * _PPM))}).to_pylist()
-    return [Pick(endpoint.replica, r["request_id"], list(r["prompt_token_ids"]) + list(r["output_token_ids"]))
-            for r in rows]
+    return picks_of(endpoint, store.query_arrow(_PICK, {"replica": endpoint.replica, "model": endpoint.model,
+                                                        "since": since, "until": until, "max_len": max_len,
+                                                        "share_ppm": int(round(share * _PPM))}))
 
 
 def plan(store, found: list[Endpoint], since: float, until: float, settings: CrossScoreSettings,

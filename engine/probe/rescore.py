@@ -105,11 +105,15 @@ def _store(target):
 
 def pick_requests(store, endpoint: Endpoint, round_: str, per_replica: int, window_s: float, max_len: int
                   ) -> list[Pick]:
-    rows = store.query_arrow(_PICK, {"replica": endpoint.replica, "model": endpoint.model,
-                                     "since": time.time() - window_s, "max_len": max_len, "round": round_,
-                                     "n": per_replica}).to_pylist()
+    return picks_of(endpoint, store.query_arrow(_PICK, {"replica": endpoint.replica, "model": endpoint.model,
+                                                        "since": time.time() - window_s, "max_len": max_len,
+                                                        "round": round_, "n": per_replica}))
+
+
+def picks_of(endpoint: Endpoint, table) -> list[Pick]:
+    """Rows of (request_id, prompt_token_ids, output_token_ids) that `endpoint` served, as picks."""
     return [Pick(endpoint.replica, r["request_id"], list(r["prompt_token_ids"]) + list(r["output_token_ids"]))
-            for r in rows]
+            for r in table.to_pylist()]
 
 
 async def discover_replicas(client, urls: list[str], api_key=None) -> tuple[list[Endpoint], list[str]]:

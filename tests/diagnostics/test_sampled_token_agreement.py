@@ -14,7 +14,7 @@ from diagnostics import DIAGNOSTICS, sampled_token_agreement
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from tests.diagnostics.diag_records import replica
-from tests.diagnostics.test_cross_scores import NOISE, T0, scored, served
+from tests.diagnostics.test_cross_scores import NOISE, T0, above_info, scored, served
 
 
 def fleet(store, n: int, kl: dict[frozenset, float], replicas=("a", "b"), seed=0, sd=NOISE, n_tok=4, starts=None):
@@ -36,10 +36,6 @@ def fleet(store, n: int, kl: dict[frozenset, float], replicas=("a", "b"), seed=0
 
 def run(store):
     return sampled_token_agreement.run(store, DiagnosticRequest(Scope(start=T0 - 600)))
-
-
-def above_info(findings):
-    return [f for f in findings if f.severity != "info"]
 
 
 def test_registered():
