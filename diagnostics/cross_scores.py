@@ -164,14 +164,34 @@ def canary_of_two(replicas: list[str], baseline, identity: dict) -> tuple[str, s
 
 # -- the diagnostic ----------------------------------------------------------------------------------
 
+def scored_fleet(store, request: DiagnosticRequest) -> tuple[dict, dict, dict]:
+    """(read_scores' data, identity by replica, baseline by model): what every cross-score rule starts from."""
+    data = read_scores(store, request.scope)
+    if not data:
+        return {}, {}, {}
+    identity = {r["replica_id"]: r for r in replicas_in(store, request.scope)}
+    rows = [identity[r] for m in data.values() for r in m if r in identity]
+    return data, identity, baselines_by_model(store, rows, request, models=data)
+
+
+def name_subject(replicas: list[str], differs: set[frozenset], baseline, identity: dict, evidence: dict) -> str | None:
+    """Which replica the differing pairs name (None: no single one), its baseline written into `evidence`:
+    two replicas, the baseline rule; three or more, the one that differs from peers that agree."""
+    if len(replicas) == 2:
+        subject, base = canary_of_two(replicas, baseline, identity)
+        evidence["baseline"] = baseline.describe() if baseline is not None else {"rule": "earlier_started",
+                                                                                 "replicas": [base]}
+        return subject
+    subject = differing_replica(replicas, differs)
+    evidence["baseline"] = {"rule": "agreeing_peers", "replicas": [r for r in replicas if r != subject]}
+    return subject
+
+
 def run(store, request: DiagnosticRequest) -> list[Finding]:
     scope = request.scope
-    data = read_scores(store, scope)
+    data, identity, baselines = scored_fleet(store, request)
     if not data:
         return []
-    identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
-    rows = [identity[r] for m in data.values() for r in m if r in identity]
-    baselines = baselines_by_model(store, rows, request, models=data)
     rng = np.random.default_rng(0)
     findings: list[Finding] = []
     for model, served in sorted(data.items()):
@@ -181,15 +201,16 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
         decide(pairs, rng)
         findings += _insufficient(model, [p for p in pairs if p["n"] < MIN_REQUESTS], scope)
         findings += _model_findings(model, replicas, [p for p in pairs if "p_holm" in p], identity,
-                                    baselines.get(model), scope)
+                                    baselines.get(model), scope,
+                                    untested={frozenset((p["served"], p["scorer"])) for p in pairs if "p_holm" not in p})
     return findings
 
 
 def _insufficient(model: str, pairs: list[dict], scope) -> list[Finding]:
     return [insufficient(KIND, f"{p['served']} scored by {p['scorer']}", DIAGNOSTIC, scope,
                          f"{p['n']} requests of {p['served']} rescored by both {p['scorer']} and {p['served']} "
-                         f"itself; need >= {MIN_REQUESTS} ({MIN_REQUESTS - p['n']} more: `infersight probe "
-                         f"--rescore N` or [probe] rescore = N)",
+                         f"itself; need >= {MIN_REQUESTS} ({MIN_REQUESTS - p['n']} more: continuous "
+                         f"cross-scoring's share ([cross_score] share), or `infersight probe --rescore N`)",
                          requests=p["n"], needed=MIN_REQUESTS, model_name=model, served=p["served"],
                          scorer=p["scorer"]) for p in pairs]
 
@@ -202,7 +223,7 @@ def _pair_evidence(p: dict) -> dict:
             "p_holm": p["p_holm"], "differs": p["differs"]}
 
 
-def _model_findings(model, replicas, pairs, identity, baseline, scope) -> list[Finding]:
+def _model_findings(model, replicas, pairs, identity, baseline, scope, untested=frozenset()) -> list[Finding]:
     if not pairs:
         return []
     evidence = {
@@ -223,16 +244,16 @@ def _model_findings(model, replicas, pairs, identity, baseline, scope) -> list[F
                         f"{model}: cross-scoring agrees on {len(pairs)} replica pairs (mean cross "
                         f"{max(p['mean_cross'] for p in pairs):.2g} nats/token at most)", DIAGNOSTIC, scope,
                         evidence, id_kind=KIND)]
-    differs = {frozenset((p["served"], p["scorer"])) for p in hits}
-    if len(replicas) == 2:
-        subject, base = canary_of_two(replicas, baseline, identity)
-        evidence["baseline"] = baseline.describe() if baseline is not None else {"rule": "earlier_started",
-                                                                                 "replicas": [base]}
-    else:
-        subject = differing_replica(replicas, differs)
-        evidence["baseline"] = {"rule": "agreeing_peers", "replicas": [r for r in replicas if r != subject]}
+    subject = name_subject(replicas, {frozenset((p["served"], p["scorer"])) for p in hits}, baseline, identity,
+                           evidence)
     if subject is None:
         names = ", ".join(f"{p['served']}->{p['scorer']}" for p in hits)
+        tested = {frozenset((p["served"], p["scorer"])) for p in pairs}
+        if untested - tested:  # a pair not yet tested either way may still name one replica: wait for it
+            return [insufficient(KIND, model, DIAGNOSTIC, scope,
+                                 f"cross-scoring differs on {names}, and {len(untested - tested)} replica pair(s) "
+                                 f"have fewer than {MIN_REQUESTS} scored requests either way: which replica differs "
+                                 "is not known yet", model_name=model, pairs=evidence["pairs"])]
         return [Finding(KIND, "warning", model, f"{model}: cross-scoring differs on pairs {names}, which no single "
                         f"replica explains (several replicas differ?)", DIAGNOSTIC, scope, evidence)]
     mine = [p for p in hits if subject in (p["served"], p["scorer"])]

@@ -2,7 +2,8 @@
 
 1. a model: the shipped reference model, or a tiny random-weight Llama until it exists;
 2. a fleet: the sidecar (embedded ClickHouse over HTTP) and 2-3 healthy replicas, each pinned to
-   one CPU, each writing its telemetry to the sidecar;
+   one CPU, each writing its telemetry to the sidecar; continuous cross-scoring on, as in every fleet
+   (the canary's fleet below writes to this store, so it is scored too);
 3. act one: the mixed workload (chat + agent + batch, answers that stop at EOS, some greedy) for
    half of --duration seconds; a few answers decoded from the stored token IDs;
 4. act two: one fault deployed through configuration (`--fault`: a canary on a changed tokenizer,

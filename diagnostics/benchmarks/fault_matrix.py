@@ -217,9 +217,11 @@ def _diagnose(store_url: str, since: float) -> list:
 
 
 def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, seed: int = 0,
-             checkpoints: int = 3, log=print, probes: bool = True, rate: float = RATE) -> Outcome:
+             checkpoints: int = 3, log=print, probes: bool = True, rate: float = RATE, traffic=None,
+             file_faults: dict = FILE_FAULTS) -> Outcome:
     """One fleet, one fault (None: clean), the traffic and the diagnostics (see the module doc);
-    without `probes`, sampled traffic only."""
+    without `probes`, sampled traffic only. `traffic` replaces this module's traffic and checks (same
+    arguments, quality_faults.py); `file_faults` names the file faults a Fault may use."""
     model = work / "model"
     shutil.copytree(REFERENCE_MODEL, model)
     baselines = [f"r{i}" for i in range(SHAPES[shape])]
@@ -235,7 +237,7 @@ def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, s
     if fault is not None and fault.file_fault and together:  # started at once: the candidate's own directory
         cand_model = work / "candidate-model"
         shutil.copytree(model, cand_model)
-        FILE_FAULTS[fault.file_fault](cand_model)
+        file_faults[fault.file_fault](cand_model)
     fleets = []
     with ExitStack() as context:
         try:
@@ -261,7 +263,7 @@ def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, s
                 base = _up(work, "base", base_specs, SidecarSpec(port=0))
                 fleets.append(base.run_dir)
                 if fault is not None and fault.file_fault:
-                    FILE_FAULTS[fault.file_fault](model)
+                    file_faults[fault.file_fault](model)
                 cand = _up(work, "cand", [cand_spec], SidecarSpec(enabled=False, url=base.store_url))
                 fleets.append(cand.run_dir)
             restart = None
@@ -269,8 +271,9 @@ def run_case(fault: Fault | None, shape: str, work: Path, requests: int = 300, s
                 again = _spec(candidate, cand_model, {**cand_engine, **fault.restart_engine}, fault.serve_args)
                 again.role, again.env = cand_spec.role, cand_spec.env
                 restart = lambda: restart_replica(cand, again, cand_model)  # noqa: E731
-            outcome = _traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate,
-                               restart)
+            run_traffic = traffic or _traffic
+            outcome = run_traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate,
+                                  restart)
             outcome.traffic = f"{rate:g}/s"
             return outcome
         finally:

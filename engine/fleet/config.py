@@ -31,6 +31,9 @@ interval = "60s"               # a duration ("60s", "5m") or seconds
 token_budget = 20000           # most prompt + output tokens per round (default: the whole suite)
 batched = true                 # also send each probe inside a busy batch
 enabled = true
+
+[cross_score]                  # on by default (engine/fleet/cross_score_spec.py); enabled = false turns it off
+share = 0.05
 ```
 Every key is checked: an unknown one is an error naming it and the valid ones.
 """
@@ -43,6 +46,7 @@ from pathlib import Path
 
 from engine.config import ROLES
 from engine.config_values import wrong_type
+from engine.fleet.cross_score_spec import CrossScoreSpec, parse_cross_score
 from engine.fleet.vllm_replica import DEFAULT_LOGPROBS_FRACTION
 from engine.fleet.vllm_replica import check_spec as check_vllm_spec
 from engine.probe.interval import parse_interval
@@ -121,6 +125,7 @@ class FleetConfig:
     replicas: list[ReplicaSpec] = field(default_factory=list)
     source: Path | None = None
     probe: ProbeSpec | None = None  # a [probe] table: the scheduled prober runs beside the replicas
+    cross_score: CrossScoreSpec = field(default_factory=CrossScoreSpec)  # continuous cross-scoring, on by default
 
 
 def _check_keys(table: dict, allowed: dict[str, type | tuple], where: str, tables: bool = False) -> None:
@@ -176,7 +181,8 @@ def default_run_dir(name: str) -> Path:
 
 
 def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
-    _check_keys(data, {"fleet": dict, "sidecar": dict, "defaults": dict, "replica": list, "probe": dict},
+    _check_keys(data, {"fleet": dict, "sidecar": dict, "defaults": dict, "replica": list, "probe": dict,
+                        "cross_score": dict},
                 "fleet config", tables=True)
     fleet = dict(data.get("fleet", {}))
     _check_keys(fleet, _FLEET_KEYS, "[fleet]")
@@ -249,7 +255,8 @@ def parse_fleet(data: dict, source: Path | None = None) -> FleetConfig:
         stop_timeout=float(fleet.get("stop_timeout", 15.0)), max_restarts=int(fleet.get("max_restarts", 5)),
         log_level=str(fleet.get("log_level", "warning")),
         sidecar=SidecarSpec(**sidecar), replicas=replicas, source=source,
-        probe=parse_probe(data["probe"]) if "probe" in data else None)
+        probe=parse_probe(data["probe"]) if "probe" in data else None,
+        cross_score=parse_cross_score(data.get("cross_score", {}), _check_keys))
 
 
 def load_fleet(path: str | Path) -> FleetConfig:

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from engine.fleet.config import FleetConfig, ProbeSpec, ReplicaSpec
+from engine.fleet.cross_score_spec import CrossScoreSpec
 from engine.fleet.models import resolve_model
 from engine.fleet.processes import alive, free_port, infersight_command, port_in_use, spawn, stop, wait_healthy
 from engine.fleet.state import FleetState, ProcessState
@@ -78,9 +79,15 @@ def sidecar_command(data_dir: Path, host: str, port: int, extra: list[str]) -> l
     return infersight_command("sidecar", "--data-dir", str(data_dir), "--host", host, "--port", str(port), *extra)
 
 
-def prober_command(run_dir: Path, spec: ProbeSpec) -> list[str]:
-    """The scheduled prober: it reads the fleet's replicas and store from the state file every round."""
-    cmd = infersight_command("probe", "--fleet", str(run_dir), "--every", f"{spec.interval:g}s")
+def prober_command(run_dir: Path, spec: ProbeSpec | None, cross: CrossScoreSpec | None = None) -> list[str]:
+    """The prober: scheduled probe rounds (`spec`), continuous cross-scoring (`cross`), or both in one
+    process; it reads the fleet's replicas and store from the state file every round."""
+    cmd = infersight_command("probe", "--fleet", str(run_dir))
+    if cross is not None:
+        cmd += cross.arguments()
+    if spec is None:
+        return cmd
+    cmd += ["--every", f"{spec.interval:g}s"]
     if spec.token_budget is not None:
         cmd += ["--token-budget", str(spec.token_budget)]
     if spec.rescore:
@@ -159,12 +166,17 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
                 progress(f"replica {r.name} healthy at {r.url}")
         state.note("fleet up")
         state.save()
-        if config.probe and config.probe.enabled:  # after the replicas: its first round finds them all up
-            cmd = prober_command(run_dir, config.probe)
+        probe = config.probe if config.probe and config.probe.enabled else None
+        cross = config.cross_score if config.cross_score.wanted(state.sidecar is not None, len(state.replicas)) \
+            else None
+        if probe or cross:  # after the replicas: its first round finds them all up
+            cmd = prober_command(run_dir, probe, cross)
             ref = spawn(cmd, logs / "prober.log")
             state.prober = ProcessState("prober", ref.pid, ref.start_ticks, "", 0, cmd, str(logs / "prober.log"))
             state.save()
-            progress(f"probing every {config.probe.interval:g} s (log {state.prober.log})")
+            what = ([f"probing every {probe.interval:g} s"] if probe else []) + (
+                [f"cross-scoring {cross.share:g} of each replica's requests"] if cross else [])
+            progress(f"{' and '.join(what)} (log {state.prober.log})")
         return state
     except BaseException:
         stop_all(state, timeout=config.stop_timeout)

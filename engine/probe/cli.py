@@ -9,7 +9,9 @@ status 1 when a probe failed or a replica did not answer. `--pin` pins the round
 one replica (default: the first endpoint) as its model's baseline (table probe_baselines).
 `--every` runs rounds until SIGTERM (the fleet's scheduled prober: a `[probe]` table in its config),
 one log line per round. `--rescore N` adds a rescore round after each probe round (cross-scoring,
-engine/probe/rescore.py). `--fleet` takes the fleet's config file, run directory or name; the
+engine/probe/rescore.py). `--cross-score` cross-scores continuously (engine/probe/cross_scoring.py:
+a share of each replica's requests scored by a peer, until SIGTERM), alone or beside `--every`; it is
+what `fleet up` starts by default. `--fleet` takes the fleet's config file, run directory or name; the
 replicas and the store are read from its state file before every round.
 """
 
@@ -18,11 +20,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 
 from engine.fleet.config import default_run_dir, load_fleet
 from engine.fleet.state import FleetState
+from engine.probe.cross_scoring import (
+    DEFAULT_INTERVAL,
+    DEFAULT_SHARE,
+    DEFAULT_TOKEN_SHARE,
+    CrossScoreSettings,
+    cross_score_every,
+)
+from engine.probe.cross_targets import CROSS_SCORE_FLAG, cross_score_urls
 from engine.probe.interval import parse_interval
 from engine.probe.pin import pin_round
 from engine.probe.rescore import DEFAULT_TOKEN_BUDGET, rescore_round, run_rescore_round
@@ -58,6 +69,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "each replica scored teacher-forced by every replica (needs the store; 0: off)")
     parser.add_argument("--rescore-budget", type=_positive, default=DEFAULT_TOKEN_BUDGET,
                         help="most tokens a rescore round sends, over all replicas")
+    parser.add_argument(CROSS_SCORE_FLAG, dest="cross_score", action="store_true",
+                        help="cross-score continuously until SIGTERM: a share of each replica's finished requests "
+                             "scored teacher-forced by a peer and by itself (needs the store); with --every, "
+                             "beside the probe rounds")
+    parser.add_argument("--cross-share", type=float, default=DEFAULT_SHARE,
+                        help=f"share of each replica's requests cross-scored (default {DEFAULT_SHARE:g})")
+    parser.add_argument("--cross-token-share", type=float, default=DEFAULT_TOKEN_SHARE,
+                        help="most rescore tokens per token the fleet served, over the scorer's life "
+                             f"(default {DEFAULT_TOKEN_SHARE:g})")
+    parser.add_argument("--cross-interval", type=_interval, default=DEFAULT_INTERVAL, metavar="DURATION",
+                        help=f"between cross-scoring passes (default {DEFAULT_INTERVAL:g}s)")
 
 
 def _interval(text: str) -> float:
@@ -165,8 +187,49 @@ def _scheduled(args) -> int:
     return 0
 
 
+def _cross_urls(args) -> list[str]:
+    """The replicas to cross-score: a fleet's own and those of the fleets attached to its store."""
+    return cross_score_urls(fleet_run_dir(args.fleet)) if args.fleet else _targets(args)[0]
+
+
+def _continuous(args) -> int:
+    """Cross-scoring until SIGTERM, beside scheduled probe rounds when --every is given."""
+    _, store_url = _targets(args)
+    if not store_url:
+        raise ValueError(f"{CROSS_SCORE_FLAG} reads the requests from the store: --store URL (or --fleet)")
+    settings = CrossScoreSettings(args.cross_share, args.cross_token_share, args.cross_interval)
+    print(f"cross-scoring {settings.share:g} of each replica's requests every {settings.interval:g} s, at most "
+          f"{settings.token_share:g} of the tokens served (SIGTERM stops)", flush=True)
+
+    async def both() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        with open_store(store_url) as store:
+            tasks = [cross_score_every(lambda: _cross_urls(args), store, settings, stop,
+                                       report=lambda p: print(p.one_line(), flush=True),
+                                       on_error=lambda e: print(f"cross-scoring pass failed: {e}", file=sys.stderr,
+                                                                flush=True),
+                                       api_key=args.api_key)]
+            if args.every is not None:
+                after = (lambda: _rescore_after(args)) if args.rescore else None
+                tasks.append(probe_every(args.every, lambda: _targets(args)[0],
+                                         lambda r: print(r.one_line(), flush=True), stop=stop, after=after,
+                                         **_round_options(args)))
+            await asyncio.gather(*tasks)
+
+    asyncio.run(both())
+    print("stopped", flush=True)
+    return 0
+
+
 def run(args) -> int:
     try:
+        if args.cross_score:
+            if args.pin:
+                raise ValueError(f"--pin pins one round: run it without {CROSS_SCORE_FLAG}")
+            return _continuous(args)
         if args.every is not None and args.pin:
             raise ValueError("--pin pins one round: run it without --every")
         if not args.pin and (args.replica or args.note):

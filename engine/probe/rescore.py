@@ -105,11 +105,46 @@ def _store(target):
 
 def pick_requests(store, endpoint: Endpoint, round_: str, per_replica: int, window_s: float, max_len: int
                   ) -> list[Pick]:
-    rows = store.query_arrow(_PICK, {"replica": endpoint.replica, "model": endpoint.model,
-                                     "since": time.time() - window_s, "max_len": max_len, "round": round_,
-                                     "n": per_replica}).to_pylist()
+    return picks_of(endpoint, store.query_arrow(_PICK, {"replica": endpoint.replica, "model": endpoint.model,
+                                                        "since": time.time() - window_s, "max_len": max_len,
+                                                        "round": round_, "n": per_replica}))
+
+
+def picks_of(endpoint: Endpoint, table) -> list[Pick]:
+    """Rows of (request_id, prompt_token_ids, output_token_ids) that `endpoint` served, as picks."""
     return [Pick(endpoint.replica, r["request_id"], list(r["prompt_token_ids"]) + list(r["output_token_ids"]))
-            for r in rows]
+            for r in table.to_pylist()]
+
+
+async def discover_replicas(client, urls: list[str], api_key=None) -> tuple[list[Endpoint], list[str]]:
+    """(each replica once, "url: why" for those that did not answer /health and /v1/models)."""
+    found: list[Endpoint] = []
+    errors: list[str] = []
+    for url in dict.fromkeys(u.rstrip("/") for u in urls):
+        try:
+            (e,) = await discover(client, [url], api_key)
+        except RuntimeError as err:
+            errors.append(f"{url}: {err}")
+            continue
+        if all(f.replica != e.replica for f in found):  # the same replica twice: once
+            found.append(e)
+    return found, errors
+
+
+def by_served_model(endpoints: list[Endpoint]) -> dict[str, list[Endpoint]]:
+    groups: dict[str, list[Endpoint]] = {}
+    for e in endpoints:
+        groups.setdefault(e.model, []).append(e)
+    return groups
+
+
+async def score_one(client, scorer: Endpoint, pick: Pick, round_: str, api_key, timeout: float) -> str:
+    """Send one pick, teacher-forced with prompt logprobs, to `scorer`; "" or "request id: why it failed"."""
+    rid = rescore_request_id(round_, scorer.replica, pick.request_id)
+    spec = RequestSpec(RESCORE_WORKLOAD, "completions",
+                       {"prompt": pick.token_ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}, False)
+    r = await send(client, scorer.url, scorer.replica, scorer.model, spec, rid, api_key, timeout)
+    return "" if r.ok else f"{rid}: {r.error or r.status}"
 
 
 async def _score_on(client, scorer: Endpoint, picks: list[Pick], round_: str, out: RescoreRound, api_key,
@@ -117,15 +152,12 @@ async def _score_on(client, scorer: Endpoint, picks: list[Pick], round_: str, ou
     gate = asyncio.Semaphore(concurrency)
 
     async def one(p: Pick) -> None:
-        rid = rescore_request_id(round_, scorer.replica, p.request_id)
-        spec = RequestSpec(RESCORE_WORKLOAD, "completions",
-                           {"prompt": p.token_ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}, False)
         async with gate:
-            r = await send(client, scorer.url, scorer.replica, scorer.model, spec, rid, api_key, timeout)
+            error = await score_one(client, scorer, p, round_, api_key, timeout)
         out.sent += 1
         out.tokens += p.tokens
-        if not r.ok:
-            out.failed.append(f"{rid}: {r.error or r.status}")
+        if error:
+            out.failed.append(error)
 
     await asyncio.gather(*(one(p) for p in picks))
 
@@ -136,21 +168,10 @@ async def rescore_round(endpoints: list[str], store_url, per_replica: int = 16, 
                         ) -> RescoreRound:
     started = time.time()
     out = RescoreRound(round_id(started), started, token_budget)
-    urls = list(dict.fromkeys(u.rstrip("/") for u in endpoints))
     async with httpx.AsyncClient(timeout=request_timeout) as client:
-        found: list[Endpoint] = []
-        for url in urls:
-            try:
-                (e,) = await discover(client, [url], api_key)
-            except RuntimeError as err:
-                out.errors.append(f"{url}: {err}")
-                continue
-            if all(f.replica != e.replica for f in found):  # the same replica twice: once
-                found.append(e)
+        found, out.errors = await discover_replicas(client, endpoints, api_key)
         out.replicas = [e.replica for e in found]
-        by_model: dict[str, list[Endpoint]] = {}
-        for e in found:
-            by_model.setdefault(e.model, []).append(e)
+        by_model = by_served_model(found)
         picks: dict[str, list[Pick]] = {}  # scorer replica -> picks it scores
         with _store(store_url) as store:
             for model, group in by_model.items():

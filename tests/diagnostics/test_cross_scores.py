@@ -187,3 +187,15 @@ def test_two_identities_started_together_get_one_finding_on_the_pair(clean):
     found = above_info(run(clean))
     assert [(f.kind, f.severity, f.subject) for f in found] == [("cross_score_shift", "warning", "a vs b")]
     assert found[0].evidence["symmetric"] and "no baseline" in found[0].summary
+
+
+def test_three_replicas_with_untested_pairs_wait_instead_of_warning_on_the_model(clean):
+    # continuous cross-scoring sends each pick to one peer: c's requests were scored by a (enough to
+    # differ) but b<->c has too few either way, so nothing names c yet, and nothing blames the model
+    fleet(clean, 12, {frozenset(("c", "a")): 0.02}, replicas=("a", "c"))
+    extra = [served("b", 100 + i, np.full(4, -0.4)) for i in range(3)]
+    clean.insert_records("replicas", [replica("b", T0 - 100)])
+    clean.insert_records("requests", extra + [scored(o, s, np.zeros(4)) for o in extra for s in ("b", "c")])
+    found = run(clean)
+    assert not above_info(found)
+    assert any(f.evidence.get("status") == "insufficient_data" and f.subject == "tiny" for f in found)

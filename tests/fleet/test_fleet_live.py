@@ -100,7 +100,7 @@ def test_fleet_up_status_kill_restart_down(tiny_llama, tmp_path):
         assert status.returncode == 0, status.stdout + status.stderr
         rows = json.loads(status.stdout)["processes"]
         assert {r["name"]: r["healthy"] for r in rows} == {"supervisor": True, "a": True, "b": True,
-                                                           "sidecar": True}
+                                                           "sidecar": True, "prober": True}  # cross-scoring
         for r in state.replicas:
             done = httpx.post(r.url + "/v1/completions", timeout=60, json={
                 "model": tiny_llama.name, "prompt": "hi", "max_tokens": 3}, headers={"X-Request-Id": f"fl-{r.name}"})

@@ -1,0 +1,200 @@
+"""Quality faults caught from production-shaped traffic by what runs by default: no pinned probe round,
+no greedy request, no rescore round asked for.
+
+    python -m diagnostics.benchmarks.quality_faults [--faults a,b] [--shapes together,canary,three]
+                                                    [--per-replica 300] [--clean-runs 1] [--rate 4]
+
+Each fault is deployed the ordinary way on a real local fleet (fault_matrix.run_case: a sidecar, the
+baseline replicas of the reference model at a path P, the fault applied at P, then the candidate on
+P; "together": one fleet whose two replicas start at once, roles recorded as the shipped canary.toml
+records them, the candidate on a faulty copy of P). The fleet is what `fleet up` makes of its config
+with nothing added, so continuous cross-scoring is on (engine/probe/cross_scoring.py, the fleet's
+defaults) and scores the candidate's fleet too (engine/probe/cross_targets.py). Traffic: the
+loadgen's default (the mixed workload, sampled at 0.8, its own output lengths, each request to one
+replica at random), in checkpoints of `--per-replica / 3` requests per replica; after each, the
+diagnostics run over the window once the cross-scorer has had one pass past it. A fault is caught
+at the first checkpoint where a finding above info of one of its detectors names the candidate.
+Identity findings run too and are printed, but a fault counts as caught only by its detectors here
+(the content rules, except for the changed generation default, whose identity names the key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from diagnostics.benchmarks import fault_matrix, perf_faults
+from diagnostics.benchmarks.fault_matrix import Fault, Outcome, _diagnose, _outcome, _spec, _up, table
+from diagnostics.benchmarks.model_faults import FILE_FAULTS, noisy_weights
+from engine.fleet.config import SidecarSpec
+from engine.fleet.cross_score_spec import CrossScoreSpec
+from engine.fleet.fleet import fleet_down
+from engine.fleet.models import REFERENCE_MODEL
+from engine.loadgen.arrivals import Arrival
+from engine.loadgen.runner import run_load
+from engine.loadgen.workloads import make_workload
+from engine.probe.cross_scoring import SETTLE_SECONDS
+from telemetry.store import open_store
+from telemetry.store.waiting import wait_for_requests
+
+CONTENT = frozenset({"cross_score_shift", "sampled_logprob_shift", "sampled_token_disagreement"})
+SCORER = CrossScoreSpec()  # what `fleet up` runs: the wait after a checkpoint is one of its passes
+
+
+def _edit_json(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def rope_base(model: Path, factor: float = 10.0) -> None:
+    """config.json's RoPE base times `factor` (transformers 5's rope_parameters, else rope_theta)."""
+    def change(c: dict) -> None:
+        params = c.get("rope_parameters")
+        if isinstance(params, dict) and "rope_theta" in params:
+            params["rope_theta"] = float(params["rope_theta"]) * factor
+        else:
+            c["rope_theta"] = float(c.get("rope_theta", 10000.0)) * factor
+
+    _edit_json(model / "config.json", change)
+
+
+def repetition_penalty(model: Path, value: float = 1.3) -> None:
+    """generation_config.json gains a sampling default that requests leave unset."""
+    _edit_json(model / "generation_config.json", lambda g: g.__setitem__("repetition_penalty", value))
+
+
+QUALITY_FILE_FAULTS = {
+    **FILE_FAULTS,
+    "rope_base": rope_base,
+    "repetition_penalty": repetition_penalty,
+    "noisy_weights_5": lambda m: noisy_weights(m, relative=0.05),
+    "noisy_weights_20": lambda m: noisy_weights(m, relative=0.20),
+}
+
+QUALITY_FAULTS = {f.name: f for f in (
+    Fault("int4_coarse", "int4 weights, the coarsest group (one per 128-wide row)", CONTENT,
+          engine={"quantization": "int4", "quant_group_size": 128}),
+    Fault("rope_base", "config.json's RoPE base x10", CONTENT, file_fault="rope_base"),
+    Fault("noisy_weights_5", "5% relative weight noise at the same path", CONTENT, file_fault="noisy_weights_5"),
+    Fault("noisy_weights_20", "20% relative weight noise at the same path", CONTENT, file_fault="noisy_weights_20"),
+    Fault("generation_default", "generation_config.json gains repetition_penalty 1.3",
+          CONTENT | {"config_mismatch"}, file_fault="repetition_penalty"),
+    Fault("damaged_draft", "every replica drafts; the candidate's draft has 50% weight noise",
+          frozenset({"spec_acceptance_drop"}), every_engine=perf_faults.SPECULATIVE, draft="damaged"),
+)}
+SHAPES = {"together": 1, "canary": 1, "three": 2}  # shape -> baseline replicas
+
+
+def _scorer_caught_up(after: float) -> None:
+    """Wait for the cross-scorer's first pass whose window reaches `after` (it runs every interval)."""
+    time.sleep(SCORER.interval + SETTLE_SECONDS + 5.0)
+
+
+def sampled_traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate,
+                    restart=None) -> Outcome:
+    """fault_matrix.run_case's `traffic`: the loadgen's default, checks after the scorer's pass."""
+    urls = [r.url for r in base.replicas] + ([r.url for r in cand.replicas] if cand is not None else [])
+    since = time.time() - 1
+    stages = []
+    run_id = f"qf{seed}-{int(time.time())}"
+    sent, per = 0, max(1, requests // checkpoints)
+    for k in range(checkpoints):
+        n = per if k < checkpoints - 1 else requests - sent
+        load = asyncio.run(run_load(urls, make_workload("mixed", seed * 100 + k), Arrival("poisson", rate=rate),
+                                    num_requests=n, seed=seed * 100 + k, pick="random", run_id=f"{run_id}c{k}",
+                                    request_timeout=120.0))
+        sent += len(load.results)
+        with open_store(base.store_url) as store:
+            wait_for_requests(store, f"{run_id}c{k}-", len(load.results))
+        _scorer_caught_up(time.time())
+        stages.append((f"{sent // len(urls)} requests per replica", _diagnose(base.store_url, since)))
+    _log_evidence(stages[-1][1], candidate, log)
+    if os.environ.get("INFERSIGHT_FM_DUMP"):
+        import pyarrow.parquet as pq
+
+        dump = Path(os.environ["INFERSIGHT_FM_DUMP"])
+        dump.mkdir(parents=True, exist_ok=True)
+        with open_store(base.store_url) as store:
+            for t in ("replicas", "requests"):
+                pq.write_table(store.query_arrow(f"SELECT * FROM {t}"),
+                               dump / f"{fault.name if fault else 'clean'}-{shape}-{t}.parquet")
+    log(f"    load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return _outcome(fault, shape, candidate, stages, sent, log)
+
+
+def _log_evidence(findings, candidate: str, log) -> None:
+    for f in findings:
+        if f.kind in CONTENT | {"cross_scores_agree", "spec_acceptance_drop"} or (
+                f.severity != "info" and candidate in f.subject):
+            log(f"    {f.severity} {f.kind} {f.subject}: {f.summary[:260]}")
+
+
+def run_together(fault: Fault | None, work: Path, requests: int, seed: int, log=print, rate: float = 4.0) -> Outcome:
+    model = work / "model"
+    shutil.copytree(REFERENCE_MODEL, model)
+    cand_model = model
+    every = dict(fault.every_engine) if fault else {}
+    cand_engine = {**every, **(fault.engine if fault else {})}
+    if fault is not None and fault.file_fault:
+        cand_model = work / "candidate-model"
+        shutil.copytree(model, cand_model)
+        QUALITY_FILE_FAULTS[fault.file_fault](cand_model)
+    if fault is not None and fault.draft:
+        every["draft_model"] = perf_faults.good_draft(model)
+        cand_engine["draft_model"] = perf_faults.damaged_draft(work, model)
+    base_spec, cand_spec = _spec("r0", model, every), _spec("r1", cand_model, cand_engine)
+    base_spec.role, cand_spec.role = "baseline", "candidate"  # as the shipped canary.toml records them
+    fleet = _up(work, "base", [base_spec, cand_spec], SidecarSpec(port=0))
+    try:
+        outcome = sampled_traffic(fault, "together", "r1", fleet, None, requests, seed, 3, log, False, rate)
+    finally:
+        fleet_down(fleet.run_dir)
+    outcome.traffic = f"{rate:g}/s"
+    return outcome
+
+
+def run_quality_case(fault: Fault | None, shape: str, work: Path, per_replica: int, seed: int, log=print,
+                     rate: float = 4.0) -> Outcome:
+    requests = per_replica * (SHAPES[shape] + 1)
+    if shape == "together":
+        return run_together(fault, work, requests, seed, log, rate)
+    return fault_matrix.run_case(fault, shape, work, requests, seed=seed, log=log, probes=False, rate=rate,
+                                 traffic=sampled_traffic, file_faults=QUALITY_FILE_FAULTS)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", default="", help=f"comma-separated (default all: {', '.join(QUALITY_FAULTS)}); "
+                                                     "'none' for clean runs only")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--clean-runs", type=int, default=1, help="clean fleets per shape")
+    parser.add_argument("--per-replica", type=int, default=300, help="requests per replica")
+    parser.add_argument("--rate", type=float, default=4.0, help="requests/s over the fleet")
+    args = parser.parse_args(argv)
+    names = [] if args.faults == "none" else [f for f in (args.faults or ",".join(QUALITY_FAULTS)).split(",") if f]
+    unknown = sorted(set(names) - set(QUALITY_FAULTS))
+    if unknown:
+        parser.error(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(QUALITY_FAULTS)}")
+    outcomes = []
+    for shape in args.shapes.split(","):
+        cases = [QUALITY_FAULTS[n] for n in names] + [None] * args.clean_runs
+        for i, fault in enumerate(cases):
+            started = time.monotonic()
+            with tempfile.TemporaryDirectory(prefix="infersight-qf-") as work:
+                outcome = run_quality_case(fault, shape, Path(work), args.per_replica, seed=i, rate=args.rate)
+            print(f"    ({time.monotonic() - started:.0f} s)", flush=True)
+            outcomes.append(outcome)
+    print(table(outcomes))
+    missed = [o for o in outcomes if not o.fault.startswith("clean") and o.caught_after is None]
+    return 1 if missed or any(o.false_positives for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
