@@ -144,6 +144,11 @@ class KVCacheManager:
             hit.append(block_id)
         return hit
 
+    def prefix_block_hashes(self, seq: Sequence, num_tokens: int) -> list[BlockHash]:
+        """The chained hashes of the full blocks within `seq`'s first `num_tokens` tokens that a later
+        sequence could hit (never the block of its last prompt token: see find_cached_prefix)."""
+        return self._block_hashes(seq, min(num_tokens, len(seq.token_ids) - 1) // self.block_size)
+
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks `seq` has filled with computed tokens, so others can reuse them."""
         if not self.enable_prefix_caching:
