@@ -24,7 +24,9 @@ class EngineConfig:
     # config (AttentionBackend.default_block_size: 16, or 64 where the torch backend's compile_decode attends
     # the pool in place on a CPU), written back into the replica's config at start
     block_size: int | None = None
-    kv_cache_memory_bytes: int = 256 * 1024**2  # memory budget for the KV pool
+    # memory budget for the KV pool; None: what max_num_seqs full-length sequences can fill, at most 256 MiB
+    # (engine/kv_cache.py kv_pool_blocks)
+    kv_cache_memory_bytes: int | None = None
     num_kv_blocks: int | None = None  # overrides the memory budget when set (tests)
     enable_prefix_caching: bool = True
     # scheduler budgets

@@ -29,7 +29,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.generation_defaults import generation_defaults
 from engine.engine_records import build_replica_record, build_request_record, build_step_record, identity_sections
-from engine.kv_cache import KVCacheManager
+from engine.kv_cache import KVCacheManager, kv_pool_blocks
 from engine.model_runner import ModelRunner
 from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
 from engine.models.packed_linear import PACKED_MIN_ROWS
@@ -97,8 +97,8 @@ class LLMEngine:
             row_bytes = kv_bytes_per_block(self.loaded, 1) // self.loaded.num_layers
             self.config = config = dataclasses.replace(config, block_size=block_size_for(config, row_bytes))
         block_size = config.block_size
-        num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // kv_bytes_per_block(
-            self.loaded, block_size)
+        num_blocks = kv_pool_blocks(kv_bytes_per_block(self.loaded, block_size), block_size, config.max_num_seqs,
+                                    self.max_model_len, config.kv_cache_memory_bytes, config.num_kv_blocks)
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} is smaller than one "
                              f"KV block ({kv_bytes_per_block(self.loaded, block_size)} bytes)")

@@ -31,6 +31,24 @@ from engine.sequence import Sequence
 BlockHash = bytes
 HashFn = Callable[[BlockHash | None, tuple[int, ...]], BlockHash]
 
+# the KV pool's memory when EngineConfig.kv_cache_memory_bytes is not given, at most: see kv_pool_blocks
+DEFAULT_KV_CACHE_MEMORY_BYTES = 256 * 1024**2
+
+
+def kv_pool_blocks(bytes_per_block: int, block_size: int, max_num_seqs: int, max_model_len: int,
+                   budget_bytes: int | None = None, num_kv_blocks: int | None = None) -> int:
+    """How many KV blocks the pool gets: `num_kv_blocks` when given, else what `budget_bytes` holds when
+    given, else what max_num_seqs sequences of max_model_len tokens can ever hold at once (one block more
+    each, for speculative lookahead slots), capped by DEFAULT_KV_CACHE_MEMORY_BYTES. The zero-filled pool is
+    resident from start, so a fixed default larger than the scheduler can fill is RSS for nothing (the
+    reference model: 256 MiB where 64 x 256 tokens need 34 MiB)."""
+    if num_kv_blocks:
+        return num_kv_blocks
+    if budget_bytes is not None:
+        return budget_bytes // bytes_per_block
+    fill = max_num_seqs * (-(-max_model_len // block_size) + 1)
+    return min(DEFAULT_KV_CACHE_MEMORY_BYTES // bytes_per_block, fill)
+
 
 def hash_block(parent: BlockHash | None, token_ids: tuple[int, ...]) -> BlockHash:
     """Chained block hash: 16 bytes of BLAKE2b over the parent's hash and the tokens."""
@@ -125,6 +143,11 @@ class KVCacheManager:
                 break  # a hash collision: never serve someone else's keys
             hit.append(block_id)
         return hit
+
+    def prefix_block_hashes(self, seq: Sequence, num_tokens: int) -> list[BlockHash]:
+        """The chained hashes of the full blocks within `seq`'s first `num_tokens` tokens that a later
+        sequence could hit (never the block of its last prompt token: see find_cached_prefix)."""
+        return self._block_hashes(seq, min(num_tokens, len(seq.token_ids) - 1) // self.block_size)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks `seq` has filled with computed tokens, so others can reuse them."""

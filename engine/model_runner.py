@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.compile_cache import use_persistent_compile_cache
 from engine.cuda_graph import DecodeGraphs
 from engine.models.gemv import choose_compiled_rows
 from engine.sampler import sampled_logprobs
@@ -228,6 +229,8 @@ class ModelRunner:
     def _compile(self, fn):
         """torch.compile of a decode function (`_decode_step`, `_argmax_step`): each has graphs of its own."""
         if self._step_backend is None:
+            if COMPILE_BACKEND == "inductor":
+                use_persistent_compile_cache()  # a restart replays the built kernels (engine/compile_cache.py)
             choose_compiled_rows()  # one-row projections: the reduction or the BLAS call (models/gemv.py)
             # the pool never changes shape: static, or dynamo's duck sizing would take a batch of
             # 2 (or 16, 32) for the cache's kv heads (block size, head dim) and compile per batch size

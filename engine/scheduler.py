@@ -168,9 +168,15 @@ class Scheduler:
                 i += 1
 
         if not batch.preempted:
+            # hashes of the blocks the sequences admitted in this step will fill: a waiting sequence whose next
+            # block is one of them would compute the same prefix again beside them (32 prompts of one shared
+            # prefix admitted together recomputed it ~10 times), so it waits one step and then hits the cache
+            filling: set = set()
             while self.waiting and budget > 0 and len(running) < self.max_num_seqs:
                 seq = self.waiting[0]
                 hit = kv.find_cached_prefix(seq)
+                if filling and _next_block_filling(kv, seq, len(hit), filling):
+                    break
                 computed = len(hit) * kv.block_size
                 num_new = len(seq.token_ids) - computed
                 if num_new > budget:
@@ -192,6 +198,8 @@ class Scheduler:
                 running.append(seq)
                 batch.add(seq, num_new)
                 budget -= num_new
+                if kv.enable_prefix_caching:
+                    filling.update(kv.prefix_block_hashes(seq, computed + num_new))
         if self.num_scheduler_steps > 1 and not self.waiting and not batch.preempted:
             self._take_steps(batch)
         return batch
@@ -242,3 +250,11 @@ class Scheduler:
             self.running.remove(seq)
         if seq.status is not SequenceStatus.FINISHED:
             self.finish(seq, "abort")
+
+
+def _next_block_filling(kv: KVCacheManager, seq: Sequence, num_hit_blocks: int, filling: set) -> bool:
+    """Is the first block of `seq` past its cache hit one that a sequence in this step is filling?"""
+    if seq.wants_prompt_logprobs:  # it never takes a cache hit: nothing to wait for
+        return False
+    hashes = kv.prefix_block_hashes(seq, len(seq.token_ids))
+    return num_hit_blocks < len(hashes) and hashes[num_hit_blocks] in filling

@@ -3,8 +3,8 @@
 Two checks, from the model directory's config.json and tokenizer alone:
 
 - The context vs the KV pool. One sequence of `max_model_len` tokens needs that many KV slots; the
-  pool holds `num_blocks * block_size` (num_blocks from --num-kv-blocks or --kv-cache-memory-bytes /
-  bytes per block). When the user did NOT set --max-model-len, the default (the model's
+  pool holds `num_blocks * block_size` (num_blocks as engine/kv_cache.py kv_pool_blocks sizes it: from
+  --num-kv-blocks, --kv-cache-memory-bytes / bytes per block, or what max_num_seqs full sequences fill). When the user did NOT set --max-model-len, the default (the model's
   max_position_embeddings) is not a choice anyone made: it is capped to the pool with a warning, so
   `/v1/models` states a context the replica can serve. When the user DID set it, silently serving
   less would break what they asked for: refused, naming both ways out (a smaller --max-model-len or a
@@ -56,11 +56,14 @@ def _model_config(model_dir: str):
 def kv_plan(config: EngineConfig, model_cfg) -> KVPlan:
     """The KV pool the engine will allocate (as engine.models.kv_bytes_per_block sizes it)."""
     from engine.attention import block_size_for
+    from engine.kv_cache import kv_pool_blocks
 
     row_bytes = 2 * model_cfg.num_kv_heads * model_cfg.head_dim * _ELEMENT_BYTES.get(config.dtype, 4)  # a token, a layer
     block_size = block_size_for(config, row_bytes)
     per_block = model_cfg.num_layers * block_size * row_bytes
-    blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // per_block
+    blocks = kv_pool_blocks(per_block, block_size, config.max_num_seqs,
+                            config.max_model_len or model_cfg.max_position_embeddings,
+                            config.kv_cache_memory_bytes, config.num_kv_blocks)
     return KVPlan(int(blocks), block_size, per_block)
 
 

@@ -2,7 +2,8 @@
 
 Loggers (the logging module; the CLI's --log-level and handlers apply):
 - `infersight.serve`: the start summary (model, architecture, dtype, quantization, KV pool, context,
-  speculation, placement, telemetry store with any credentials removed, the tool-call parser).
+  speculation, placement, memory (RSS against weights and KV pool), telemetry store with any credentials
+  removed, the tool-call parser).
 - `infersight.access`: one line per generation request when it ends (id, status, prompt / output tokens,
   TTFT, e2e).
 - `infersight.stats`: every --stats-interval seconds, like vLLM's "Avg prompt throughput" line: running,
@@ -21,6 +22,7 @@ import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
 
+from engine.process_memory import memory_at_start
 from telemetry.contract.hooks import EngineObserver
 
 log = logging.getLogger("infersight.serve")
@@ -59,6 +61,7 @@ def start_summary(core, placement=None, store_target: str | None = None, tools: 
         f"max_model_len {core.max_model_len}; max_num_seqs {cfg.max_num_seqs}; prefix caching "
         f"{'on' if cfg.enable_prefix_caching else 'off'}; speculative decoding {spec}",
         f"placement: {where}",
+        memory_at_start(core.loaded.model, core.runner.kv_caches).describe(),
         f"replica {cfg.replica_id}; telemetry store: {redact_url(store_target)}",
     ] + ([tools] if tools else [])
 

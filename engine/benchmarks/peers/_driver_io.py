@@ -5,7 +5,9 @@ Protocol: `python drive_X.py REQUEST.json RESULT.json`. The request holds `model
 {"name", "prompts": [[token ids]], "output_lens": [n]}. The driver warms up, then times each
 workload's generation alone (conversion and loading excluded), and writes
 {"peer", "variant", "version", "load_s", "results": {name: {"seconds", "output_counts",
-"first_tokens"}}, "vm_hwm_mib"}: the driver's own peak RSS, read from /proc at the end.
+"first_tokens"}}, "vm_hwm_mib", "ready_s"}: the driver's own peak RSS, read from /proc at the end, and its
+ready-to-serve time: from the process's start (interpreter, imports, loading, conversion, warm-up and any
+compile included) to the first timed workload, as a replica's start would be seen from outside.
 """
 
 from __future__ import annotations
@@ -33,8 +35,25 @@ def set_threads(threads: int) -> None:
         os.environ[var] = str(threads)
 
 
+_ready = {}
+
+
+def seconds_since_process_start() -> float | None:
+    """From /proc: the process's start time (clock ticks after boot) against the uptime now."""
+    try:
+        with open("/proc/self/stat") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command name
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def run_workloads(workloads: list[dict], generate) -> dict:
-    """`generate(prompts, output_lens) -> list of generated token-id lists`, timed per workload."""
+    """`generate(prompts, output_lens) -> list of generated token-id lists`, timed per workload. The side
+    is ready to serve when the first one starts (`ready_s` in the result)."""
+    _ready.setdefault("ready_s", seconds_since_process_start())
     results = {}
     for w in workloads:
         start = time.perf_counter()
@@ -64,7 +83,7 @@ def vm_hwm_mib() -> float | None:
 
 def write_result(out_path: str, **fields) -> None:
     with open(out_path, "w") as f:
-        json.dump(dict(fields, vm_hwm_mib=vm_hwm_mib()), f)
+        json.dump(dict(fields, vm_hwm_mib=vm_hwm_mib(), ready_s=_ready.get("ready_s")), f)
 
 
 def converted_path(req: dict, kind: str) -> str:

@@ -3,9 +3,12 @@
 For each model: measure the roofline, build the workloads, then for each of `--repeats` rounds run
 every side once (a fresh subprocess per side and round, all workloads inside it; the side order
 rotates each round so that no side always runs first or last on a drifting machine). Reported per
-workload and side: the median output tokens/s over rounds, its ratio to infersight fp32, the peak RSS
-(max over rounds), and how many of the first requests' greedy tokens equal infersight fp32's. Every
-side must produce exactly the requested token counts, else its numbers are marked invalid.
+workload and side: the median output tokens/s over rounds, its ratio to infersight's default (what
+`LLM(model)` and `serve` run without flags; fp32 where "default" is not among the variants), the peak RSS
+(max over rounds), and how many of the first requests' greedy tokens equal the default's; per workload the
+default's ratio to the best peer; per side its ready-to-serve time (process start to the first timed
+workload, median over rounds) and peak RSS. Every side must produce exactly the requested token counts,
+else its numbers are marked invalid.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--models", default="reference,135m", help="reference, 135m, or model directories")
     parser.add_argument("--workloads", default=",".join(workloads.NAMES), help=f"of {','.join(workloads.NAMES + workloads.OPTIONAL)} (prefill: prompt tokens/s)")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"of {','.join(PEERS)}")
-    parser.add_argument("--variants", default="fp32,int8,compile,int8-compile,compile-steps,int8-compile-steps",
-                        help="fp32, int8 (for the peers that have it), compile and int8-compile (infersight's "
+    parser.add_argument("--variants", default="default,fp32,int8,compile,int8-compile,compile-steps,int8-compile-steps",
+                        help="default (infersight as it comes: no speed option given), fp32, int8 (for the peers that have it), compile and int8-compile (infersight's "
                              "compile_decode, fp32 or int8), compile-steps and int8-compile-steps (the same with "
                              "multi-step decode, num_scheduler_steps 8); packed, compile-packed and "
                              "compile-steps-packed: fp32 with pack_weights (oneDNN's packed weights)")
@@ -97,7 +100,9 @@ def _run_model(args, model_name: str, sides, overrides, repeats: int) -> dict:
                   f"{side_run.peak_rss_mib:.0f} MiB, {state}", flush=True)
     table = _summarize(wls, runs)
     _print_table(table)
-    return dict(path=str(path), info={k: v for k, v in info.items() if k != "config"}, roofline=roof, ceilings=ceil,
+    starts = _starts(runs)
+    _print_starts(starts)
+    return dict(starts=starts, path=str(path), info={k: v for k, v in info.items() if k != "config"}, roofline=roof, ceilings=ceil,
                 workloads=[dict(name=w.name, describe=w.describe()) for w in wls], rows=table,
                 raw={k: [dict(ok=s.ok, result=s.result, peak_rss_mib=s.peak_rss_mib, wall_s=s.wall_s, error=s.error)
                          for s in v] for k, v in runs.items()})
@@ -120,25 +125,58 @@ def _summarize(wls, runs: dict[str, list]) -> list[dict]:
                        peak_rss_mib=max(s.peak_rss_mib for s in good), version=good[0].result.get("version"),
                        first_tokens=res[0]["first_tokens"],
                        note="" if exact else "WRONG output token counts: numbers invalid")
-            if key == "infersight/fp32":
+            if key == base_key(runs):
                 base_tps, base_first = tps, res[0]["first_tokens"]
             rows.append(row)
-        for row in rows:
-            if row["workload"] == w.name and row.get("tokens_per_s") and base_tps:
+        mine = [r for r in rows if r["workload"] == w.name]
+        peers = [r for r in mine if r.get("tokens_per_s") and r["ok"] and not r["side"].startswith("infersight/")]
+        best = max(peers, key=lambda r: r["tokens_per_s"], default=None)
+        for row in mine:
+            if row.get("tokens_per_s") and base_tps:
                 row["ratio_to_infersight"] = row["tokens_per_s"] / base_tps
                 row["greedy_agree"] = f"{sum(a == b for a, b in zip(row['first_tokens'], base_first))}/{len(base_first)}"
+            if row.get("tokens_per_s") and best is not None:
+                row["ratio_to_best_peer"] = row["tokens_per_s"] / best["tokens_per_s"]
+                row["best_peer"] = best["side"]
     return rows
 
 
+def base_key(runs: dict) -> str:
+    """The side every ratio is to: infersight's default where it ran, else its fp32."""
+    return "infersight/default" if "infersight/default" in runs else "infersight/fp32"
+
+
+def _starts(runs: dict[str, list]) -> list[dict]:
+    """Per side: ready-to-serve seconds (median over rounds) and peak RSS (max over rounds)."""
+    out = []
+    for key, side_runs in runs.items():
+        good = [s for s in side_runs if s.ok]
+        ready = [s.result["ready_s"] for s in good if s.result.get("ready_s") is not None]
+        out.append(dict(side=key, ready_s=statistics.median(ready) if ready else None,
+                        load_s=statistics.median([s.result.get("load_s") or 0.0 for s in good]) if good else None,
+                        peak_rss_mib=max((s.peak_rss_mib for s in good), default=None)))
+    return out
+
+
+def _print_starts(starts: list[dict]) -> None:
+    print(f"\n  {'side':24} {'ready to serve':>14} {'peak RSS':>10}")
+    for s in starts:
+        ready = f"{s['ready_s']:.1f} s" if s["ready_s"] is not None else "-"
+        rss = f"{s['peak_rss_mib']:.0f} MiB" if s["peak_rss_mib"] is not None else "-"
+        print(f"  {s['side']:24} {ready:>14} {rss:>10}")
+
+
 def _print_table(rows: list[dict]) -> None:
-    print(f"\n  {'workload':8} {'side':24} {'tok/s':>9} {'x infersight':>12} {'peak RSS':>9}  greedy=infersight  note")
+    print(f"\n  {'workload':8} {'side':24} {'tok/s':>9} {'x default':>10} {'x best peer':>11} {'peak RSS':>9}  "
+          f"greedy=default  note")
     for r in rows:
         if r.get("tokens_per_s") is None:
-            print(f"  {r['workload']:8} {r['side']:24} {'-':>9} {'-':>12} {'-':>9}  {'-':17}  {r['note']}")
+            print(f"  {r['workload']:8} {r['side']:24} {'-':>9} {'-':>10} {'-':>11} {'-':>9}  {'-':14}  {r['note']}")
             continue
         ratio = f"{r['ratio_to_infersight']:.2f}x" if "ratio_to_infersight" in r else "-"
-        print(f"  {r['workload']:8} {r['side']:24} {r['tokens_per_s']:9.1f} {ratio:>12} {r['peak_rss_mib']:7.0f} MiB"
-              f"  {r.get('greedy_agree', '-'):17}  {r['note']}")
+        to_best = f"{r['ratio_to_best_peer']:.2f}x" if "ratio_to_best_peer" in r else "-"
+        print(f"  {r['workload']:8} {r['side']:24} {r['tokens_per_s']:9.1f} {ratio:>10} {to_best:>11} "
+              f"{r['peak_rss_mib']:7.0f} MiB  {r.get('greedy_agree', '-'):14}  {r['note']}")
 
 
 if __name__ == "__main__":

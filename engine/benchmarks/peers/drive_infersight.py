@@ -1,4 +1,4 @@
-"""infersight's side: `engine.llm.LLM`, fp32, or its weight-only int8 path (variant "int8", lm_head included),
+"""infersight's side: `engine.llm.LLM` as it comes (variant "default": no speed option given), fp32, or its weight-only int8 path (variant "int8", lm_head included),
 or decode steps through torch.compile (EngineConfig.compile_decode) in fp32 (variant "compile") or int8
 ("int8-compile"); the compile happens in the warm-up, `warmup_s`. "-steps" adds multi-step decode
 (EngineConfig.num_scheduler_steps = STEPS, engine/multi_step.py), "packed" (alone or as a suffix) float32
@@ -36,9 +36,13 @@ def main() -> None:
     steps = STEPS if variant.endswith("-steps") else 1
     # int8 quantizes lm_head too, as llama.cpp's q8_0 does its output matrix: the same weight bytes
     # per step (on the 135M model lm_head is 113 of its 513 MB)
+    # "default": no speed option given, what `LLM(model)` and `serve` get (EngineConfig's defaults); the
+    # others set each option explicitly. Resources (batch, KV budget) are the same as the peers' for all
+    speed = {} if variant == "default" else dict(compile_decode=compiled, num_scheduler_steps=steps,
+                                                 pack_weights=packed)
     llm = LLM(req["model_dir"], dtype="float32", quantization=quant, quant_skip_layers=[], max_num_seqs=128,
-              max_num_batched_tokens=2048, kv_cache_memory_bytes=io.KV_CACHE_GIB * 2**30,
-              compile_decode=compiled, num_scheduler_steps=steps, pack_weights=packed)
+              max_num_batched_tokens=2048, kv_cache_memory_bytes=io.KV_CACHE_GIB * 2**30, **speed)
+    compiled, steps = llm.engine.config.compile_decode, llm.engine.config.num_scheduler_steps
     load_s = time.perf_counter() - start
 
     def generate(prompts, output_lens):

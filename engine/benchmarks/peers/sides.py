@@ -41,7 +41,7 @@ class Peer:
 
 _PEERS_PIP = "python3 -m venv .venv-peers && .venv-peers/bin/pip install 'torch==2.13.0' transformers numpy safetensors"
 PEERS = {p.name: p for p in [
-    Peer("infersight", "drive_infersight.py", "engine", ("fp32", "int8", "compile", "int8-compile", "compile-steps",
+    Peer("infersight", "drive_infersight.py", "engine", ("default", "fp32", "int8", "compile", "int8-compile", "compile-steps",
                                                      "int8-compile-steps", "packed", "compile-packed",
                                                      "compile-steps-packed"),
          "pip install -e . (this repo)"),

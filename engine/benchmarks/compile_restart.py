@@ -1,0 +1,76 @@
+"""Ready-to-serve time of a compiled engine: first start on an empty compile cache vs a restart on it.
+
+Each start is a fresh process (as a replica restart is) that builds `LLM(model)` with the given options and
+runs one decode of each shape a workload meets (batch 1, a batch of equal lengths, a length mask), so that
+every decode graph is compiled or loaded before "ready". Starts: eager (no compile), compiled on an empty
+cache directory (first start on a fresh host), compiled again on that directory (a restart), in that order,
+`--rounds` times with a new empty directory each round. Prints each start's seconds and the ratios.
+
+    python -m engine.benchmarks.compile_restart [--model DIR] [--rounds 1] [--options '{"pack_weights": true}']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CHILD = """
+import json, sys, time
+start = time.perf_counter()
+import torch
+torch.set_num_threads({threads})
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+llm = LLM({model!r}, **json.loads({options!r}))
+built = time.perf_counter() - start
+def gen(prompts, n):
+    llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)] * len(prompts),
+                 use_tqdm=False)
+gen([[7, 8, 9]], 12)
+gen([[7, 8, 9], [10, 11, 12]], 12)
+gen([[7, 8, 9], [7, 8, 9, 10, 11, 12]], 12)
+print(json.dumps(dict(built_s=built, ready_s=time.perf_counter() - start)))
+"""
+
+
+def start_once(model: str, options: dict, cache_root: str, threads: int) -> dict:
+    env = dict(os.environ, INFERSIGHT_CACHE=cache_root)
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the engine's own choice (engine/compile_cache.py) is measured
+    code = CHILD.format(threads=threads, model=model, options=json.dumps(options))
+    wall = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["process_s"] = time.perf_counter() - wall
+    return result
+
+
+def main() -> int:
+    from engine.fleet.models import REFERENCE_MODEL
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(REFERENCE_MODEL))
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--options", default="{}", help="EngineConfig fields (JSON) for every start; compile_decode is set per start")
+    args = p.parse_args()
+    options = json.loads(args.options)
+    print(f"model {args.model}, options {options}, {args.threads} threads", flush=True)
+    for r in range(args.rounds):
+        with tempfile.TemporaryDirectory(prefix="infersight-compile-cache-") as root:
+            eager = start_once(args.model, dict(options, compile_decode=False), root, args.threads)
+            cold = start_once(args.model, dict(options, compile_decode=True), root, args.threads)
+            warm = start_once(args.model, dict(options, compile_decode=True), root, args.threads)
+        print(f"round {r + 1}: ready in eager {eager['process_s']:.1f} s | compiled, empty cache "
+              f"{cold['process_s']:.1f} s | compiled, restart {warm['process_s']:.1f} s "
+              f"(restart / first start {warm['process_s'] / cold['process_s']:.2f}x, "
+              f"restart - eager {warm['process_s'] - eager['process_s']:+.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Where compiled decode steps persist between starts: inductor's caches in the user's cache directory.
+
+torch.compile keeps two caches on disk, both on by default: inductor's FX graph cache (the generated C++
+and its built library, keyed by the graph, which holds the model's shapes and the batch's symbolic sizes,
+the inductor config, the torch version and the CPU's ISA) and AOTAutograd's cache above it. Their default
+home is `/tmp/torchinductor_<user>`: a fresh host, a container restart or a cleaned /tmp compiles again
+from nothing, minutes on a small CPU. Under the user's cache directory (`$INFERSIGHT_CACHE`, else
+`~/.cache/infersight`, as the other built artifacts) they outlive those, so a restart with the same model
+and torch replays the built kernels and only traces.
+
+The directory is per torch version: a new torch never reads an old one's files, and removing a version's
+directory is the whole cleanup. A `TORCHINDUCTOR_CACHE_DIR` the operator set is kept as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV = "TORCHINDUCTOR_CACHE_DIR"  # inductor reads it on every cache access (torch/_inductor/runtime/cache_dir_utils.py)
+
+
+def user_cache_root() -> Path:
+    return Path(os.environ.get("INFERSIGHT_CACHE") or Path.home() / ".cache" / "infersight")
+
+
+def compile_cache_dir() -> Path:
+    import torch
+
+    return user_cache_root() / "compile" / f"torch-{torch.__version__}"
+
+
+def use_persistent_compile_cache() -> str:
+    """Point inductor's caches at the persistent directory unless the operator chose one; returns the
+    directory in use. Call before the first compile. (Whether the caches are on stays torch's default, on,
+    or the operator's TORCHINDUCTOR_FX_GRAPH_CACHE / TORCHINDUCTOR_AUTOGRAD_CACHE.)"""
+    if not os.environ.get(ENV):
+        path = compile_cache_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ[ENV] = str(path)
+    return os.environ[ENV]
