@@ -56,6 +56,7 @@ from engine.cuda_graph import DecodeGraphs
 from engine.models.gemv import choose_compiled_rows
 from engine.sampler import sampled_logprobs
 from engine.scheduler import ScheduledBatch
+from engine.step_result import StepResult
 
 # compile_decode's torch.compile backend (tests trace with "eager": dynamo's graph, no inductor build)
 COMPILE_BACKEND = "inductor"
@@ -107,6 +108,12 @@ class ModelRunner:
         self._compiled_argmax = None  # _argmax_step, compiled (multi-step decode)
         self._step_backend = None
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs (use_cuda_graphs)
+
+    @classmethod
+    def from_config(cls, config, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                    backend: AttentionBackend) -> ModelRunner:
+        """The engine's runner: block size, device and compile_decode from the (resolved) EngineConfig."""
+        return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), config.compile_decode)
 
     def use_cuda_graphs(self, max_batch: int, max_model_len: int, pad_block: int, capture: bool = True) -> None:
         """Pure decode steps of up to `max_batch` rows replay CUDA graphs (engine/cuda_graph.py); `pad_block`
@@ -189,10 +196,10 @@ class ModelRunner:
         return steps
 
     @torch.inference_mode()
-    def forward_steps(self, steps: list[ModelInputs]) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
-        """Run a multi-step batch: [B, K] tokens (each sub-step's greedy argmax, the next one's input), their
-        raw logprobs (the sampler's `sampled_logprobs`), and each sub-step's seconds (its argmax and logprob
-        are in the same call, so all of it is forward time)."""
+    def forward_steps(self, steps: list[ModelInputs]) -> StepResult:
+        """Run a multi-step batch: K tokens per sequence (each sub-step's greedy argmax, the next one's input),
+        their raw logprobs (the sampler's `sampled_logprobs`), and each sub-step's seconds (its argmax and
+        logprob are in the same call, so all of it is forward time)."""
         tokens, logprobs, times = [], [], []
         for j, step in enumerate(steps):
             t0 = time.perf_counter()
@@ -210,7 +217,8 @@ class ModelRunner:
             tokens.append(chosen)
             logprobs.append(logprob)
             times.append(time.perf_counter() - t0)
-        return torch.stack(tokens, 1), torch.stack(logprobs, 1), times
+        chosen = torch.stack(tokens, 1).tolist()
+        return StepResult(chosen, torch.stack(logprobs, 1).tolist(), [None] * len(chosen), forward_seconds=times)
 
     def _decode_step(self, input_ids, positions, metadata, kv_caches, backend):
         """A pure decode step's hidden states and logits (every row samples): what is compiled."""

@@ -39,7 +39,7 @@ from engine.sequence import Sequence
 def host_free(seq: Sequence) -> bool:
     """Can this sequence's next tokens be chosen without the host between them?"""
     p = seq.sampling_params
-    return p.greedy and p.logprobs is None and not needs_raw_processing(p) and getattr(seq, "grammar", None) is None
+    return p.greedy and p.logprobs is None and not needs_raw_processing(p) and seq.grammar is None
 
 
 def tokens_left(seq: Sequence, max_seq_len: int) -> int:
