@@ -10,9 +10,11 @@ processor, detokenization or stop strings, its prompt logprobs) ends alone, with
 "error", its error text and its KV blocks freed; the rest of the batch goes on. A failure of the
 step itself (the forward pass) fails the step's requests.
 
-Each step is timed in five parts (time.perf_counter) and, when an observer
-listens, reported as one StepRecord; a finished request is reported as one
-RequestRecord. With nobody listening no record is built at all.
+Every path of a step (one forward and the sampler, speculative decoding, multi-step decode) hands
+`_postprocess` one StepResult (engine/step_result.py), the one place tokens and logprobs go into a
+sequence. Each step is timed in five phases (engine/phase_timer.py) and, when an observer listens,
+reported as one StepRecord per forward; a finished request is reported as one RequestRecord. With
+nobody listening no record is built at all.
 """
 
 from __future__ import annotations
@@ -463,30 +465,26 @@ class LLMEngine:
     def _report_steps(self, batch: ScheduledBatch, timer: PhaseTimer, result: StepResult, finished: list,
                       context_lens: list[int]) -> None:
         """One StepRecord per forward: a multi-step batch's sub-steps (engine/multi_step.py) each have their own,
-        sub-step j counting the sequences that kept a j-th token and reading one more position."""
+        sub-step j counting the sequences that kept a j-th token and reading one more position. A record
+        carries the observer time measured before it; its own cost goes to the next one."""
         splits = timer.splits(result.forward_seconds)
         start, last = timer.start_wall, len(splits) - 1
         for j, split in enumerate(splits):
+            t = perf_counter()
+            telemetry_seconds, self._telemetry_seconds = self._telemetry_seconds, 0.0
+            for seq, out in finished if j == last else ():
+                self._report_finished(seq, out.text)
             generated = sum(1 for n in result.kept if n > j) if last else sum(result.kept)
-            self._report_step(batch, start, split, generated, finished if j == last else [],
-                              [n + j for n in context_lens])
+            record = build_step_record(
+                self.config.replica_id, self.step_id, batch, start, split, generated, telemetry_seconds,
+                self.kv_cache, self.kv_cache.evictions - self._last_evictions, self.scheduler,
+                self.speculator.step_record_fields if self.speculator is not None else {},
+                [n + j for n in context_lens])
+            self._last_evictions = self.kv_cache.evictions
+            self.observer.on_step(record)
+            self.step_id += 1
             start += sum(split)
-
-    def _report_step(self, batch: ScheduledBatch, start_wall: float, split: tuple, num_generated: int,
-                     finished: list, context_lens: list[int]) -> None:
-        # this record carries the observer time measured before it; its own cost goes to the next one
-        t = perf_counter()
-        telemetry_seconds, self._telemetry_seconds = self._telemetry_seconds, 0.0
-        for seq, out in finished:
-            self._report_finished(seq, out.text)
-        record = build_step_record(
-            self.config.replica_id, self.step_id, batch, start_wall, split, num_generated, telemetry_seconds,
-            self.kv_cache, self.kv_cache.evictions - self._last_evictions, self.scheduler,
-            self.speculator.step_record_fields if self.speculator is not None else {}, context_lens)
-        self._last_evictions = self.kv_cache.evictions
-        self.observer.on_step(record)
-        self.step_id += 1
-        self._telemetry_seconds += perf_counter() - t
+            self._telemetry_seconds += perf_counter() - t
 
     def close(self) -> None:
         """Flush the observers (the engine holds no other resource worth releasing)."""
