@@ -3,7 +3,7 @@
     python -m engine.benchmarks.step_lines [--list]
 
 Runs the reference model on the default path (a greedy and a sampled request, streamed, one with a stop
-string, an observer listening) and on the speculative path (n-gram drafts), and records every function
+string, an observer listening unless `--no-observer`) and on the speculative path (n-gram drafts), and records every function
 called inside `LLMEngine.step` from the step's own modules: the engine loop, scheduler, model runner,
 sampler, KV cache, speculative decoding and the small modules they share (sequence, outputs, multi-step,
 the step's result and timer). The models, attention backends, tokenizer, detokenizer and telemetry records
@@ -73,7 +73,7 @@ def trace_steps(engine, seen: set) -> None:
             sys.setprofile(None)
 
 
-def run(paths: dict[str, set]) -> None:
+def run(paths: dict[str, set], listening: bool = True) -> None:
     from engine.engine import LLMEngine
     from engine.fleet.models import REFERENCE_MODEL
     from engine.sampling_params import SamplingParams
@@ -86,7 +86,7 @@ def run(paths: dict[str, set]) -> None:
                 ("sampled", SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, stop=["\n\n"], ignore_eos=True))]
     prompt = "the cat sat on the mat and the cat sat on the"
     for path, options in (("default", {}), ("speculative", {"speculative_mode": "ngram"})):
-        engine = LLMEngine(str(REFERENCE_MODEL), observer=Listening(), **options)
+        engine = LLMEngine(str(REFERENCE_MODEL), observer=Listening() if listening else None, **options)
         for request_id, params in requests:
             engine.add_request(request_id, prompt, params)
         trace_steps(engine, paths[path])
@@ -95,9 +95,10 @@ def run(paths: dict[str, set]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="print every function followed")
+    ap.add_argument("--no-observer", action="store_true", help="nobody listens (LLM's default): no records built")
     args = ap.parse_args(argv)
     paths: dict[str, set] = defaultdict(set)
-    run(paths)
+    run(paths, listening=not args.no_observer)
     everything = set().union(*paths.values())
     by_file: dict[str, int] = defaultdict(int)
     rows = []
