@@ -24,6 +24,7 @@ import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineConfig
@@ -39,6 +40,20 @@ log = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     """The engine loop crashed; requests in flight were failed with this error."""
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """To the loop thread: queue this sequence (made and checked on the caller's side)."""
+
+    seq: Sequence
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """To the loop thread: stop this request wherever it is."""
+
+    request_id: str
 
 
 class _Stream:
@@ -61,7 +76,7 @@ class AsyncLLM:
         self.engine = LLMEngine(config, observer, **config_overrides)
         self.tokenizer = self.engine.tokenizer
         self.model_name = self.engine.model_name
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", seq, stream) | ("abort", id)
+        self._inbox: queue.SimpleQueue[AddRequest | AbortRequest] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
         self._thread: threading.Thread | None = None
@@ -85,7 +100,7 @@ class AsyncLLM:
         self._draining = True
         if not drain:
             for request_id in list(self._streams):
-                self._send(("abort", request_id))
+                self._send(AbortRequest(request_id))
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
@@ -113,7 +128,7 @@ class AsyncLLM:
                                         trace_context, stream=True)
         stream = _Stream(asyncio.get_running_loop())
         self._streams[request_id] = stream
-        self._send(("add", seq))
+        self._send(AddRequest(seq))
         finished = False
         try:
             while True:
@@ -126,12 +141,12 @@ class AsyncLLM:
                     return
         finally:
             if not finished:  # the caller stopped listening (or was cancelled): free the slot
-                self._send(("abort", request_id))
+                self._send(AbortRequest(request_id))
 
     async def abort(self, request_id: str) -> None:
-        self._send(("abort", request_id))
+        self._send(AbortRequest(request_id))
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: AddRequest | AbortRequest) -> None:
         self._inbox.put(message)
         self._wake.set()
 
@@ -164,10 +179,10 @@ class AsyncLLM:
                 message = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if message[0] == "add":
-                self._add(message[1])
+            if isinstance(message, AddRequest):
+                self._add(message.seq)
             else:
-                out = self.engine.abort(message[1])
+                out = self.engine.abort(message.request_id)
                 if out is not None:
                     self._deliver(out)
 

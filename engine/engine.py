@@ -10,9 +10,11 @@ processor, detokenization or stop strings, its prompt logprobs) ends alone, with
 "error", its error text and its KV blocks freed; the rest of the batch goes on. A failure of the
 step itself (the forward pass) fails the step's requests.
 
-Each step is timed in five parts (time.perf_counter) and, when an observer
-listens, reported as one StepRecord; a finished request is reported as one
-RequestRecord. With nobody listening no record is built at all.
+Every path of a step (one forward and the sampler, speculative decoding, multi-step decode) hands
+`_postprocess` one StepResult (engine/step_result.py), the one place tokens and logprobs go into a
+sequence. Each step is timed in five phases (engine/phase_timer.py) and, when an observer listens,
+reported as one StepRecord per forward; a finished request is reported as one RequestRecord. With
+nobody listening no record is built at all.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import block_size_for, get_backend
+from engine.attention import get_backend
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.generation_defaults import generation_defaults
@@ -34,11 +36,13 @@ from engine.model_runner import ModelRunner
 from engine.models import allocate_kv_cache, kv_bytes_per_block, load_model
 from engine.models.packed_linear import PACKED_MIN_ROWS
 from engine.outputs import RequestMetrics, RequestOutput, error_text
+from engine.phase_timer import PhaseTimer
 from engine.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, is_token_ids, text_prompt
-from engine.sampler import Sampler, SamplerOutput, token_logprobs
+from engine.sampler import Sampler, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
+from engine.step_result import StepResult
 from engine.structured_output import StructuredOutput, backend_identity
 from engine.tokenization import Tokenizer, load_chat_template
 from telemetry.contract import derived
@@ -60,11 +64,12 @@ class LLMEngine:
         config = make_config(config, config_overrides)
         if config.deploy_time is None:  # deployed now, before the model loads (a label: not in the config hash)
             config = dataclasses.replace(config, deploy_time=time.time())
-        self.config = config
         self.observer = guarded(observer)
         self.device = torch.device(config.device)
 
         self.loaded = load_model(config.model, config.dtype, config.device)
+        # what the config leaves open (the block size) decided once, for this model: the config the engine runs
+        self.config = config = config.resolved(kv_bytes_per_block(self.loaded, 1) // self.loaded.num_layers)
         self.quantization = "none"
         if config.quantization not in ("none", "", None):
             from engine.quantization import quantize_model
@@ -93,9 +98,6 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or model_len
 
         self.backend = get_backend(config.attention_backend, config.device)
-        if config.block_size is None:  # the backend's choice, written into the replica's identity
-            row_bytes = kv_bytes_per_block(self.loaded, 1) // self.loaded.num_layers
-            self.config = config = dataclasses.replace(config, block_size=block_size_for(config, row_bytes))
         block_size = config.block_size
         num_blocks = kv_pool_blocks(kv_bytes_per_block(self.loaded, block_size), block_size, config.max_num_seqs,
                                     self.max_model_len, config.kv_cache_memory_bytes, config.num_kv_blocks)
@@ -103,14 +105,11 @@ class LLMEngine:
             raise ValueError(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} is smaller than one "
                              f"KV block ({kv_bytes_per_block(self.loaded, block_size)} bytes)")
         self.kv_cache = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv_cache, max_num_seqs=config.max_num_seqs,
-                                   max_num_batched_tokens=config.max_num_batched_tokens,
-                                   max_model_len=self.max_model_len,
-                                   enable_chunked_prefill=config.enable_chunked_prefill,
-                                   num_scheduler_steps=config.num_scheduler_steps)
+        # the config reaches each part the same way: the part's from_config (or constructor) takes it whole
+        self.scheduler = Scheduler.from_config(config, self.kv_cache, self.max_model_len)
         # CUDA graphs pad their batches into one block past the manager's (engine/cuda_graph.py)
         kv = allocate_kv_cache(self.loaded, num_blocks + int(config.cuda_graphs), block_size)
-        self.runner = ModelRunner(self.loaded.model, kv, self.backend, block_size, self.device, config.compile_decode)
+        self.runner = ModelRunner.from_config(config, self.loaded.model, kv, self.backend)
         if config.cuda_graphs:
             self.runner.use_cuda_graphs(config.max_num_seqs, self.max_model_len, pad_block=num_blocks)
         self.sampler = Sampler(config.seed, self.device)
@@ -179,7 +178,7 @@ class LLMEngine:
         params = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        params.validate(self.vocab_size)  # every field, token IDs against this vocabulary: ValueError names it
+        params.check_token_ids(self.vocab_size)  # its fields were checked when it was made: ValueError names it
         prompt = self.prepare_prompt(prompt)
         seq = Sequence(str(request_id), prompt.token_ids, params,
                        arrival_time if arrival_time is not None else time.time(),
@@ -206,8 +205,6 @@ class LLMEngine:
                     workload: str = "", trace_context: dict | None = None, stream: bool = True) -> None:
         """Queue a request: a prompt text, token IDs, or a `Prompt` (engine.prompt) already tokenized.
         `stream=False`: `step()` returns its output only once, when it finishes."""
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in flight")
         self.add_sequence(self.make_sequence(request_id, prompt, sampling_params, arrival_time, workload,
                                              trace_context, stream))
 
@@ -237,9 +234,9 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; outputs of streaming requests that progressed and of finished ones."""
-        start_wall, t0 = time.time(), perf_counter()
+        timer = PhaseTimer()
         batch = self.scheduler.schedule()
-        t1 = perf_counter()
+        timer.lap("schedule")
         if batch.is_empty:
             return []
         now = time.time()
@@ -248,138 +245,101 @@ class LLMEngine:
             if self.observer.enabled:
                 self._notify("on_request_scheduled", seq.request_id, now)
         sampling = [s for s, samples in zip(batch.seqs, batch.samples) if samples]
-        if batch.stepped:
-            return self._multi_step(batch, sampling, start_wall, t0, t1)
         try:
-            draft_s = 0.0  # a draft model's forwards count as forward time, not host overhead
-            if self.speculator is not None:  # drafts join the batch: 1 + k tokens per decode sequence
-                draft_s = self.speculator.propose(batch, self.requests.keys())
-            inputs = self.runner.prepare(batch)
-            t2 = perf_counter()
-            out = self.runner.forward(inputs)
-            t3 = perf_counter()
-            if self.speculator is not None and sampling:
-                sampled = self.speculator.sample(batch, sampling, out, self.loaded.model)
-            else:
-                sampled = self.sampler(out.sample_logits, sampling) if sampling else None
-            t4 = perf_counter()
+            result, context_lens = self._compute(batch, sampling, timer)
         except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep serving the others
             log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
             if self.speculator is not None:
                 self.speculator.discard(batch)  # unverified drafts must not become output tokens
             self.step_id += 1
             return self._fail(batch.seqs, error_text(e))
-        outputs, finished = self._postprocess(batch, out.prompt_logits, sampling, sampled)
-        t5 = perf_counter()
+        outputs, finished = self._postprocess(batch, sampling, result)
+        timer.lap("postprocess")
         if self.observer.enabled:
-            num_generated = (sampled.num_tokens if self.speculator is not None and sampling
-                             else len(sampling) - len(sampled.errors or ()) if sampling else 0)
-            split = (t1 - t0, t2 - t1 - draft_s, t3 - t2 + draft_s, t4 - t3, t5 - t4)
-            context_lens = inputs.metadata.context_lens  # what attention read: computed + new tokens
-            self._report_step(batch, start_wall, t0, split, num_generated, finished, context_lens)
-        self.step_id += 1
-        return outputs
-
-    def _multi_step(self, batch: ScheduledBatch, sampling: list[Sequence], start_wall: float, t0: float,
-                    t1: float) -> list[RequestOutput]:
-        """A batch of `batch.num_steps` decode sub-steps (engine/multi_step.py): prepared at once, run back to
-        back, postprocessed at once; reported as one StepRecord per sub-step."""
-        try:
-            steps = self.runner.prepare_steps(batch)
-            t2 = perf_counter()
-            tokens, raw, times = self.runner.forward_steps(steps)
-            k = batch.num_steps
-            sampled = SamplerOutput(tokens.tolist(), [(None,) * k] * len(sampling), raw.tolist())
-            t4 = perf_counter()
-        except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep serving the others
-            log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
-            self.step_id += 1
-            return self._fail(batch.seqs, error_text(e))
-        lengths = [len(s.token_ids) for s in sampling]
-        outputs, finished = self._postprocess(batch, {}, sampling, sampled)
-        t5 = perf_counter()
-        if self.observer.enabled:
-            kept = [len(s.token_ids) - n for s, n in zip(sampling, lengths)]  # tokens each kept, up to a stop
-            context_lens = steps[0].metadata.context_lens
-            start, listed = start_wall, len(times) - 1
-            for j, forward_s in enumerate(times):
-                first, last = j == 0, j == listed
-                # the schedule and prepare are the first sub-step's; the postprocess (and the list of
-                # finished requests) the last one's; the conversion of the tokens to lists is sampling
-                split = (t1 - t0 if first else 0.0, t2 - t1 if first else 0.0, forward_s,
-                         t4 - t2 - sum(times) if last else 0.0, t5 - t4 if last else 0.0)
-                self._report_step(batch, start, t0, split, sum(1 for n in kept if n > j),
-                                  finished if last else [], [n + j for n in context_lens])
-                start += sum(split)
-                self.step_id += 1
+            self._report_steps(batch, timer, result, finished, context_lens)
         else:
-            self.step_id += k
+            self.step_id += len(result.forward_seconds) or 1
         return outputs
 
-    def _postprocess(self, batch: ScheduledBatch, prompt_logits: dict, sampling: list[Sequence],
-                     sampled) -> tuple[list[RequestOutput], list[tuple[Sequence, RequestOutput]]]:
+    def _compute(self, batch: ScheduledBatch, sampling: list[Sequence],
+                 timer: PhaseTimer) -> tuple[StepResult, list[int]]:
+        """The step's tokens, whichever path computes them, and the context lengths its attention read."""
+        if batch.stepped:  # K greedy sub-steps, each token chosen on the device (engine/multi_step.py)
+            steps = self.runner.prepare_steps(batch)
+            timer.lap("prepare")
+            result = self.runner.forward_steps(steps)
+            timer.lap("forward")
+            return result, steps[0].metadata.context_lens
+        if self.speculator is not None:  # drafts join the batch: 1 + k tokens per decode sequence
+            # a draft model's forwards count as forward time, not host overhead
+            timer.move(self.speculator.propose(batch, self.requests.keys()), "prepare", "forward")
+        inputs = self.runner.prepare(batch)
+        timer.lap("prepare")
+        out = self.runner.forward(inputs)
+        timer.lap("forward")
+        if self.speculator is not None and sampling:
+            result = self.speculator.sample(batch, sampling, out, self.loaded.model)
+        elif sampling:
+            result = self.sampler(out.sample_logits, sampling).as_step_result()
+        else:
+            result = StepResult([], [], [])
+        result.prompt_logits = out.prompt_logits
+        timer.lap("sample")
+        return result, inputs.metadata.context_lens
+
+    def _postprocess(self, batch: ScheduledBatch, sampling: list[Sequence],
+                     result: StepResult) -> tuple[list[RequestOutput], list[tuple[Sequence, RequestOutput]]]:
+        """The one place a step's tokens and logprobs go into their sequences."""
         kv = self.kv_cache
-        bs = kv.block_size
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
-            if seq.num_computed_tokens // bs > seq.num_registered_blocks:
+            if seq.num_computed_tokens // kv.block_size > seq.num_registered_blocks:
                 kv.cache_full_blocks(seq)
         outputs: list[RequestOutput] = []
-        for i, logits in prompt_logits.items():
+        for i, logits in result.prompt_logits.items():
             try:
                 self._add_prompt_logprobs(batch.seqs[i], batch.num_new_tokens[i], logits)
             except Exception as e:  # noqa: BLE001 - this request fails alone (and samples nothing below)
                 self._fail_alone(batch.seqs[i], error_text(e), outputs)
         finished: list[tuple[Sequence, RequestOutput]] = []
-        if sampled is None:
-            return outputs, finished
         now = time.time()
-        errors = sampled.errors or {}  # rows the sampler could not sample on their own
-        for i, (seq, tokens, logprobs) in enumerate(zip(sampling, sampled.token_ids, sampled.logprobs)):
+        for i, seq in enumerate(sampling):
             if seq.is_finished:  # failed above
                 continue
-            if i in errors:
-                self._fail_alone(seq, errors[i], outputs)
+            if i in result.errors:  # the sampler or the speculator could not choose its tokens
+                self._fail_alone(seq, result.errors[i], outputs)
                 continue
+            before = len(seq.token_ids)
             # a try costs nothing until it raises: a detokenizer, stop-string or output failure ends this
             # request alone
             try:
-                self._append_tokens(seq, tokens, logprobs, sampled.sampled_logprobs[i] if batch.stepped else None,
-                                    now, outputs, finished)
+                self._append_tokens(seq, result.token_ids[i], result.raw_logprobs[i], result.logprobs[i], now,
+                                    outputs, finished)
             except Exception as e:  # noqa: BLE001
                 self._fail_alone(seq, error_text(e), outputs)
+            result.kept[i] = len(seq.token_ids) - before
         if finished:
             self.scheduler.remove_finished()
         return outputs, finished
 
-    def _append_tokens(self, seq: Sequence, tokens, logprobs, raw: list[float] | None, now: float,
+    def _append_tokens(self, seq: Sequence, tokens: list[int], raw: list[float], logprobs: list | None, now: float,
                        outputs: list[RequestOutput], finished: list) -> None:
-        """One sequence's sampled tokens into it, up to a stop; its output into `outputs` (and `finished`).
-        `raw`: a multi-step batch's raw logprobs of the sequence's K sub-step tokens (engine/multi_step.py;
-        the sampler appends them itself otherwise): only the tokens kept get theirs."""
-        spec = self.speculator is not None  # then each sequence gets a list of tokens (accepted drafts + 1)
-        steps = raw is not None
-        if not steps:
-            if not spec:
-                tokens, logprobs = (tokens,), (logprobs,)
-            elif logprobs is None:
-                logprobs = (None,) * len(tokens)
+        """One sequence's tokens into it, up to a stop; its output into `outputs` (and `finished`)."""
         eos = self.eos_token_ids
         params = seq.sampling_params
         reason = None
-        for j, (token, logprob) in enumerate(zip(tokens, logprobs)):
+        for j, token in enumerate(tokens):
             seq.token_ids.append(token)
             seq.token_times.append(now)
-            if steps:
-                seq.output_logprobs.append(raw[j])
+            seq.output_logprobs.append(raw[j])
+            if logprobs is not None:
+                seq.logprobs.append(logprobs[j])
             if seq.first_token_time == 0.0:
                 seq.first_token_time = now
                 if self.observer.enabled:
                     self._notify("on_first_token", seq.request_id, now)
-            if logprob is not None:
-                seq.logprobs.append(logprob)
             # under a grammar EOS is allowed only once the JSON is complete: it ends the request, ignore_eos or not
-            stop_token = (token in eos and (not params.ignore_eos or getattr(seq, "grammar", None) is not None)) \
+            stop_token = (token in eos and (not params.ignore_eos or seq.grammar is not None)) \
                 or token in params.stop_token_ids
             if stop_token:
                 reason = "stop"
@@ -388,19 +348,17 @@ class LLMEngine:
             elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.scheduler.max_seq_len:
                 reason = "length"
             if reason is not None:
-                break
-        if reason is not None:
-            self.scheduler.finish(seq, reason)
-            seq.finish_time = now
-            del self.requests[seq.request_id]
-            out = self._finished_output(seq, stop_token)
-            outputs.append(out)
-            finished.append((seq, out))
-            return
-        if spec:  # keep the accepted drafts' KV, drop the rejected ones' slots
-            self.speculator.commit(seq)
-        elif steps:  # every sub-step's input token is in the cache now; the last token is not
+                self.scheduler.finish(seq, reason)
+                seq.finish_time = now
+                del self.requests[seq.request_id]
+                out = self._finished_output(seq, stop_token)
+                outputs.append(out)
+                finished.append((seq, out))
+                return
+        if len(tokens) > 1 or self.speculator is not None:
+            # every token but the last has its KV now (accepted drafts, sub-steps); a rejected draft's slots go
             seq.num_computed_tokens = len(seq.token_ids) - 1
+            self.kv_cache.truncate(seq, seq.num_computed_tokens)
             self.kv_cache.cache_full_blocks(seq)
         if seq.stream:
             outputs.append(self._stream_output(seq))
@@ -504,20 +462,29 @@ class LLMEngine:
             return
         self.observer.on_request_finished(record)
 
-    def _report_step(self, batch: ScheduledBatch, start_wall: float, t0: float, split: tuple,
-                     num_generated: int, finished: list, context_lens: list[int]) -> None:
-        # this record carries the observer time measured before it; its own cost goes to the next one
-        t = perf_counter()
-        telemetry_seconds, self._telemetry_seconds = self._telemetry_seconds, 0.0
-        for seq, out in finished:
-            self._report_finished(seq, out.text)
-        record = build_step_record(
-            self.config.replica_id, self.step_id, batch, start_wall, split, num_generated, telemetry_seconds,
-            self.kv_cache, self.kv_cache.evictions - self._last_evictions, self.scheduler,
-            self.speculator.step_record_fields if self.speculator is not None else {}, context_lens)
-        self._last_evictions = self.kv_cache.evictions
-        self.observer.on_step(record)
-        self._telemetry_seconds += perf_counter() - t
+    def _report_steps(self, batch: ScheduledBatch, timer: PhaseTimer, result: StepResult, finished: list,
+                      context_lens: list[int]) -> None:
+        """One StepRecord per forward: a multi-step batch's sub-steps (engine/multi_step.py) each have their own,
+        sub-step j counting the sequences that kept a j-th token and reading one more position. A record
+        carries the observer time measured before it; its own cost goes to the next one."""
+        splits = timer.splits(result.forward_seconds)
+        start, last = timer.start_wall, len(splits) - 1
+        for j, split in enumerate(splits):
+            t = perf_counter()
+            telemetry_seconds, self._telemetry_seconds = self._telemetry_seconds, 0.0
+            for seq, out in finished if j == last else ():
+                self._report_finished(seq, out.text)
+            generated = sum(1 for n in result.kept if n > j) if last else sum(result.kept)
+            record = build_step_record(
+                self.config.replica_id, self.step_id, batch, start, split, generated, telemetry_seconds,
+                self.kv_cache, self.kv_cache.evictions - self._last_evictions, self.scheduler,
+                self.speculator.step_record_fields if self.speculator is not None else {},
+                [n + j for n in context_lens])
+            self._last_evictions = self.kv_cache.evictions
+            self.observer.on_step(record)
+            self.step_id += 1
+            start += sum(split)
+            self._telemetry_seconds += perf_counter() - t
 
     def close(self) -> None:
         """Flush the observers (the engine holds no other resource worth releasing)."""

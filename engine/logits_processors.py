@@ -74,7 +74,7 @@ def apply_raw_processors(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Te
 
 def _grammar(seq: Sequence):
     """The sequence's GrammarState (LLMEngine.make_sequence attaches it)."""
-    state = getattr(seq, "grammar", None)
+    state = seq.grammar
     if state is None:
         raise RuntimeError(f"request {seq.request_id!r} has a response_format but no grammar "
                            "(it was not made by LLMEngine.make_sequence)")

@@ -1,47 +1,28 @@
 """Runs the model on a scheduled batch: owns the KV tensors, builds the step's inputs.
 
-Per step, the batch's new tokens lie end to end in one flat tensor (no
-padding): input ids, their positions, and for each token the KV slot it
-writes (`block_id * block_size + offset`). Everything is built in Python
-lists and turned into tensors once per step (three small tensors: at batch 1 this
-is ~0.1 ms; the backend's plan is the larger part of `prepare`, and for a decode batch
-whose sequences and block tables are unchanged it is reused from the last step, see
-attention/torch_backend.py). Keeping positions and slots as persistent tensors bumped
-in place would not pay: `torch.tensor` of a short list costs ~7 us, an in-place add ~4 us. The forward returns hidden
-states for all tokens; logits are computed only for the rows that need them:
-the last token of each sequence that samples, and every row of a prompt whose
-logprobs were asked for.
+Per step, the batch's new tokens lie end to end in one flat tensor (no padding): input ids, their
+positions, and for each token the KV slot it writes (`block_id * block_size + offset`). They are built
+in Python lists and turned into tensors once per step: a short list's `torch.tensor` costs about what
+an in-place bump of persistent tensors would, and a decode batch whose sequences and block tables are
+unchanged reuses the backend's plan from the last step (attention/torch_backend.py). The forward returns
+hidden states for all tokens; logits are computed only for the rows that need them: the last token of
+each sequence that samples, and every row of a prompt whose logprobs were asked for.
 
-`compile_decode` (EngineConfig) runs pure decode steps (every row samples) through
-torch.compile: the forward and the logits of the step are one graph, attention included
-when the backend is traceable (the torch backend: its plan is built by `prepare`, outside
-the graph). At batch 1 a step is ~180 small eager ops, each a few us of dispatch; compiled
-they are a few fused C++ kernels. Measured on the reference model, batch 1, 1 thread,
-alternating with eager (load 1.1): 332-437 -> 647-676 tok/s, forward 2.0-2.6 -> 1.05-1.12 ms
-a step, for 21 s of compile in the first decode step (10 s again with inductor's cache on
-disk). Each new decode shape (batch 1, batch > 1, a length mask or none) compiles once more (the
-peers benchmark's warm-up compiles them: 98 s cold); past dynamo's recompile limit (8) a shape
-runs eager. Under compile_decode the torch backend keeps a decode batch in one group in batch
-order (its `split_decodes`), so the number of length groups and a scattered row order add no graphs,
-and with inductor on a CPU it attends the paged pool in place (attention/paged_decode.py: 135M model,
-mixed workload, decode steps 45.7 -> 36.6 s against eager in one comparison, the gather's copy gone). The
-attention left eager between compiled parts (what this did before, still the path for a
-backend that is not traceable) paid 4% for 147 s of compile. Off by default: tests and
-short runs would pay the compile. At batch 1 each float32 projection in the graph is inductor's
-own multi-threaded reduction where the BLAS's sgemv runs on one thread (engine/models/gemv.py measures
-which, before the first compile): the 135M model compiled 19.0-19.6 -> 35.5-39.0 tok/s on an AMD EPYC
-(forward 50 -> 22-25 ms a step, ABAB, load 0.7-1.1); on a Xeon whose sgemv streams, the BLAS call stays.
-int8 weights compile too: each int8 matmul is one opaque op in the graph (engine/opaque_matmul.py), and
-the norms, rotary, attention and residuals between them fuse (135M, int8, batch 1: p10 step 23.3 -> 18.9 ms).
-
-`cuda_graphs` (EngineConfig, CUDA): pure decode steps replay a captured graph instead (engine/cuda_graph.py,
-`use_cuda_graphs`); prefills, mixed steps and multi-step sub-steps run as above.
-
-Multi-step decode (engine/multi_step.py): `prepare_steps` builds a batch's K sub-steps at once and
-`forward_steps` runs them back to back, each one forward + logits + greedy argmax + raw logprob
-(`_argmax_step`, its own graph under compile_decode), its token the next one's input. On the reference
-model at batch 1, compiled, K = 8: p10 step 0.40-0.57 -> 0.27-0.28 ms, 1392-1916 -> 2249-2579 tok/s
-(decode_host, runs alternating).
+Forward paths, each chosen per step (the measurements behind them: README, "Decode paths, measured"):
+- eager: every step the others do not take.
+- `compile_decode` (EngineConfig): pure decode steps (every row samples) run one torch.compile'd graph,
+  forward and logits, attention included when the backend is traceable (its plan is built by `prepare`,
+  outside the graph), because at batch 1 a step is ~180 small ops whose dispatch costs more than their
+  math. Each new decode shape compiles once; past dynamo's recompile limit a shape runs eager. Under it
+  the torch backend keeps a decode batch in one group in batch order, so length groups and row order add
+  no graphs, and on a CPU with inductor it attends the paged pool in place (attention/paged_decode.py).
+  The one-row projections are inductor's reduction or the BLAS's sgemv, whichever this CPU runs faster
+  (engine/models/gemv.py decides before the first compile); int8 matmuls stay opaque ops in the graph
+  (engine/opaque_matmul.py) so the ops between them still fuse.
+- `cuda_graphs` (EngineConfig, CUDA): pure decode steps replay a captured graph (engine/cuda_graph.py).
+- multi-step (engine/multi_step.py): `prepare_steps` builds a batch's K sub-steps at once and
+  `forward_steps` runs them back to back, each one forward + logits + greedy argmax + raw logprob
+  (`_argmax_step`, its own graph under compile_decode), its token the next one's input.
 """
 
 from __future__ import annotations
@@ -57,6 +38,7 @@ from engine.cuda_graph import DecodeGraphs
 from engine.models.gemv import choose_compiled_rows
 from engine.sampler import sampled_logprobs
 from engine.scheduler import ScheduledBatch
+from engine.step_result import StepResult
 
 # compile_decode's torch.compile backend (tests trace with "eager": dynamo's graph, no inductor build)
 COMPILE_BACKEND = "inductor"
@@ -108,6 +90,12 @@ class ModelRunner:
         self._compiled_argmax = None  # _argmax_step, compiled (multi-step decode)
         self._step_backend = None
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs (use_cuda_graphs)
+
+    @classmethod
+    def from_config(cls, config, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                    backend: AttentionBackend) -> ModelRunner:
+        """The engine's runner: block size, device and compile_decode from the (resolved) EngineConfig."""
+        return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), config.compile_decode)
 
     def use_cuda_graphs(self, max_batch: int, max_model_len: int, pad_block: int, capture: bool = True) -> None:
         """Pure decode steps of up to `max_batch` rows replay CUDA graphs (engine/cuda_graph.py); `pad_block`
@@ -190,10 +178,10 @@ class ModelRunner:
         return steps
 
     @torch.inference_mode()
-    def forward_steps(self, steps: list[ModelInputs]) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
-        """Run a multi-step batch: [B, K] tokens (each sub-step's greedy argmax, the next one's input), their
-        raw logprobs (the sampler's `sampled_logprobs`), and each sub-step's seconds (its argmax and logprob
-        are in the same call, so all of it is forward time)."""
+    def forward_steps(self, steps: list[ModelInputs]) -> StepResult:
+        """Run a multi-step batch: K tokens per sequence (each sub-step's greedy argmax, the next one's input),
+        their raw logprobs (the sampler's `sampled_logprobs`), and each sub-step's seconds (its argmax and
+        logprob are in the same call, so all of it is forward time)."""
         tokens, logprobs, times = [], [], []
         for j, step in enumerate(steps):
             t0 = time.perf_counter()
@@ -211,7 +199,8 @@ class ModelRunner:
             tokens.append(chosen)
             logprobs.append(logprob)
             times.append(time.perf_counter() - t0)
-        return torch.stack(tokens, 1), torch.stack(logprobs, 1), times
+        chosen = torch.stack(tokens, 1).tolist()
+        return StepResult(chosen, torch.stack(logprobs, 1).tolist(), [None] * len(chosen), forward_seconds=times)
 
     def _decode_step(self, input_ids, positions, metadata, kv_caches, backend):
         """A pure decode step's hidden states and logits (every row samples): what is compiled."""

@@ -14,15 +14,15 @@ How many steps a batch takes (`steps_for`):
   sampler's own function. One sequence that is not, and the batch takes an ordinary step;
 - up to K, and no more than the fewest tokens any sequence has left before max_tokens and the context's
   end, so nothing is computed past where a sequence must stop. The sequence nearest its end finishes
-  on the last sub-step and the batch goes on with K again. Taking one step while any sequence had
-  fewer than K left (what this did first) ran a mixed batch one step at a time whenever one of its
-  requests was in its last K - 1 tokens: the peers benchmark's mixed workload (64 requests, reference
-  model, K = 8) then never took more than one, 85 schedules for 85 forwards; now 46 for the same 85.
+  on the last sub-step and the batch goes on with K again: a batch that fell back to one step whenever
+  any of its requests was within K - 1 tokens of its end would, under steady traffic (one request or
+  another always near its end), almost never take more than one.
 Such a batch runs on the multi-step path even when it takes one step (a sequence with one token left, or
 too few free blocks for more), so that one compiled function serves all its steps: the one-step
 path's own graphs would compile in the middle of serving, the first time a batch shape meets them.
 A stop token or stop string inside the K ends the sequence there. The tokens after it are dropped, and
-their KV slots go with the sequence.
+their KV slots go with the sequence. The K tokens reach the engine as one StepResult (engine/step_result.py),
+K per sequence, appended by the same postprocess as every other step's.
 
 What it costs: a request that arrives during the K steps waits for them (K forwards; K steps are taken
 only when nothing waits at schedule time). The client gets tokens K at a time: each token's time is when
@@ -39,7 +39,7 @@ from engine.sequence import Sequence
 def host_free(seq: Sequence) -> bool:
     """Can this sequence's next tokens be chosen without the host between them?"""
     p = seq.sampling_params
-    return p.greedy and p.logprobs is None and not needs_raw_processing(p) and getattr(seq, "grammar", None) is None
+    return p.greedy and p.logprobs is None and not needs_raw_processing(p) and seq.grammar is None
 
 
 def tokens_left(seq: Sequence, max_seq_len: int) -> int:

@@ -13,8 +13,9 @@ what else is in the batch.
 Logprobs are those of the model (log_softmax of the raw logits, before
 penalties, bias, temperature and truncation), as vLLM and transformers report
 them. Every row's sampled token gets its raw logprob whether or not the
-request asked (`Sequence.output_logprobs`, the store's requests.output_logprobs:
-quality drift under sampled traffic reads it); it costs one max-shifted exp-sum over
+request asked (`SamplerOutput.sampled_logprobs`, appended by the engine to
+`Sequence.output_logprobs`, the store's requests.output_logprobs: quality drift
+under sampled traffic reads it); it costs one max-shifted exp-sum over
 the batch, `logit[token] - logsumexp(logits)`, no [N, V] output (greedy rows get the
 token and the max from one `max`).
 
@@ -32,15 +33,21 @@ import torch
 from engine.logits_processors import apply_min_p, apply_raw_processors
 from engine.outputs import TokenLogprob, error_text
 from engine.sequence import Sequence
+from engine.step_result import StepResult
 
 
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]  # per row; None where not asked
-    sampled_logprobs: list[float] | None = None  # per row: the raw logprob of its token
+    sampled_logprobs: list[float]  # per row: the raw logprob of its token
     # rows whose request failed on its own (its parameters, grammar or processors) -> the error; None: none
     errors: dict[int, str] | None = None
+
+    def as_step_result(self) -> StepResult:
+        """These rows (one token each) in the shape every path of a step gives the engine."""
+        return StepResult([[t] for t in self.token_ids], [[r] for r in self.sampled_logprobs],
+                          [[lp] if lp is not None else None for lp in self.logprobs], self.errors or {})
 
 
 class Sampler:
@@ -101,9 +108,6 @@ class Sampler:
             top_n = [params[i].logprobs for i in wanted]
             for i, lp in zip(wanted, token_logprobs(logits[rows], tokens[rows], top_n)):
                 logprobs[i] = lp
-        # last, once nothing can raise: a row sampled again after a failed batch is appended once
-        for seq, lp in zip(seqs, sampled_lps):
-            seq.output_logprobs.append(lp)
         return SamplerOutput(token_ids, logprobs, sampled_lps)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -57,8 +57,8 @@ class SamplingParams:
         Every number is checked for its type (a bool, a string or None where a number belongs is refused),
         for being finite, and for fitting the sampler: its integer tensors are int64, so an integer past
         that width (top_k 2**64, or 1e308 written as an integer) would fail inside a batched step, for
-        every request in it. `vocab_size` (the engine passes it where a Sequence is made): token IDs of
-        logit_bias and stop_token_ids inside the vocabulary (an ID past it would index past the logits)."""
+        every request in it. Runs when the parameters are made (and remade: `dataclasses.replace`); with
+        `vocab_size`, `check_token_ids` too."""
         _real("temperature", self.temperature, 0.0, 100.0)
         if self.top_k != -1:
             _integer("top_k", self.top_k, 1, INT64_MAX, note="-1 (off) or an integer in [1, 2**63 - 1]")
@@ -68,9 +68,8 @@ class SamplingParams:
             _integer("seed", self.seed, INT64_MIN, INT64_MAX)
         if not isinstance(self.stop_token_ids, (list, tuple)):
             raise ValueError(f"stop_token_ids must be a list of token IDs, got {_shown(self.stop_token_ids)}")
-        token_high = INT64_MAX if vocab_size is None else vocab_size - 1
         for token in self.stop_token_ids:
-            _integer("stop_token_ids", token, 0, token_high)
+            _integer("stop_token_ids", token, 0, INT64_MAX)
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
             raise ValueError(f"stop must be a list of strings, got {_shown(self.stop)}")
         if not isinstance(self.ignore_eos, bool):
@@ -87,12 +86,23 @@ class SamplingParams:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError(f"logit_bias must be a mapping of token ID to bias, got {_shown(self.logit_bias)}")
             for token, bias in self.logit_bias.items():
-                _integer("logit_bias", token, 0, token_high, what="keys (token IDs)")
+                _integer("logit_bias", token, 0, INT64_MAX, what="keys (token IDs)")
                 _real("logit_bias", bias, -100.0, 100.0, what=f"value of token {token}")
         _integer("n", self.n, 1, INT64_MAX)
         if self.best_of is not None:
             _integer("best_of", self.best_of, 1, INT64_MAX)
         grammar_spec(self.response_format)  # engine/structured_output.py: the type, the schema, xgrammar parses it
+        if vocab_size is not None:
+            self.check_token_ids(vocab_size)
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """The token IDs of stop_token_ids and logit_bias inside a vocabulary (an ID past it would index past
+        the logits): all that is left to check where the engine makes a Sequence, the only place that knows
+        the vocabulary (every field was checked when the parameters were made)."""
+        for token in self.stop_token_ids:
+            _integer("stop_token_ids", token, 0, vocab_size - 1)
+        for token in self.logit_bias or ():
+            _integer("logit_bias", token, 0, vocab_size - 1, what="keys (token IDs)")
 
     def to_json(self) -> str:
         # a shallow dict: asdict deep-copies every list and dict first (21 us against 2.6 us a request, paid by

@@ -106,6 +106,13 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.total_preemptions = 0
 
+    @classmethod
+    def from_config(cls, config, kv_cache: KVCacheManager, max_model_len: int) -> Scheduler:
+        """The engine's scheduler: its budgets from the EngineConfig, the context its model allows."""
+        return cls(kv_cache, max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                   max_model_len=max_model_len, enable_chunked_prefill=config.enable_chunked_prefill,
+                   num_scheduler_steps=config.num_scheduler_steps)
+
     # --- admission -----------------------------------------------------------
 
     def check_prompt(self, num_prompt_tokens: int) -> None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from engine.detokenizer import IncrementalDetokenizer
     from engine.outputs import TokenLogprob
+    from engine.structured_output import GrammarState
 
 
 class SequenceStatus(enum.Enum):
@@ -65,12 +66,14 @@ class Sequence:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[TokenLogprob] | None = [] if sampling_params.logprobs is not None else None
-        # raw logprob of every sampled token, asked or not (the sampler / speculator append one per token
-        # they emit; a speculative step may emit tokens past a stop, so readers take num_output_tokens)
+        # raw logprob of every output token, asked or not (the engine's postprocess appends one per token)
         self.output_logprobs: list[float] = []
         self.prompt_logprobs: list[TokenLogprob | None] | None = (
             [None] if sampling_params.prompt_logprobs is not None else None)
-        self.generator: torch.Generator | None = None  # per-request RNG when a seed is given
+        # what LLMEngine.make_sequence attaches: the request's own RNG (a seed given), its response_format's
+        # grammar state (None: unconstrained), its incremental detokenizer (streamed or stop strings)
+        self.generator: torch.Generator | None = None
+        self.grammar: GrammarState | None = None
         self.detokenizer: IncrementalDetokenizer | None = None
         self.num_streamed_tokens = 0  # output tokens already handed to a streaming caller
         self.spec_proposed = 0

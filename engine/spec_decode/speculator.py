@@ -13,14 +13,12 @@ Per step, around the target model's one forward:
    1 + k rows (greedy: accept while the argmax agrees; otherwise rejection
    sampling, which keeps the target's distribution). Sequences without a draft
    are sampled by the engine's sampler as usual. Every sequence gets a list
-   of tokens to append: accepted drafts, then one correction or bonus token,
-   each with its raw logprob under the target (`seq.output_logprobs`).
-3. `commit(seq)` - after the engine appended those tokens to a sequence that
-   goes on. The KV cache keeps the keys/values of the accepted drafts (they
-   are the sequence's tokens now); the slots of rejected drafts are dropped:
-   the computed length becomes len(tokens) - 1 and blocks past it return to
-   the pool. Only full blocks of committed tokens are offered to the prefix
-   cache.
+   of tokens (the engine's StepResult): accepted drafts, then one correction or
+   bonus token, each with its raw logprob under the target.
+3. The engine appends those tokens; for a sequence that goes on, the KV cache
+   keeps the accepted drafts' keys/values (they are the sequence's tokens now)
+   and drops the rejected drafts' slots: the computed length becomes
+   len(tokens) - 1 and blocks past it return to the pool.
 
 Acceptance counters (vLLM's conventions) are kept per step and per request.
 """
@@ -28,29 +26,18 @@ Acceptance counters (vLLM's conventions) are kept per step and per request.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
 from engine.logits_processors import uses_processors
-from engine.outputs import TokenLogprob, error_text
+from engine.outputs import error_text
 from engine.sampler import Sampler, apply_top_k_top_p, sampled_logprobs, token_logprobs
 from engine.spec_decode.metrics import SpecDecodeStats
 from engine.spec_decode.ngram import NgramProposer
 from engine.spec_decode.rejection import rejection_sample, verify_greedy
+from engine.step_result import StepResult
 
 MODES = ("none", "ngram", "draft")
-
-
-@dataclass
-class SpecSampleOutput:
-    token_ids: list[list[int]]  # per sampling sequence: the tokens to append, in order
-    logprobs: list[list[TokenLogprob] | None]  # per sampling sequence, one per token (None: not asked)
-    errors: dict[int, str] | None = None  # sampling sequences that failed on their own -> the error (no tokens)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(t) for t in self.token_ids)
 
 
 def target_probs(logits: torch.Tensor, params) -> torch.Tensor:
@@ -139,51 +126,48 @@ class Speculator:
     # -- 2. after the forward ----------------------------------------------------------
 
     @torch.inference_mode()
-    def sample(self, batch, sampling: list, outputs, model) -> SpecSampleOutput:
+    def sample(self, batch, sampling: list, outputs, model) -> StepResult:
         """Tokens for every sampling sequence (`sampling` in batch order, as the runner's
         `sample_logits` rows are); `outputs` is the runner's ModelOutputs."""
-        starts, row = [], 0
-        for n in batch.num_new_tokens:
-            starts.append(row)
-            row += n
         spec_index = {id(batch.seqs[i]): i for i in self._drafts}
         plain = [j for j, seq in enumerate(sampling) if id(seq) not in spec_index]
-        token_ids: list[list[int]] = [[] for _ in sampling]
-        logprobs: list[list[TokenLogprob] | None] = [None] * len(sampling)
-        errors: dict[int, str] = {}
+        if len(plain) == len(sampling):
+            return self.sampler(outputs.sample_logits, sampling).as_step_result()
+        result = StepResult([[] for _ in sampling], [[] for _ in sampling], [None] * len(sampling))
         if plain:
             rows = torch.tensor(plain, device=outputs.sample_logits.device)
-            plain_logits = outputs.sample_logits if len(plain) == len(sampling) else outputs.sample_logits[rows]
-            out = self.sampler(plain_logits, [sampling[j] for j in plain])
-            for row, (j, tok, lp) in enumerate(zip(plain, out.token_ids, out.logprobs)):
-                if out.errors and row in out.errors:
-                    errors[j] = out.errors[row]
-                    continue
-                token_ids[j] = [tok]
-                logprobs[j] = [lp] if lp is not None else None
-        if spec_index:
-            # all verification rows of all drafted sequences: one lm_head matmul
-            spans = [(j, spec_index[id(seq)]) for j, seq in enumerate(sampling) if id(seq) in spec_index]
-            row_ids = [r for _, i in spans for r in range(starts[i], starts[i] + batch.num_new_tokens[i])]
-            all_logits = model.compute_logits(outputs.hidden[torch.tensor(row_ids, device=outputs.hidden.device)])
-            offset = 0
-            for j, i in spans:
-                seq, drafts = sampling[j], self._drafts[i]
-                logits = all_logits[offset:offset + len(drafts) + 1]
-                offset += len(drafts) + 1
-                del seq.token_ids[-len(drafts):]  # drafts leave the sequence; accepted ones come back
-                self._in_sequence.discard(i)
-                batch.num_new_tokens[i] = 1  # the engine counts the committed token; `commit` the rest
-                try:  # a failure here is this request's alone (the engine ends it, the batch goes on)
-                    token_ids[j], logprobs[j] = self._verify(seq, drafts, logits)
-                except Exception as e:  # noqa: BLE001
-                    errors[j] = error_text(e)
-            self.total_stats.merge(self.step_stats)
-        return SpecSampleOutput(token_ids, logprobs, errors or None)
+            part = self.sampler(outputs.sample_logits[rows], [sampling[j] for j in plain]).as_step_result()
+            for row, j in enumerate(plain):
+                result.token_ids[j], result.raw_logprobs[j] = part.token_ids[row], part.raw_logprobs[row]
+                result.logprobs[j] = part.logprobs[row]
+                if row in part.errors:
+                    result.errors[j] = part.errors[row]
+        starts = [0]
+        for n in batch.num_new_tokens:
+            starts.append(starts[-1] + n)
+        # all verification rows of all drafted sequences: one lm_head matmul
+        spans = [(j, spec_index[id(seq)]) for j, seq in enumerate(sampling) if id(seq) in spec_index]
+        row_ids = [r for _, i in spans for r in range(starts[i], starts[i + 1])]
+        all_logits = model.compute_logits(outputs.hidden[torch.tensor(row_ids, device=outputs.hidden.device)])
+        offset = 0
+        for j, i in spans:
+            seq, drafts = sampling[j], self._drafts[i]
+            logits = all_logits[offset:offset + len(drafts) + 1]
+            offset += len(drafts) + 1
+            del seq.token_ids[-len(drafts):]  # drafts leave the sequence; accepted ones come back
+            self._in_sequence.discard(i)
+            batch.num_new_tokens[i] = 1  # the engine counts the committed token, and the accepted drafts
+            try:  # a failure here is this request's alone (the engine ends it, the batch goes on)
+                result.token_ids[j], result.raw_logprobs[j], result.logprobs[j] = self._verify(seq, drafts, logits)
+            except Exception as e:  # noqa: BLE001
+                result.errors[j] = error_text(e)
+        self.total_stats.merge(self.step_stats)
+        return result
 
-    def _verify(self, seq, drafts: list[int], logits: torch.Tensor) -> tuple[list[int], list[TokenLogprob] | None]:
-        """One drafted sequence's tokens (the accepted drafts and a correction or bonus token) and, when
-        asked, their logprobs; `logits`: the target's rows at the drafts' positions and one past."""
+    def _verify(self, seq, drafts: list[int], logits: torch.Tensor):
+        """One drafted sequence's tokens (the accepted drafts and a correction or bonus token), their raw
+        logprobs and, when asked, their top-n logprobs; `logits`: the target's rows at the drafts' positions
+        and one past."""
         params = seq.sampling_params
         if params.greedy:
             result = verify_greedy(logits, drafts)
@@ -194,12 +178,12 @@ class Speculator:
         # logits at those positions (row i scores the token after draft i - 1)
         n = len(result.token_ids)
         emitted = torch.tensor(result.token_ids, device=logits.device)
-        seq.output_logprobs.extend(sampled_logprobs(logits[:n], emitted).tolist())
+        raw = sampled_logprobs(logits[:n], emitted).tolist()
         logprobs = token_logprobs(logits[:n], emitted, [params.logprobs] * n) if params.logprobs is not None else None
         seq.spec_proposed += len(drafts)
         seq.spec_accepted += result.num_accepted
         self.step_stats.observe(len(drafts), result.num_accepted)
-        return result.token_ids, logprobs
+        return result.token_ids, raw, logprobs
 
     def discard(self, batch) -> None:
         """The step failed between `propose` and `sample`: take the drafts back out of the
@@ -207,14 +191,6 @@ class Speculator:
         for i in self._in_sequence:
             del batch.seqs[i].token_ids[-len(self._drafts[i]):]
         self._in_sequence = set()
-
-    # -- 3. after the tokens are appended --------------------------------------------------
-
-    def commit(self, seq) -> None:
-        """Keep the accepted drafts' keys/values, drop the rejected ones' slots."""
-        seq.num_computed_tokens = len(seq.token_ids) - 1
-        self.kv_cache.truncate(seq, seq.num_computed_tokens)
-        self.kv_cache.cache_full_blocks(seq)
 
     @property
     def step_record_fields(self) -> dict:

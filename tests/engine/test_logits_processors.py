@@ -120,8 +120,8 @@ def test_greedy_follows_the_processed_logits_and_logprobs_stay_raw():
     assert out.token_ids[1] == int(logits[1].argmax())
     assert out.token_ids[2] != int(logits[2].argmax())  # the repeated argmax is penalised away
     raw = torch.log_softmax(logits, dim=-1)
-    for i, seq in enumerate(seqs):  # the model's distribution, not the processed one
-        assert seq.output_logprobs == [pytest.approx(float(raw[i, out.token_ids[i]]), abs=1e-5)]
+    for i, seq in enumerate(seqs):  # the model's distribution, not the processed one (the engine appends it)
+        assert [out.sampled_logprobs[i]] == [pytest.approx(float(raw[i, out.token_ids[i]]), abs=1e-5)]
 
 
 def test_sampled_rows_see_bias_and_penalties():
