@@ -441,10 +441,10 @@ def _outcome(fault, shape, candidate, stages, sent, log) -> Outcome:
     return out
 
 
-def table(outcomes: list[Outcome]) -> str:
+def table(outcomes: list[Outcome], faults: dict | None = None) -> str:
     lines = ["| fault | fleet | traffic | caught after | explanation | false positives |", "|---|---|---|---|---|---|"]
     for o in outcomes:
-        if o.fault.startswith("clean"):
+        if o.fault.startswith("clean") or (faults and o.fault in faults and faults[o.fault].clean):
             caught = "(clean: nothing expected)"
         else:
             caught = o.caught_after or "**missed**"
@@ -507,7 +507,7 @@ def main(argv=None) -> int:
             if traffic:
                 outcome.traffic = f"{traffic} ({outcome.traffic})"
             outcomes.append(outcome)
-    print(table(outcomes))
+    print(table(outcomes, faults))
     print()
     print(confusion(outcomes, faults))
     missed = [o for o in outcomes if not o.fault.startswith("clean") and not o.skipped and o.caught_after is None
