@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from evals.gate_statistics import first_divergence
+from evals.stats import first_divergence
 
 LAGGING, TOKENS, REGRESSION, TABLE = "lagging", "tokens", "regression", "table"
 INSUFFICIENT = "insufficient_data"  # diagnostics.findings.INSUFFICIENT: the evidence's status of a "cannot decide"

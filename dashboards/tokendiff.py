@@ -1,6 +1,6 @@
 """Token-level diff of two ID sequences (eval outputs of a baseline and a candidate).
 
-Where two outputs first diverge is the gate's own `evals.gate_statistics.first_divergence`;
+Where two outputs first diverge is the gate's own `evals.stats.first_divergence`;
 token strings are the engine tokenizer's `piece`s.
 """
 

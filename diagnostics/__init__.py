@@ -32,22 +32,11 @@ from diagnostics.scope import Scope
 
 log = logging.getLogger(__name__)
 
-# name (as `infersight diagnose NAME` says it) -> its module
-DIAGNOSTICS = {
-    "regression": regression,
-    "replicas": replicas,
-    "tokenizer": tokenizer_divergence,
-    "identity": identity_drift,
-    "drift": output_drift,
-    "probe": probes,
-    "quality": sampled_logprobs,
-    "rescore": cross_scores,
-    "agreement": sampled_token_agreement,
-    "speculative": speculative,
-    "overhead": overhead,
-    "steps": step_model,
-    "availability": availability,
-}
+# name (as `infersight diagnose NAME` says it, each module's DIAGNOSTIC) -> its module, in the order they run
+DIAGNOSTICS = {m.DIAGNOSTIC: m for m in (regression, replicas, tokenizer_divergence, identity_drift, output_drift,
+                                         probes, sampled_logprobs, cross_scores, sampled_token_agreement,
+                                         speculative, overhead, step_model,
+                                         availability)}
 DEFAULT_WINDOW = "24h"
 
 

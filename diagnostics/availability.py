@@ -35,15 +35,13 @@ change is left to the peer comparison.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-from scipy import stats
 
-from diagnostics import config_keys, hypothesis_tests, identity_events
+from diagnostics import config_keys, identity_events
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
+from evals.stats import cmh_greater, holm, wilson_interval
 from telemetry.contract import derived, outcomes
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
 
@@ -55,7 +53,6 @@ MIN_EXCESS = 0.02  # absolute: two more requests in a hundred
 MIN_RATIO = 1.5  # and half again the expected rate (a real canary at 96 tokens: 32.9% against 19.4%)
 MIN_REQUESTS = 20  # of a replica (and of its peers) in the strata compared
 CRITICAL_EXCESS = 0.25
-EXACT_MAX_EVENTS = 2000  # events of a comparison up to which its p is exact (convolved hypergeometrics)
 
 # kind -> (its error codes, stratified by prompt length, the config keys that explain it: None = any)
 KINDS: dict[str, tuple[frozenset, bool, tuple | None]] = {
@@ -160,11 +157,6 @@ def _tables(rows: list[dict], kind: str) -> dict[str, dict[tuple, list[int]]]:
     return out
 
 
-def wilson(events: int, n: int) -> tuple[float, float]:
-    ci = stats.binomtest(events, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return float(ci.low), float(ci.high)
-
-
 def compare(mine: dict[tuple, list[int]], peers: dict[tuple, list[int]]) -> dict | None:
     """The replica's strata against its peers' pooled ones (those both served): rates, the rate its peers'
     per-stratum rates predict on its traffic, and the one-sided Cochran-Mantel-Haenszel p. None when either
@@ -177,33 +169,14 @@ def compare(mine: dict[tuple, list[int]], peers: dict[tuple, list[int]]) -> dict
     n2 = np.array([peers[s][1] for s in shared], dtype=float)
     if n1.sum() < MIN_REQUESTS or n2.sum() < MIN_REQUESTS:
         return None
-    p, test = _cmh_p(a, n1, n2, a + c)
+    test = cmh_greater(a, n1, n2, a + c)
     mine_events, mine_n, peer_events, peer_n = int(a.sum()), int(n1.sum()), int(c.sum()), int(n2.sum())
     return {"events": mine_events, "requests": mine_n, "rate": mine_events / mine_n,
-            "rate_ci": wilson(mine_events, mine_n),
+            "rate_ci": wilson_interval(mine_events, mine_n),
             "expected_rate": float((n1 * c / n2).sum() / n1.sum()), "peer_events": peer_events,
-            "peer_requests": peer_n, "peer_rate": peer_events / peer_n, "peer_rate_ci": wilson(peer_events, peer_n),
-            "strata": len(shared), "p": p, "test": test}
-
-
-def _cmh_p(a, n1, n2, events) -> tuple[float, str]:
-    """One-sided p of the replica's events (a, summed over strata) given each stratum's margins: exact (the
-    convolution of the strata's hypergeometric distributions, as R's mantelhaen.test(exact=TRUE)) while the
-    events are few, where the normal approximation is far too small for rare events (2 of 30 against 0 of
-    600: 1.6e-7 against the exact 0.0022); beyond EXACT_MAX_EVENTS the continuity-corrected normal one."""
-    if events.sum() <= EXACT_MAX_EVENTS:
-        dist, offset = np.array([1.0]), 0
-        for k, m, e in zip(n1.astype(int), n2.astype(int), events.astype(int)):
-            low = max(0, e - m)
-            dist = np.convolve(dist, stats.hypergeom(k + m, k, e).pmf(np.arange(low, min(k, e) + 1)))
-            offset += low
-        return float(min(1.0, dist[max(0, int(a.sum()) - offset):].sum())), \
-            "exact conditional (Cochran-Mantel-Haenszel, one-sided: the replica above its peers)"
-    total = n1 + n2
-    expected = (n1 * events / total).sum()
-    variance = (n1 * n2 * events * (total - events) / (total ** 2 * np.maximum(total - 1, 1))).sum()
-    p = float(stats.norm.sf((a.sum() - expected - 0.5) / math.sqrt(variance))) if variance > 0 else 1.0
-    return p, "Cochran-Mantel-Haenszel, one-sided (the replica above its peers), continuity-corrected"
+            "peer_requests": peer_n, "peer_rate": peer_events / peer_n,
+            "peer_rate_ci": wilson_interval(peer_events, peer_n),
+            "strata": len(shared), "p": test.p_value, "test": test.test}
 
 
 def _material(t: dict) -> bool:
@@ -275,7 +248,7 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
         availability = {rid: table[(model, rid)] for rid in replicas}
         tests = (_tests(mine, replicas) if len(replicas) > 1 else []) + \
             _over_time(store, scope, model, replicas, changes)
-        for t, q in zip(tests, hypothesis_tests.holm([t["p"] for t in tests])):
+        for t, q in zip(tests, holm([t["p"] for t in tests])):
             t["holm_p"] = q
         named = [t for t in tests if t["holm_p"] < ALPHA and _material(t)]
         limits = stated_limits(store, scope, replicas) if any(t["kind"] == "length" for t in named) else {}

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from diagnostics import hypothesis_tests, identity_events
+from diagnostics import identity_events
+from evals.stats import compare_samples
 from diagnostics.scope import Scope
 
 ALPHA = 0.01
@@ -75,7 +76,7 @@ def replica_steps(store, source: str, params: dict, lo: float, at: float, hi: fl
     out = {}
     for rid, s in sorted(sides.items()):
         before, after = s.get("before", np.array([])), s.get("after", np.array([]))
-        c = (hypothesis_tests.compare_samples(before, after, bootstrap=False)
+        c = (compare_samples(before, after, bootstrap=False)
              if min(len(before), len(after)) >= MIN_SAMPLES else None)
         out[rid] = {"n_before": int(len(before)), "n_after": int(len(after)),
                     "ratio": None if c is None or c.ratio is None else float(c.ratio),

@@ -33,14 +33,13 @@ warning about the model, naming the pairs. Pairs with fewer than MIN_REQUESTS pa
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 
 from diagnostics.baseline import baselines_by_model
 from diagnostics.findings import Finding, insufficient
-from diagnostics.hypothesis_tests import holm
 from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import replicas_in, requests_in
+from evals.stats import holm, mean_interval, signed_rank_greater
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL, RESCORE_ORIGINAL_SQL, RESCORE_WORKLOAD
 
 DIAGNOSTIC = "rescore"
@@ -50,7 +49,6 @@ MIN_REQUESTS = 8  # paired requests per pair (Wilcoxon n=8: smallest one-sided p
 MIN_EFFECT = 1e-3  # nats/token of mean cross d: well above fp32 batch / kernel noise (~1e-5..1e-4)
 FLOOR_FACTOR = 10.0  # the CI's low end above 10x the self-rescoring mean of the same requests
 CRITICAL = 0.05  # nats/token, the CI's low end: a visibly different model
-N_BOOT = 2000
 
 # the scorer rows (small: a few per served request) on the right of the join, the originals pruned
 # by IN before their arrays are read
@@ -97,23 +95,9 @@ def read_scores(store, scope) -> dict[str, dict[str, dict[str, dict[str, tuple[f
 
 # -- statistics --------------------------------------------------------------------------------------
 
-def mean_ci(x: np.ndarray, rng, n_boot: int = N_BOOT) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of the mean over requests."""
-    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
-    means = x[idx].mean(axis=1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
-
-
 def _normal_ci(x: np.ndarray) -> tuple[float, float]:
     half = 1.96 * float(np.std(x, ddof=1)) / np.sqrt(len(x)) if len(x) > 1 else float("inf")
     return float(np.mean(x)) - half, float(np.mean(x)) + half
-
-
-def signed_rank_greater(diff: np.ndarray) -> float:
-    """One-sided Wilcoxon signed-rank p (cross d larger than self d); all-zero differences: 1."""
-    if not np.any(diff != 0):
-        return 1.0
-    return float(stats.wilcoxon(diff, alternative="greater", zero_method="wilcox").pvalue)
 
 
 def compare_pair(served: dict, scorer: str, owner: str) -> dict | None:
@@ -129,14 +113,14 @@ def compare_pair(served: dict, scorer: str, owner: str) -> dict | None:
 def decide(pairs: list[dict], rng) -> None:
     """Test, Holm, effect and CI for every pair with enough requests (in place: p, p_holm, ci, differs)."""
     tested = [p for p in pairs if p["n"] >= MIN_REQUESTS]
-    for p in tested:
-        p["p"] = signed_rank_greater(p["cross"] - p["self"])
-    for p, q in zip(tested, holm([p["p"] for p in tested])):
+    tests = [signed_rank_greater(p["cross"] - p["self"]) for p in tested]
+    for p, test, q in zip(tested, tests, holm(tests)):
+        p["p"] = test.p_value
         p["p_holm"] = q
         p["median_cross"], p["median_self"] = float(np.median(p["cross"])), float(np.median(p["self"]))
         p["mean_cross"], p["mean_self"] = float(np.mean(p["cross"])), float(np.mean(p["self"]))
         # the bootstrap only where the test decides (a finding needs it); elsewhere the normal approximation
-        p["ci"] = mean_ci(p["cross"], rng) if q < ALPHA else _normal_ci(p["cross"])
+        p["ci"] = mean_interval(p["cross"], rng) if q < ALPHA else _normal_ci(p["cross"])
         p["floor"] = FLOOR_FACTOR * p["mean_self"]
         p["differs"] = bool(q < ALPHA and p["ci"][0] > p["floor"] and p["mean_cross"] >= MIN_EFFECT)
 

@@ -41,9 +41,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diagnostics import config_keys, hypothesis_tests
+from diagnostics import config_keys
 from diagnostics.prefix_hits import MIN_GAP as MIN_PREFIX_GAP
 from diagnostics.scope import Scope, replicas_in, requests_in, steps_in
+from evals.stats import two_proportions
 
 ALPHA = 0.01
 MIN_EVENTS = 10  # preempted requests, full-KV steps, saturated steps on the replica before one is a cause
@@ -152,7 +153,7 @@ def _proportion(mine: int, n_mine: int, theirs: int, n_theirs: int) -> dict | No
     rate, other_rate = mine / n_mine, theirs / n_theirs
     if rate < MIN_RATIO * max(theirs, 1) / n_theirs:
         return None
-    t = hypothesis_tests.two_proportions(theirs, n_theirs, mine, n_mine)
+    t = two_proportions(theirs, n_theirs, mine, n_mine)
     if t is None or t.p_value >= ALPHA:
         return None
     return {"replica": {"events": mine, "of": n_mine, "rate": rate},

@@ -2,7 +2,7 @@
 
 From eval runs: per suite, a candidate run against a baseline run of another configuration over
 the same items: accuracy with Wilson intervals, McNemar's test on the paired items, greedy
-agreement and where the outputs first diverge (the gate's statistics, from evals.gate_statistics).
+agreement and where the outputs first diverge (the gate's statistics, from evals.stats).
 
 From production: greedy requests (temperature 0) with identical prompt token IDs and the same
 output limits, served by replicas of different configurations. Their outputs should be
@@ -30,7 +30,7 @@ from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence
-from evals.gate_statistics import greedy_agreement, mcnemar, wilson_interval
+from evals.stats import greedy_agreement, mcnemar, wilson_interval
 
 DIAGNOSTIC = "drift"
 MIN_ITEMS = 20  # paired eval items
@@ -148,7 +148,7 @@ def _eval_finding(subject, scope, base, cand, b_items, c_items, ids, runs, sourc
                            "median_first_divergence": agreement.median_first_divergence,
                            "min_first_divergence": agreement.min_first_divergence},
                 "examples": examples, "tests": "Wilson intervals, McNemar (exact and mid-p) on paired items, "
-                                               "greedy agreement (evals.gate_statistics)"}
+                                               "greedy agreement (evals.stats)"}
     # no significant drop is an info outcome of its own kind (alerts key on quality_drift), same id
     kind = "quality_drift" if severity != "info" else "quality_unchanged"
     return Finding(kind, severity, subject, summary, DIAGNOSTIC, scope, evidence, id_kind="quality_drift")

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding
 from diagnostics.regression import BATCH_BUCKET
 from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, steps_in
+from evals.stats import DELTA_SMALL, compare_samples, robust_z
 from telemetry.contract import derived
 
 DIAGNOSTIC = "overhead"
@@ -159,7 +159,7 @@ def _outliers(rows, relative, identity, profiles, scope) -> list[Finding]:
         if len(ids) < 2:
             continue
         values = {rid: relative[rid]["rel_median"] for rid in ids}
-        z, _, _ = hypothesis_tests.robust_z(values)
+        z, _, _ = robust_z(values)
         for rid in ids:
             peers = [p for p in ids if p != rid]
             peer_median = float(np.median([values[p] for p in peers]))
@@ -167,8 +167,8 @@ def _outliers(rows, relative, identity, profiles, scope) -> list[Finding]:
             if ratio < MIN_RATIO or (len(ids) > 2 and z[rid] < MIN_Z):
                 continue
             rest = np.concatenate([relative[p]["sample"] for p in peers])
-            c = hypothesis_tests.compare_samples(rest, relative[rid]["sample"], bootstrap=True)
-            if c is None or c.p_value * len(ids) >= ALPHA or c.cliffs_delta < hypothesis_tests.DELTA_SMALL:
+            c = compare_samples(rest, relative[rid]["sample"], bootstrap=True)
+            if c is None or c.p_value * len(ids) >= ALPHA or c.cliffs_delta < DELTA_SMALL:
                 continue
             diffs = identity_differences(identity.get(rid, {"replica_id": rid}),
                                          [identity.get(p, {"replica_id": p}) for p in peers])

@@ -10,7 +10,7 @@ several times the load evicts its cached prefixes sooner, which is its traffic, 
 (model, workload), each request's hit rate
 (telemetry.contract.derived.PREFIX_HIT_RATE_SQL: cached_tokens / prompt_tokens) on one replica against
 its peers' pooled requests of the same families: van Elteren's stratified Mann-Whitney
-(diagnostics.stratified), Holm over replicas x workloads (per model); the gap (peers' mean rate - the
+(evals.stats.stratified), Holm over replicas x workloads (per model); the gap (peers' mean rate - the
 replica's, within strata, weighted by the replica's requests) with a percentile bootstrap interval
 resampling requests within strata (offered load counts the client requests in the scope only). It
 fires when the adjusted p < ALPHA and the interval's lower bound is at least MIN_GAP. The evidence
@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from diagnostics import config_keys, hypothesis_tests, prompt_family, request_strata, stratified
+from diagnostics import config_keys, prompt_family, request_strata
 from diagnostics.findings import Finding
-from diagnostics.scope import Scope, requests_in
-from diagnostics.stratified import standardized_difference
+from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope, replicas_in, requests_in
+from evals.stats import holm, stratified, van_elteren
+from evals.stats.stratified import standardized_difference
 from telemetry.contract import derived
 from telemetry.contract.derived import replica_filter_sql, window_sql
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
@@ -36,7 +38,6 @@ ALPHA = 0.01
 MIN_REQUESTS = 20
 MIN_GAP = 0.10  # hit-rate points
 SAMPLE = 2000
-BOOTSTRAP = 1000
 
 # a stratum: the prompt family and the offered load at arrival (diagnostics.request_strata's: the
 # tokens that arrived at the replica in the OFFERED_WINDOW seconds before, 2x buckets)
@@ -76,11 +77,14 @@ def _gap(mine: dict, peers: dict, keys: list, seed: int = 0) -> tuple[float, tup
     """Peers' rate - the replica's within the families `keys`, weighted by its requests: the gap, its
     bootstrap interval (requests resampled within families), the replica's and the peers' rates."""
     pairs = [(mine[k], peers[k]) for k in keys]
-    point, (low, high), level = standardized_difference(pairs, np.random.default_rng(seed), BOOTSTRAP)
+    point, (low, high), level = standardized_difference(pairs, np.random.default_rng(seed))
     return -point, (-high, -low), level + point, level
 
 
-def run(store, scope: Scope, identity: dict) -> list[Finding]:
+def run(store, request: DiagnosticRequest, identity: dict | None = None) -> list[Finding]:
+    """`identity` ({replica id: its replicas row}): the caller's, where it has read them already."""
+    scope = request.scope
+    identity = {r["replica_id"]: r for r in replicas_in(store, scope)} if identity is None else identity
     rows = store.query_arrow(_sql(scope), scope.parameters()).to_pylist()
     # (model, workload) -> replica -> family -> the sampled rates of its requests
     groups: dict[tuple[str, str], dict[str, dict[str, np.ndarray]]] = {}
@@ -100,13 +104,13 @@ def run(store, scope: Scope, identity: dict) -> list[Finding]:
                 if min(sum(len(mine[k]) for k in keys), sum(len(theirs[k]) for k in keys), MIN_REQUESTS) \
                         < MIN_REQUESTS:
                     continue
-                _, p = stratified.van_elteren(mine, theirs, keys)
-                tests.append((rid, workload, mine, theirs, keys, p))
+                test = van_elteren([(mine[k], theirs[k]) for k in keys])
+                tests.append((rid, workload, mine, theirs, keys, test))
         if not tests:
             continue
-        adjusted = hypothesis_tests.holm([t[5] for t in tests])
+        adjusted = holm([test for *_, test in tests])
         gaps: dict[str, dict] = {}
-        for (rid, workload, mine, theirs, keys, p), q in zip(tests, adjusted):
+        for (rid, workload, mine, theirs, keys, test), q in zip(tests, adjusted):
             if q >= ALPHA:
                 continue
             gap, ci, rate, peers_rate = _gap(mine, theirs, keys)
@@ -115,7 +119,7 @@ def run(store, scope: Scope, identity: dict) -> list[Finding]:
                     "hit_rate": rate, "peers_hit_rate": peers_rate, "gap": gap, "gap_ci": ci,
                     "requests": sum(len(mine[k]) for k in keys), "peer_requests": sum(len(theirs[k]) for k in keys),
                     "requests_left_out": sum(len(v) for k, v in mine.items() if k not in keys),
-                    "prompt_families": len(keys), "van_elteren_p": p, "holm_p": q}
+                    "prompt_families": len(keys), "van_elteren_p": test.p_value, "holm_p": q}
         if gaps and steps is None:
             steps = {r["replica_id"]: r for r in store.query_arrow(_STEPS, scope.parameters()).to_pylist()}
         replicas = sorted({t[0] for t in tests})

@@ -57,7 +57,7 @@ from diagnostics.replicas import IDENTITY, differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence
-from evals.gate_statistics import wilson_interval
+from evals.stats import wilson_interval
 from telemetry.contract.probes import FILLER_PREFIX, PROBE_ID_REGEX_SQL, PROBE_WORKLOAD
 
 DIAGNOSTIC = "probe"

@@ -28,10 +28,11 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from diagnostics import change_attribution, hypothesis_tests, mechanisms
+from diagnostics import change_attribution, mechanisms
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, requests_in, steps_in
+from evals.stats import DELTA_LARGE, DELTA_SMALL, MIN_SAMPLES, Comparison, change_points, compare_samples, holm
 from telemetry.contract import derived
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
 
@@ -122,7 +123,7 @@ class StratumResult:
     stratum: str
     n_baseline: int
     n_candidate: int
-    comparison: hypothesis_tests.Comparison
+    comparison: Comparison
     samples: tuple = field(default=(), repr=False)  # (baseline, candidate) values tested
     p_adjusted: float = 1.0
     verdict: str = "no change"  # "regression" | "improvement" | "no change"
@@ -156,7 +157,7 @@ class RegressionResult:
         if bad:
             return "; ".join(f.summary for f in bad)
         if not self.strata:
-            return (f"insufficient data: no stratum has {hypothesis_tests.MIN_SAMPLES}+ samples on both sides "
+            return (f"insufficient data: no stratum has {MIN_SAMPLES}+ samples on both sides "
                     f"({self.candidate.label()} vs {self.baseline.label()})")
         better = [f for f in self.findings if f.kind == "improvement"]
         if better:
@@ -174,15 +175,15 @@ class RegressionResult:
                 "alpha": ALPHA, "min_ratio": MIN_RATIO, "strata": self.table, "skipped": self.skipped}
 
 
-def _severity(c: hypothesis_tests.Comparison, higher_is_worse: bool) -> str:
+def _severity(c: Comparison, higher_is_worse: bool) -> str:
     ratio = c.ratio if c.ratio is not None else np.inf
     worse = ratio if higher_is_worse else (1 / ratio if ratio > 0 else np.inf)
-    return "critical" if worse >= 1.5 and abs(c.cliffs_delta) >= hypothesis_tests.DELTA_LARGE else "warning"
+    return "critical" if worse >= 1.5 and abs(c.cliffs_delta) >= DELTA_LARGE else "warning"
 
 
-def _direction(c: hypothesis_tests.Comparison, higher_is_worse: bool) -> str | None:
+def _direction(c: Comparison, higher_is_worse: bool) -> str | None:
     """"regression" / "improvement" when the effect is clear in both size and direction."""
-    if abs(c.cliffs_delta) < hypothesis_tests.DELTA_SMALL:
+    if abs(c.cliffs_delta) < DELTA_SMALL:
         return None
     up = c.cliffs_delta > 0
     if c.ratio is not None:  # the medians must move too, by at least MIN_RATIO
@@ -220,14 +221,14 @@ def analyse(store, baseline_scope: Scope, candidate_scope: Scope, *, metrics=tup
                     continue
                 if key not in base or key not in cand:
                     continue
-                c = hypothesis_tests.compare_samples(base[key][metric], cand[key][metric], bootstrap=False)
+                c = compare_samples(base[key][metric], cand[key][metric], bootstrap=False)
                 if c is None:
                     result.skipped.append({"metric": metric, "model": model, "stratum": stratum,
                                            "n_baseline": base[key]["n"], "n_candidate": cand[key]["n"]})
                     continue
                 pending.append(StratumResult(metric, model, stratum, base[key]["n"], cand[key]["n"], c,
                                              (base[key][metric], cand[key][metric])))
-    for s, p in zip(pending, hypothesis_tests.holm([s.comparison.p_value for s in pending])):
+    for s, p in zip(pending, holm([s.comparison.p_value for s in pending])):
         s.p_adjusted = p
         direction = _direction(s.comparison, METRICS[s.metric][2]) if p < ALPHA else None
         if direction:
@@ -252,7 +253,7 @@ def _findings(result: RegressionResult, metrics, seed: int) -> list[Finding]:
         subject = f"{metric}: {versus}"
         if not rows:
             findings.append(insufficient("regression", subject, DIAGNOSTIC, cand,
-                                         f"no stratum of {LABELS[metric]} has {hypothesis_tests.MIN_SAMPLES}+ samples "
+                                         f"no stratum of {LABELS[metric]} has {MIN_SAMPLES}+ samples "
                                          f"on both sides", skipped=[k for k in result.skipped if k["metric"] == metric],
                                          baseline=base.describe()))
             continue
@@ -262,7 +263,7 @@ def _findings(result: RegressionResult, metrics, seed: int) -> list[Finding]:
                 continue
             worst = max(hit, key=lambda s: abs(s.comparison.cliffs_delta))
             # the bootstrap only where it is reported: the interval of the headline stratum's effect
-            worst.comparison = hypothesis_tests.compare_samples(*worst.samples, bootstrap=True, seed=seed)
+            worst.comparison = compare_samples(*worst.samples, bootstrap=True, seed=seed)
             c = worst.comparison
             ratio = f"{c.ratio:.2f}x" if c.ratio is not None else f"{c.difference * 1000:+.1f} ms"
             ci = f" (95% CI {c.ratio_ci[0]:.2f}-{c.ratio_ci[1]:.2f})" if c.ratio_ci else ""
@@ -461,14 +462,14 @@ def _creep(store, scope: Scope, metrics, buckets: int, min_per_bucket: int, min_
 def _shift_finding(metric: str, scope: Scope, series: list[dict], t0: float, width_us: int,
                    min_shift: float, alpha: float = ALPHA) -> Finding | None:
     levels = np.log([s["level"] for s in series])  # placement half
-    cps = hypothesis_tests.change_points(levels)  # each then tested on the confirmation half's samples
+    cps = change_points(levels)  # each then tested on the confirmation half's samples
     bounds = [0, *cps, len(series)]
     segments = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
     confirmed = []  # (point ratio, bounds, before, after) of the steps the hold-out confirms
     for (a0, a1), (b0, b1) in zip(segments, segments[1:]):
         before = np.concatenate([s["sample"] for s in series[a0:a1]])
         after = np.concatenate([s["sample"] for s in series[b0:b1]])
-        c = hypothesis_tests.compare_samples(before, after, bootstrap=False)
+        c = compare_samples(before, after, bootstrap=False)
         if c is None or c.ratio is None or c.ratio < min_shift or c.p_value * max(1, len(cps)) >= alpha:
             continue
         confirmed.append((c.ratio, (a0, a1, b0, b1), before, after))
@@ -477,7 +478,7 @@ def _shift_finding(metric: str, scope: Scope, series: list[dict], t0: float, wid
     # 1.02); bootstrapped largest first, so only until one clears (a stable sort: ties keep segment order)
     best = None
     for _, bounds, before, after in sorted(confirmed, key=lambda x: x[0], reverse=True):
-        c = hypothesis_tests.compare_samples(before, after, bootstrap=True)
+        c = compare_samples(before, after, bootstrap=True)
         if c.ratio_ci is not None and c.ratio_ci[0] >= min_shift:
             best = (bounds, c)
             break

@@ -9,7 +9,7 @@ does), so a replica whose scheduler budget cuts prompts into chunks is compared 
 Its own queue is no control: a slow replica queues more at the same arrivals, and that is its slowness.
 Per model, each replica with MIN_REQUESTS requests is tested against its peers' pooled requests on
 each metric (queue, prefill, TTFT, decode time per output token, mean ITL, e2e) by van Elteren's
-stratified Mann-Whitney (diagnostics.stratified); the effect is the median of its requests' latency
+stratified Mann-Whitney (evals.stats.stratified); the effect is the median of its requests' latency
 over the peers' median in the same stratum, with a stratified bootstrap interval. The tail too
 (diagnostics.tail_latency): p90 of queue time and TTFT against the peers' in the same strata, a block
 bootstrap over time, for a replica whose few queued requests wait far longer (max_num_seqs 1) while
@@ -37,21 +37,13 @@ from collections import Counter
 
 import numpy as np
 
-from diagnostics import (
-    config_keys,
-    hypothesis_tests,
-    mechanisms,
-    prefix_hits,
-    request_strata,
-    stratified,
-    tail_latency,
-    traffic_mix,
-)
+from diagnostics import config_keys, mechanisms, prefix_hits, request_strata, tail_latency, traffic_mix
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import replicas_in
 from engine.model_files import SECTION as MODEL_FILES
 from engine.model_files import hash_column
+from evals.stats import holm, stratified
 
 DIAGNOSTIC = "replicas"
 KIND = "lagging_replica"
@@ -211,7 +203,7 @@ def tests(group: dict[str, dict], skip: dict[str, set], limits: dict[str, str] |
                                      MIN_REQUESTS, screen=MIN_EFFECT)
             if c is not None:
                 out.append({"replica": rid, "metric": t, "comparison": c})
-    for t, q in zip(out, hypothesis_tests.holm([t["comparison"].p_value for t in out])):
+    for t, q in zip(out, holm([t["comparison"].p_value for t in out])):
         t["holm_p"] = q
     return out
 
@@ -219,7 +211,7 @@ def tests(group: dict[str, dict], skip: dict[str, set], limits: dict[str, str] |
 def run(store, request: DiagnosticRequest) -> list[Finding]:
     scope = request.scope
     identity = {r["replica_id"]: r for r in replicas_in(store, scope)}
-    findings = traffic_mix.run(store, scope, identity) + prefix_hits.run(store, scope, identity)
+    findings = traffic_mix.run(store, request, identity) + prefix_hits.run(store, request, identity)
     skip = {f.subject: {"e2e"} for f in findings if f.kind == traffic_mix.KIND}
     by_model: dict[str, dict[str, dict]] = {}
     for (model, rid), entry in request_strata.samples(store, scope).items():

@@ -40,11 +40,11 @@ from scipy import stats
 from diagnostics import prompt_family
 from diagnostics.baseline import baselines_by_model
 from diagnostics.findings import Finding, insufficient
-from diagnostics.hypothesis_tests import holm
 from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
-from diagnostics.stratified import standardized_difference
+from evals.stats import holm, van_elteren
+from evals.stats.stratified import standardized_difference
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
 
 DIAGNOSTIC = "quality"
@@ -108,25 +108,6 @@ WHERE has({diagnostics:Array(String)}, diagnostic) AND severity != 'info' AND po
 
 
 # -- statistics --------------------------------------------------------------------------------------
-
-def van_elteren(pairs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
-    """Stratified Wilcoxon-Mann-Whitney over (subject, peers) samples per stratum: (z, two-sided p).
-    z > 0: the subject's values are larger."""
-    num, var = 0.0, 0.0
-    for a, b in pairs:
-        n1, n2 = len(a), len(b)
-        n = n1 + n2
-        ranks = stats.rankdata(np.concatenate([a, b]))
-        _, ties = np.unique(ranks, return_counts=True)
-        v = n1 * n2 * (n + 1) / 12.0 - n1 * n2 * float(np.sum(ties ** 3 - ties)) / (12.0 * n * (n - 1))
-        w = 1.0 / (n + 1)
-        num += w * (float(ranks[:n1].sum()) - n1 * (n + 1) / 2.0)
-        var += w * w * v
-    if var <= 0:
-        return 0.0, 1.0
-    z = num / np.sqrt(var)
-    return float(z), float(2 * stats.norm.sf(abs(z)))
-
 
 def _normal_ci(pairs) -> tuple[float, float]:
     """95% interval of the standardized difference from the within-stratum standard errors."""
@@ -247,7 +228,8 @@ def _test_all(model, reps, comparisons, findings, scope, metrics=tuple(METRICS),
                 if metric == "mean_logprob":  # one "cannot decide" per comparison, not per metric
                     findings.append(_too_few(model, subject, peers, pairs, n_a, n_b, counts or {}, scope))
                 continue
-            z, p = van_elteren(pairs)
+            test = van_elteren(pairs)
+            z, p = test.statistic, test.p_value
             effect, _, level = standardized_difference(pairs, None, n_boot=0)
             out.append(dict(model=model, subject=subject, peers=peers, metric=metric, pairs=pairs, z=z, p=p,
                             effect=effect, peer_level=level, relative=effect / max(abs(level), 1e-9),

@@ -29,7 +29,7 @@ from scipy import stats
 
 from diagnostics.cross_scores import mean_ci, name_subject, scored_fleet
 from diagnostics.findings import Finding, insufficient
-from diagnostics.hypothesis_tests import holm
+from evals.stats import holm
 from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 

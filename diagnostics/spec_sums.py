@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 
-from diagnostics.hypothesis_tests import ClusterSums
 from diagnostics.scope import Scope, replicas_in, requests_in, steps_in
+from evals.stats import ClusterSums
 
 BLOCK_SECONDS = 10
 

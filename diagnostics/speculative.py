@@ -3,8 +3,8 @@
 The unit is the request, never the draft token: acceptance varies between requests far more than
 a binomial over tokens allows (prompts differ in how predictable they are), so token-level tests
 call identical replicas different. Each group's rate is a ratio estimator, accepted / proposed
-summed over its clusters, with the delta-method cluster variance (diagnostics.hypothesis_tests.
-ClusterSums; sums from diagnostics.spec_sums):
+summed over its clusters, with the delta-method cluster variance (evals.stats.ClusterSums;
+sums from diagnostics.spec_sums):
 - overall: requests as clusters, stratified by workload and standardised to the two sides' pooled
   mix, so a replica that served more of a low-acceptance workload is not called a drop; where
   requests carry no speculative counts, 10-second blocks of steps as clusters (unstratified);
@@ -20,12 +20,11 @@ cluster-robust Wald test says whether the replicas of a group differ at all.
 
 from __future__ import annotations
 
-from diagnostics import hypothesis_tests
 from diagnostics.findings import Finding, insufficient
-from diagnostics.hypothesis_tests import ClusterSums, RatioComparison
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from diagnostics.spec_sums import BLOCK_SECONDS, acceptance, pool
+from evals.stats import ClusterSums, RatioComparison, compare_ratios, holm, ratio_homogeneity
 
 DIAGNOSTIC = "speculative"
 KIND = "spec_acceptance_drop"
@@ -40,11 +39,10 @@ ALPHA = 0.01
 
 def _overall(base: dict, cand: dict) -> tuple[str, RatioComparison | None]:
     """Requests (stratified by workload) where both sides have them, else time blocks of steps."""
-    c = hypothesis_tests.compare_ratios(base["requests"], cand["requests"], min_clusters=MIN_CLUSTERS,
-                                        confidence=1 - ALPHA)
+    c = compare_ratios(base["requests"], cand["requests"], min_clusters=MIN_CLUSTERS, confidence=1 - ALPHA)
     if c is not None:
         return "request", c
-    return f"{BLOCK_SECONDS}-second block of steps", hypothesis_tests.compare_ratios(
+    return f"{BLOCK_SECONDS}-second block of steps", compare_ratios(
         {"all": base["blocks"]}, {"all": cand["blocks"]}, min_clusters=MIN_CLUSTERS, confidence=1 - ALPHA)
 
 
@@ -53,8 +51,8 @@ def compare_groups(base: dict, cand: dict) -> dict:
     unit, overall = _overall(base, cand)
     positions = []
     for i in range(min(len(base["positions"]), len(cand["positions"]))):
-        c = hypothesis_tests.compare_ratios({"all": base["positions"][i]}, {"all": cand["positions"][i]},
-                                            min_clusters=MIN_CLUSTERS, confidence=1 - ALPHA)
+        c = compare_ratios({"all": base["positions"][i]}, {"all": cand["positions"][i]},
+                           min_clusters=MIN_CLUSTERS, confidence=1 - ALPHA)
         if c is not None:
             positions.append({"position": i, "rate_a": c.rate_baseline, "rate_b": c.rate_candidate,
                               "difference": c.difference, "difference_ci": c.difference_ci,
@@ -70,12 +68,12 @@ def _material(difference: float, relative: float | None) -> bool:
 def decide(results: list[dict]) -> None:
     """Holm over the overall tests of all comparisons, and over all their positions; marks drops in place."""
     tested = [r for r in results if r["overall"] is not None]
-    for r, p in zip(tested, hypothesis_tests.holm([r["overall"].p_value for r in tested])):
+    for r, p in zip(tested, holm([r["overall"].p_value for r in tested])):
         o = r["overall"]
         r["p_adjusted"] = p
         r["overall_drop"] = p < ALPHA and o.difference < 0 and _material(o.difference, o.relative)
     positions = [p for r in tested for p in r["positions"]]
-    for pos, p in zip(positions, hypothesis_tests.holm([p["p_value"] for p in positions])):
+    for pos, p in zip(positions, holm([p["p_value"] for p in positions])):
         pos["p_adjusted"] = p
         pos["dropped"] = p < ALPHA and pos["difference"] < 0 and _material(pos["difference"], pos["relative"])
     for r in tested:
@@ -123,9 +121,11 @@ def _insufficient(r: dict) -> Finding:
 
 
 def _heterogeneity(group: list[dict]) -> tuple[float, float] | None:
+    """(chi-square, p) of the cluster-robust test that the group's replicas share one rate."""
     use_requests = all(r["requests"] for r in group)
     sums = [sum(r["requests"].values(), ClusterSums()) if use_requests else r["blocks"] for r in group]
-    return hypothesis_tests.ratio_homogeneity(sums)
+    test = ratio_homogeneity(sums)
+    return (test.statistic, test.p_value) if test is not None else None
 
 
 def run(store, request: DiagnosticRequest) -> list[Finding]:

@@ -54,7 +54,6 @@ from scipy import stats
 
 from diagnostics import mechanisms
 from diagnostics.findings import Finding, insufficient
-from diagnostics.hypothesis_tests import autocorrelation_inflation, holm
 from diagnostics.replicas import (
     IDENTITY,
     _explain,  # the same wording as the latency outlier's
@@ -62,6 +61,14 @@ from diagnostics.replicas import (
 )
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, steps_in
+from evals.stats import (
+    CONFIDENCE,
+    RESAMPLES,
+    autocorrelation_inflation,
+    block_counts,
+    holm,
+    widened_interval,
+)
 from telemetry.contract.derived import replica_filter_sql, window_sql
 
 DIAGNOSTIC = "steps"
@@ -78,8 +85,6 @@ MIN_STEPS = 100  # per replica
 MIN_RATIO = 1.10  # the smallest slowdown worth a finding
 CRITICAL_RATIO = 1.5  # interval's lower bound at or above this: critical
 ALPHA = 0.01
-RESAMPLES = 1000
-CONFIDENCE = 0.95
 # the batch shape: phase intercepts, then the work
 FEATURES = ("prefill", "decode", "mixed", "prefill_tokens", "decode_tokens", "seqs", "context_tokens")
 TARGETS = ("step", "forward", "host")
@@ -232,11 +237,8 @@ def _ratios(per_replica: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 def block_bootstrap(blocks: np.ndarray, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
     """blocks (B, R, D) per time block and replica -> ratios (resamples, R, T): time blocks drawn with
     replacement, the same draw for every replica, the peers' model refitted in each."""
-    rng = np.random.default_rng(seed)
     b = blocks.shape[0]
-    draws = rng.integers(0, b, (resamples, b))  # counts: how often each block is drawn, per resample
-    counts = np.bincount((draws + b * np.arange(resamples)[:, None]).ravel(),
-                         minlength=resamples * b).reshape(resamples, b).astype(float)
+    counts = block_counts(b, np.random.default_rng(seed), resamples)
     sums = (counts @ blocks.reshape(b, -1)).reshape((resamples,) + blocks.shape[1:])
     return _ratios(sums)[2]
 
@@ -464,7 +466,6 @@ def _group_tests(blocks: np.ndarray, members: np.ndarray, targets: list[int], te
     seconds of every target)` the ratio H0 sits at."""
     observed, predicted, ratio = _ratios(blocks.sum(axis=0))
     boot = block_bootstrap(blocks)
-    alpha = (1 - CONFIDENCE) / 2
     out = {}
     for i in tested:
         m = int(np.flatnonzero(members == i)[0])
@@ -479,8 +480,8 @@ def _group_tests(blocks: np.ndarray, members: np.ndarray, targets: list[int], te
             excess = np.log(ratio[m, t]) - np.log(threshold)  # H0: ratio <= the bar
             se = widen * float(np.std(logs, ddof=1))
             z = excess / se if se > 0 else np.copysign(np.inf, excess)
-            centre = np.log(ratio[m, t])  # percentiles widened about the estimate by the residual correlation
-            lo, hi = np.exp(centre + widen * (np.quantile(logs, [alpha, 1 - alpha]) - centre))
+            # percentiles widened about the estimate by the residual correlation
+            lo, hi = np.exp(widened_interval(np.log(ratio[m, t]), logs, widen, CONFIDENCE))
             out[(i, names[t])] = {"ratio": float(ratio[m, t]), "ci": [float(lo), float(hi)],
                                   "p": float(stats.norm.sf(z)), "bar": threshold, "block_seconds": width,
                                   "steps": int(blocks[:, m, 0].sum()),

@@ -3,7 +3,7 @@ its peers' in the same strata?
 
 A replica whose scheduler admits one sequence at a time (max_num_seqs 1, a tiny token budget) queues
 only when requests overlap: at moderate load most of its requests do not wait, so its median is near
-its peers', but those that do wait far longer. The median comparison (diagnostics.stratified) misses
+its peers', but those that do wait far longer. The median comparison (evals.stats.stratified) misses
 that; this compares the tail, the request being the unit.
 
 - Strata: the median rule's (diagnostics.request_strata: model, workload, prompt length, offered
@@ -33,12 +33,12 @@ that; this compares the tail, the request being the unit.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 
-from diagnostics.hypothesis_tests import autocorrelation_inflation
+from evals.stats import RESAMPLES, TestResult, autocorrelation_inflation, block_counts, widened_interval
 
 QUANTILE = 0.9
 METRICS = ("queue", "ttft")  # where waiting shows: what a scheduler's limits do to the tail
@@ -49,32 +49,30 @@ BLOCK_MIN_SECONDS = 5.0
 BLOCK_MAX_SECONDS = 300.0
 AUTOCORR_Z = 2.0  # adjacent blocks' exceedances correlated beyond this z: blocks too short, doubled
 MIN_CELL = 5  # a (block, side) cell with fewer requests gives no residual to the autocorrelation
-RESAMPLES = 400
-CONFIDENCE = 0.95
 PEERS_PER_STRATUM = 400  # larger peer sides are subsampled for the bootstrap (a wider interval, never narrower)
 TEST = (f"stratified p{QUANTILE * 100:.0f} ratio (weighted mean log ratio over strata) vs peers' pooled requests; "
         f"block bootstrap over time, two-sided t on its standard error")
 
 
 @dataclass
-class TailComparison:
+class TailComparison(TestResult):
     n_subject: int  # the subject's requests in strata where both sides have MIN_PER_SIDE
     n_peers: int
     strata: int
     ratio: float  # p90 ratio, combined over strata
     ratio_ci: tuple[float, float] | None  # None: not bootstrapped (below the screen, or too_few_blocks)
     z: float
-    p_value: float
     blocks: int
     block_seconds: float
     block_lag1: float  # adjacent blocks' exceedance correlation left (it widens the interval)
     above_peer_quantile: float  # share of the subject's requests above the peers' stratum p90
     too_few_blocks: bool = False  # past the screen, but its requests lie in fewer than MIN_BLOCKS blocks
     quantile: float = QUANTILE
-    test: str = TEST
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def __post_init__(self):
+        self.test = self.test or TEST
+        self.statistic, self.effect, self.interval = self.z, self.ratio, self.ratio_ci
+        self.n = self.n_subject + self.n_peers
 
 
 def quantile_at(sorted_values: np.ndarray, counts: np.ndarray, q: float = QUANTILE) -> np.ndarray:
@@ -134,9 +132,7 @@ def compare(subject: dict, subject_at: dict, peers: dict, peers_at: dict, floor:
     se = widen * float(np.std(boot, ddof=1)) if len(boot) > 1 else 0.0
     z = effect / se if se > 0 else (np.copysign(np.inf, effect) if effect else 0.0)
     p = float(2 * stats.t.sf(abs(z), df=len(own_blocks) - 1))
-    a = (1 - CONFIDENCE) / 2
-    lo, hi = (np.exp(effect + widen * (np.quantile(boot, [a, 1 - a]) - effect)) if len(boot)
-              else (np.nan, np.nan))
+    lo, hi = np.exp(widened_interval(effect, boot, widen)) if len(boot) else (np.nan, np.nan)
     return TailComparison(ratio_ci=(float(lo), float(hi)), z=float(z), p_value=p, **base)
 
 
@@ -188,10 +184,7 @@ def _bootstrap(subject, subject_at, peers, peers_at, keys, weights, floor, t0, w
             order = np.argsort(values)
             sides.append((values[order], np.floor((at[order] - t0) / width).astype(np.int64)))
     blocks, index = np.unique(np.concatenate([b for _, b in sides]), return_inverse=True)
-    nb = len(blocks)
-    draws = rng.integers(0, nb, (RESAMPLES, nb))
-    counts = np.bincount((draws + nb * np.arange(RESAMPLES)[:, None]).ravel(),
-                         minlength=RESAMPLES * nb).reshape(RESAMPLES, nb).astype(float)
+    counts = block_counts(len(blocks), rng)
     bounds = np.cumsum([0] + [len(b) for _, b in sides])
     num = np.zeros(RESAMPLES)
     den = np.zeros(RESAMPLES)

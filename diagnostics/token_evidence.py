@@ -7,7 +7,7 @@ tokens shown): the strings the dashboard shows for the same IDs.
 from __future__ import annotations
 
 from engine.tokenization import Tokenizer
-from evals.gate_statistics import first_divergence
+from evals.stats import first_divergence
 
 WINDOW = 4  # tokens shown on each side of the first divergence
 

@@ -46,8 +46,8 @@ from scipy import special
 
 from diagnostics import prompt_family
 from diagnostics.findings import Finding, insufficient
-from diagnostics.hypothesis_tests import holm
 from diagnostics.scope import Scope, requests_in
+from evals.stats import TestResult, holm
 from telemetry.contract.probes import ACTIVE_WORKLOADS
 
 DIAGNOSTIC = "tokenizer"
@@ -92,7 +92,7 @@ class Workload:
 
 
 @dataclass
-class PairTest:
+class PairTest(TestResult):
     model: str
     workload: str
     a: str
@@ -109,6 +109,11 @@ class PairTest:
     p_holm: float = 1.0
     families: tuple[str, ...] = ()  # the prompt families (strata) both served, combined
     left_out: tuple[int, int] = (0, 0)  # requests in families the other side did not serve (enough of)
+
+    def __post_init__(self):
+        self.test = self.test or "Pearson chi-square of homogeneity, second-order Rao-Scott"
+        self.statistic, self.p_value, self.effect = self.chi_square / self.scale, self.p, self.tvd
+        self.n = sum(self.requests)
 
     @property
     def differs(self) -> bool:
@@ -321,7 +326,7 @@ def pair_tests(workloads: list[Workload]) -> tuple[list[PairTest], list[tuple[Gr
             tests += found
         elif len(reps) >= 2:
             short.append((g, reps))  # no pair compared: each is short of requests its peers' families share
-    for t, p in zip(tests, holm([t.p for t in tests])):
+    for t, p in zip(tests, holm(tests)):
         t.p_holm = p
     return tests, short
 

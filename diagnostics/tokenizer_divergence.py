@@ -38,7 +38,7 @@ from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence, tokens
 from diagnostics.unicode_corpus import corpus
 from engine.tokenization import Tokenizer
-from evals.gate_statistics import first_divergence
+from evals.stats import first_divergence
 from telemetry.contract.probes import ACTIVE_WORKLOADS
 
 DIAGNOSTIC = "tokenizer"

@@ -6,7 +6,7 @@ Per (model, workload), each replica's requests against its peers' pooled request
   requests that ended by 'stop' or 'length' (2 x 2: replica vs peers);
 - output length relative to the request's budget (telemetry.contract.derived.OUTPUT_FRACTION_SQL:
   output_tokens / max_tokens from sampling_params_json when set): Mann-Whitney U + Kolmogorov-Smirnov
-  (diagnostics.hypothesis_tests.compare_samples, the larger p).
+  (evals.stats.compare_samples, the larger p).
 Holm over replicas x workloads x the two tests (per model). A shifted replica shifts its peers' pools
 too, so replicas are named one at a time (the largest shift first; of two, the one running to its
 budget more often), the rest re-tested against pools without it. It fires when the adjusted p < ALPHA and
@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from diagnostics import config_keys, hypothesis_tests
+from diagnostics import config_keys
 from diagnostics.findings import Finding
-from diagnostics.scope import Scope, requests_in
+from diagnostics.request import DiagnosticRequest
+from diagnostics.scope import Scope, replicas_in, requests_in
+from evals.stats import DELTA_MEDIUM, chi_square_homogeneity, compare_samples, holm
 from telemetry.contract import derived
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
 
@@ -57,28 +59,28 @@ def _wanted(key: str) -> bool:
 
 
 def _tests(me: dict, peers: list[dict]) -> dict:
-    """{"finish": (p, evidence) | None, "length": (p, evidence) | None} for one replica and workload."""
+    """{"finish": (test, evidence) | None, "length": (test, evidence) | None} for one replica and workload."""
     out: dict = {"finish": None, "length": None}
     ended = lambda r: r["length_n"] + r["stop_n"]  # noqa: E731
     mine_n, peers_n = ended(me), sum(ended(p) for p in peers)
     mine_len, peers_len = me["length_n"], sum(p["length_n"] for p in peers)
     if mine_n >= MIN_REQUESTS and peers_n >= MIN_REQUESTS:
-        chi = hypothesis_tests.chi_square_homogeneity([mine_len, peers_len], [mine_n, peers_n])
+        chi = chi_square_homogeneity([mine_len, peers_len], [mine_n, peers_n])
         if chi is not None:
             share, peer_share = mine_len / mine_n, peers_len / peers_n
-            out["finish"] = (chi[1], {"length_share": share, "peers_length_share": peer_share,
-                                      "difference": share - peer_share, "chi2": chi[0], "p": chi[1],
-                                      "requests": mine_n, "peer_requests": peers_n,
-                                      "material": abs(share - peer_share) >= MIN_SHARE_DIFF,
-                                      "test": "chi-square of homogeneity (stop vs length), replica vs peers"})
+            out["finish"] = (chi, {"length_share": share, "peers_length_share": peer_share,
+                                   "difference": share - peer_share, "chi2": chi.statistic, "p": chi.p_value,
+                                   "requests": mine_n, "peer_requests": peers_n,
+                                   "material": abs(share - peer_share) >= MIN_SHARE_DIFF,
+                                   "test": "chi-square of homogeneity (stop vs length), replica vs peers"})
     mine = np.asarray(me["fractions"], dtype=float)
     theirs = np.concatenate([np.asarray(p["fractions"], dtype=float) for p in peers])
-    c = hypothesis_tests.compare_samples(theirs, mine, bootstrap=False, min_samples=MIN_REQUESTS)
+    c = compare_samples(theirs, mine, bootstrap=False, min_samples=MIN_REQUESTS)
     if c is not None:
-        out["length"] = (c.p_value, {"median_fraction": c.median_candidate, "peers_median_fraction": c.median_baseline,
+        out["length"] = (c, {"median_fraction": c.median_candidate, "peers_median_fraction": c.median_baseline,
                                      "cliffs_delta": c.cliffs_delta, "mwu_p": c.mwu_p, "ks_p": c.ks_p,
                                      "max_tokens": me["max_tokens"],
-                                     "material": abs(c.cliffs_delta) >= hypothesis_tests.DELTA_MEDIUM,
+                                     "material": abs(c.cliffs_delta) >= DELTA_MEDIUM,
                                      "unit": "output_tokens / max_tokens per request (raw count without max_tokens)",
                                      "test": c.test})
     return out
@@ -87,7 +89,7 @@ def _tests(me: dict, peers: list[dict]) -> dict:
 def _round(groups: dict, model: str, excluded: set) -> tuple[list, int]:
     """The material shifts (replica, workload, tests, strength) with Holm-adjusted p < ALPHA, replicas
     already named left out of every pool; and the family size."""
-    tests = []  # (replica, workload, test name, p, evidence)
+    tests = []  # (replica, workload, test name, TestResult, evidence)
     for (m, workload), group in groups.items():
         group = [r for r in group if r["replica_id"] not in excluded]
         if m != model or len(group) < 2:
@@ -97,9 +99,9 @@ def _round(groups: dict, model: str, excluded: set) -> tuple[list, int]:
             for name, result in _tests(me, peers).items():
                 if result is not None:
                     tests.append((me["replica_id"], workload, name, *result))
-    adjusted = hypothesis_tests.holm([t[3] for t in tests]) if tests else []
+    adjusted = holm([test for _, _, _, test, _ in tests]) if tests else []
     shifted: dict[str, dict] = {}
-    for (rid, workload, name, p, ev), q in zip(tests, adjusted):
+    for (rid, workload, name, _, ev), q in zip(tests, adjusted):
         if q < ALPHA and ev["material"]:
             shifted.setdefault(rid, {}).setdefault(workload, {})[name] = {**ev, "holm_p": q}
     return list(shifted.items()), len(tests)
@@ -113,9 +115,12 @@ def _strength(by_workload: dict) -> tuple[float, float]:
     return effect, share
 
 
-def run(store, scope: Scope, identity: dict) -> list[Finding]:
+def run(store, request: DiagnosticRequest, identity: dict | None = None) -> list[Finding]:
     """A shifted replica also shifts its peers' pools, so replicas are named one at a time: the most
-    shifted one, then the others re-tested against pools without it, until nothing fires."""
+    shifted one, then the others re-tested against pools without it, until nothing fires. `identity`
+    ({replica id: its replicas row}): the caller's, where it has read them already."""
+    scope = request.scope
+    identity = {r["replica_id"]: r for r in replicas_in(store, scope)} if identity is None else identity
     rows = store.query_arrow(_sql(scope), scope.parameters()).to_pylist()
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:

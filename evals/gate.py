@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from evals.gate_statistics import mcnemar, paired_bootstrap, wilson_interval
 from evals.logit_drift import DriftReport, compute_drift
 from evals.policy import Policy, policy_dict
 from evals.replay.summary import summarize_replay
 from evals.results import EvalRun
 from evals.runner import run_suite
 from evals.sides import Side
+from evals.stats import mcnemar, paired_bootstrap, wilson_interval
 from evals.suite import load_suite
 
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from evals.gate_statistics import DriftStats, GreedyAgreement, drift_from_positions, greedy_agreement
 from evals.results import EvalRun
+from evals.stats import DriftStats, GreedyAgreement, drift_from_positions, greedy_agreement
 
 if TYPE_CHECKING:  # torch is imported only by the callers that score (the dashboard reads reports)
     from evals.teacher_forcing import EngineScorer

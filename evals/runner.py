@@ -65,7 +65,7 @@ def store_run(run: EvalRun, target) -> None:
 
 def summarize(run: EvalRun) -> str:
     """A few lines for the terminal: overall and per-task accuracy with Wilson intervals."""
-    from evals.gate_statistics import wilson_interval
+    from evals.stats import wilson_interval
 
     lines = [f"run {run.run_id}: suite {run.run.suite}, model {run.run.model_name}, "
              f"quantization {run.run.quantization}"]

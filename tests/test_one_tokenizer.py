@@ -103,4 +103,4 @@ def test_one_first_divergence():
     defined = [str(path.relative_to(ROOT)) for path, tree in _modules("engine", "evals", "diagnostics", "dashboards")
                for node in ast.walk(tree)
                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "first_divergence"]
-    assert defined == ["evals/gate_statistics.py"]
+    assert defined == ["evals/stats/agreement.py"]

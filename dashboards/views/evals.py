@@ -8,7 +8,7 @@ import streamlit as st
 from dashboards import charts, data, gate_verdict, queries, widgets
 from dashboards.tokendiff import diff_html
 from dashboards.tokens import visible
-from evals.gate_statistics import first_divergence, wilson_interval
+from evals.stats import first_divergence, wilson_interval
 
 st.title("Evals")
 runs = data.query(queries.EVAL_RUNS)

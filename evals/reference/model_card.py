@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from evals.gate_statistics import wilson_interval
 from evals.reference.hf_generate import greedy_generate
+from evals.stats import wilson_interval
 from evals.suite import load_suite
 
 SUITE = Path(__file__).resolve().parents[1] / "suites" / "reference_heldout.jsonl"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from evals.gate_statistics import first_divergence, wilson_interval
 from evals.results import EvalRun
+from evals.stats import first_divergence, wilson_interval
 
 SUITE_PREFIX = "replay:"
 SCORER = "replay_tokens"  # score 1.0: the candidate's output token IDs equal the reference's

@@ -10,7 +10,7 @@ from dashboards import queries, settings
 from dashboards.flamegraph import tree
 from dashboards.tokendiff import diff_html, diff_ops
 from dashboards.tokens import load_tokenizer, token_frame, visible
-from evals.gate_statistics import first_divergence
+from evals.stats import first_divergence
 
 
 def test_visible_makes_whitespace_and_invisible_characters_visible():

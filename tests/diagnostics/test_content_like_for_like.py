@@ -178,20 +178,20 @@ def prefix_fleet(store, t0: float, r1_hits_a: float = 0.75) -> None:
 def test_a_tenant_with_its_own_prompts_is_not_a_prefix_hit_gap(clean):
     t0 = time.time() - 600
     prefix_fleet(clean, t0)
-    assert prefix_hits.run(clean, Scope(start=t0 - 60), {}) == []
+    assert prefix_hits.run(clean, DiagnosticRequest(Scope(start=t0 - 60)), {}) == []
 
 
 def test_pooled_the_tenant_would_read_as_a_prefix_hit_gap(clean, monkeypatch):
     t0 = time.time() - 600
     prefix_fleet(clean, t0)
     monkeypatch.setattr(prompt_family, "HEADS", ())
-    assert [f.subject for f in prefix_hits.run(clean, Scope(start=t0 - 60), {})] == ["r1"]
+    assert [f.subject for f in prefix_hits.run(clean, DiagnosticRequest(Scope(start=t0 - 60)), {})] == ["r1"]
 
 
 def test_a_cache_that_misses_on_the_shared_family_is_still_a_gap(clean):
     t0 = time.time() - 600
     prefix_fleet(clean, t0, r1_hits_a=0.05)
-    [gap] = prefix_hits.run(clean, Scope(start=t0 - 60), {})
+    [gap] = prefix_hits.run(clean, DiagnosticRequest(Scope(start=t0 - 60)), {})
     assert gap.subject == "r1"
     w = gap.evidence["workloads"]["chat"]
     assert w["requests"] <= 60 and w["requests_left_out"] >= 290 and w["gap_ci"][0] >= prefix_hits.MIN_GAP
@@ -209,14 +209,14 @@ def load_fleet(store, t0: float) -> None:
 def test_a_replica_sent_more_load_is_not_a_prefix_hit_gap(clean):
     t0 = time.time() - 600
     load_fleet(clean, t0)
-    assert prefix_hits.run(clean, Scope(start=t0 - 60), {}) == []
+    assert prefix_hits.run(clean, DiagnosticRequest(Scope(start=t0 - 60)), {}) == []
 
 
 def test_without_load_strata_the_heavier_tenant_would_read_as_a_gap(clean, monkeypatch):
     t0 = time.time() - 600
     load_fleet(clean, t0)
     monkeypatch.setattr(request_strata, "OFFERED_WINDOW", 0.0)  # no load counted: one load stratum
-    assert [f.subject for f in prefix_hits.run(clean, Scope(start=t0 - 60), {})] == ["r1"]
+    assert [f.subject for f in prefix_hits.run(clean, DiagnosticRequest(Scope(start=t0 - 60)), {})] == ["r1"]
 
 
 # -- sampled logprobs -------------------------------------------------------------------------------

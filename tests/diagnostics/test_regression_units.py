@@ -9,9 +9,9 @@ import time
 
 from diag_records import jittered, replica, request, step
 
-from diagnostics import hypothesis_tests, regression
-from diagnostics.hypothesis_tests import compare_samples
+from diagnostics import regression
 from diagnostics.scope import Scope
+from evals.stats import compare_samples
 
 
 def autocorrelated_steps(rid, t0, rng, n=6000, per_level=50, sigma=0.4):
@@ -36,7 +36,7 @@ def test_autocorrelated_steps_do_not_make_a_chance_shift_a_regression(clean):
     clean.insert_records("steps", fast + slow)
     host = [[s.duration_seconds - s.forward_seconds for s in steps] for steps in (slow, fast)]
     pick = random.Random(0)
-    by_step = hypothesis_tests.compare_samples(pick.sample(host[0], 1000), pick.sample(host[1], 1000), bootstrap=False)
+    by_step = compare_samples(pick.sample(host[0], 1000), pick.sample(host[1], 1000), bootstrap=False)
     assert by_step.p_value < 1e-6 and by_step.ratio > 1.1  # steps as the unit: "a regression"
     result = regression.analyse(clean, Scope(versions=("1",)), Scope(versions=("2",)),
                                 metrics=("step_host", "step_throughput"))
@@ -127,6 +127,6 @@ def test_a_step_whose_interval_reaches_below_the_bar_is_not_a_change_point(clean
         confirmed.append(c)
         return dataclasses.replace(c, ratio_ci=(c.ratio, c.ratio) if c.ratio else None)
 
-    monkeypatch.setattr(regression.hypothesis_tests, "compare_samples", point_only)
+    monkeypatch.setattr(regression, "compare_samples", point_only)
     assert [f.subject for f in regression.creep(clean, scope) if f.severity != "info"] == ["ttft: all"]
     assert any(c.ratio >= 1.2 and c.p_value < regression.ALPHA for c in confirmed)

@@ -8,9 +8,10 @@ import time
 import numpy as np
 from diag_records import jittered, replica, request, step
 
-from diagnostics import replicas, request_strata, stratified
+from diagnostics import replicas, request_strata
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
+from evals.stats import stratified
 from telemetry.contract.probes import PROBE_WORKLOAD
 
 
@@ -135,12 +136,3 @@ def test_a_significant_but_small_slowdown_is_not_a_lagging_replica(clean):
     b = [t for t in replicas.tests(group, {}) if t["replica"] == "b" and t["metric"] == "ttft"][0]
     assert b["holm_p"] < replicas.ALPHA
     assert above_info(run(clean, t0)) == []
-
-
-def test_van_elteren_with_one_stratum_is_the_tie_corrected_mann_whitney():
-    from scipy import stats
-
-    rng = np.random.default_rng(0)
-    x, y = np.round(rng.normal(0.5, 1, 40)), np.round(rng.normal(0, 1, 60))  # many ties
-    _, p = stratified.van_elteren({"s": x}, {"s": y}, ["s"])
-    assert abs(p - stats.mannwhitneyu(x, y, method="asymptotic", use_continuity=False).pvalue) < 1e-12

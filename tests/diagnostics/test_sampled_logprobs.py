@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from diagnostics import DIAGNOSTICS, sampled_logprobs
 from diagnostics.request import DiagnosticRequest
@@ -57,14 +56,6 @@ def above_info(findings):
 
 def test_registered():
     assert DIAGNOSTICS["quality"] is sampled_logprobs
-
-
-def test_van_elteren_one_stratum_is_mann_whitney():
-    rng = np.random.default_rng(1)
-    a, b = rng.normal(0.3, 1, 40), rng.normal(0, 1, 60)
-    z, p = sampled_logprobs.van_elteren([(a, b)])
-    ref = stats.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic", use_continuity=False)
-    assert p == pytest.approx(ref.pvalue, rel=1e-6) and z > 0
 
 
 def test_clean_fleet_gives_nothing_above_info(clean):

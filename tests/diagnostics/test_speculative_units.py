@@ -7,9 +7,10 @@ import time
 
 from spec_traffic import exact_traffic, spec_replica, spec_traffic
 
-from diagnostics import hypothesis_tests, speculative
+from diagnostics import speculative
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
+from evals.stats import ClusterSums, compare_ratios, two_proportions
 
 
 def insert(store, replicas, traffic):
@@ -34,7 +35,7 @@ def test_identical_replicas_with_overdispersed_requests_are_not_a_drop(clean):
     a, b = spec_traffic("a", t0, plan(38), seed=19), spec_traffic("b", t0, plan(39), seed=1019)
     insert(clean, [spec_replica("a", t0), spec_replica("b", t0)], [a, b])
     acc_a, acc_b = (sum(r.spec_accepted for r in reqs) for reqs, _ in (a, b))
-    tokens = hypothesis_tests.two_proportions(acc_a, 2400, acc_b, 2400)
+    tokens = two_proportions(acc_a, 2400, acc_b, 2400)
     assert tokens.p_value < 1e-10 and tokens.difference < -0.10  # what the token-level rule fired on
     findings = speculative.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
     assert above_info(findings) == [], [f.summary for f in findings]
@@ -75,9 +76,9 @@ def test_more_of_a_low_acceptance_workload_is_not_a_drop(clean):
 
     a, b = spec_traffic("a", t0, plan(0.2), k=1, seed=4), spec_traffic("b", t0, plan(0.8), k=1, seed=5)
     insert(clean, [spec_replica("a", t0, k=1), spec_replica("b", t0, k=1)], [a, b])
-    pooled = [hypothesis_tests.ClusterSums.of([r.spec_accepted for r in reqs], [r.spec_proposed for r in reqs])
+    pooled = [ClusterSums.of([r.spec_accepted for r in reqs], [r.spec_proposed for r in reqs])
               for reqs, _ in (a, b)]
-    unstratified = hypothesis_tests.compare_ratios({"all": pooled[0]}, {"all": pooled[1]})
+    unstratified = compare_ratios({"all": pooled[0]}, {"all": pooled[1]})
     assert unstratified.p_value < 1e-10 and unstratified.relative < -0.3  # what an unstratified test would say
     findings = speculative.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
     assert above_info(findings) == [], [f.summary for f in findings]

@@ -9,9 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from diagnostics import DIAGNOSTICS, hypothesis_tests, step_model
+from diagnostics import DIAGNOSTICS, step_model
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
+from evals.stats import clusters
 from telemetry.synthetic import T0
 from tests.diagnostics.diag_records import replica, step
 
@@ -216,7 +217,7 @@ def test_autocorrelated_step_noise_on_a_short_clean_run_merges_blocks_and_stays_
     scope = fleet(store, "m-drift", specs, seconds=90.0)
     assert above_info(run(store, scope)) == []
     monkeypatch.setattr(step_model, "AUTOCORR_Z", np.inf)  # no merging, no widening: a false alarm
-    monkeypatch.setattr(hypothesis_tests, "AUTOCORR_MAX_RHO", 0.0)
+    monkeypatch.setattr(clusters, "AUTOCORR_MAX_RHO", 0.0)
     assert slow(run(store, scope))
 
 

@@ -114,7 +114,7 @@ def test_a_significant_but_small_mix_difference_is_not_a_shift(clean):
                                          Scope(start=t0 - 60).parameters()).to_pylist()]
     c = next(r for r in rows if r["replica_id"] == "c")
     finish = traffic_mix._tests(c, [r for r in rows if r is not c])["finish"]
-    assert finish[0] < 1e-6 and not finish[1]["material"]
+    assert finish[0].p_value < 1e-6 and not finish[1]["material"]
     assert findings(clean, t0) == []
 
 

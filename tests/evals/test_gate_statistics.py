@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 from scipy.special import log_softmax as sp_log_softmax
 
-from evals.gate_statistics import (
+from evals.stats import (
     drift_from_positions,
     drift_statistics,
     first_divergence,
