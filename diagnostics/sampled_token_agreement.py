@@ -27,9 +27,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from diagnostics.cross_scores import mean_ci, name_subject, scored_fleet
+from diagnostics.cross_scores import name_subject, scored_fleet
 from diagnostics.findings import Finding, insufficient
-from evals.stats import holm
+from evals.stats import holm, mean_interval
 from diagnostics.replicas import differs_in, identity_differences
 from diagnostics.request import DiagnosticRequest
 
@@ -69,7 +69,7 @@ def decide_pairs(served: dict, replicas: list[str], rng) -> list[dict]:
         p["p"] = signed_rank_less(p["x"])
     for p, q in zip(tested, holm([p["p"] for p in tested])):
         p["p_holm"], p["mean"] = q, float(np.mean(p["x"]))
-        p["ci"] = mean_ci(p["x"], rng)
+        p["ci"] = mean_interval(p["x"], rng)
         p["disagrees"] = bool(q < ALPHA and p["ci"][1] < -MIN_EFFECT)
     return pairs
 
