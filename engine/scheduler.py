@@ -259,9 +259,22 @@ class Scheduler:
             self.finish(seq, "abort")
 
 
+# a sequence waits a step for a prefix being computed only when that saves at least this many tokens of
+# prefill: the wait costs it a step of time to first token
+MIN_SHARED_TOKENS_TO_WAIT = 64
+
+
 def _next_block_filling(kv: KVCacheManager, seq: Sequence, num_hit_blocks: int, filling: set) -> bool:
-    """Is the first block of `seq` past its cache hit one that a sequence in this step is filling?"""
+    """Do the blocks of `seq` past its cache hit begin with MIN_SHARED_TOKENS_TO_WAIT tokens that sequences in
+    this step are filling?"""
     if seq.wants_prompt_logprobs:  # it never takes a cache hit: nothing to wait for
         return False
     hashes = kv.prefix_block_hashes(seq, len(seq.token_ids))
-    return num_hit_blocks < len(hashes) and hashes[num_hit_blocks] in filling
+    shared = 0
+    for h in hashes[num_hit_blocks:]:
+        if h not in filling:
+            break
+        shared += kv.block_size
+        if shared >= MIN_SHARED_TOKENS_TO_WAIT:
+            return True
+    return False

@@ -29,16 +29,23 @@ def _step(sched: Scheduler):
 
 def test_a_shared_prefix_is_computed_once_and_hit_by_the_others():
     sched = _scheduler()
-    shared = list(range(100, 116))  # 4 full blocks of 4
+    shared = list(range(100, 164))  # 16 full blocks of 4: 64 tokens, enough to wait a step for
     for i in range(4):
         sched.add(_seq(str(i), shared + [i, i + 1]))
     first = _step(sched)
     assert [s.request_id for s in first.seqs] == ["0"]  # the others would compute the same 4 blocks beside it
     second = _step(sched)
     assert sorted(s.request_id for s in second.seqs if s.request_id != "0") == ["1", "2", "3"]
-    assert second.prefix_hit_tokens == 3 * 16
+    assert second.prefix_hit_tokens == 3 * 64
     kv = sched.kv_cache
-    assert kv.prefix_hit_tokens == 3 * 16 and kv.prefix_query_tokens == 4 * 18
+    assert kv.prefix_hit_tokens == 3 * 64 and kv.prefix_query_tokens == 4 * 66
+
+
+def test_a_short_shared_prefix_is_not_worth_a_step_of_waiting():
+    sched = _scheduler()
+    for i in range(4):
+        sched.add(_seq(str(i), list(range(100, 160)) + [i]))  # 15 blocks: 60 tokens
+    assert len(_step(sched).seqs) == 4
 
 
 def test_prompts_without_a_common_block_are_admitted_together():
@@ -50,7 +57,7 @@ def test_prompts_without_a_common_block_are_admitted_together():
 
 def test_a_sequence_that_cannot_take_a_hit_does_not_wait_for_one():
     sched = _scheduler()
-    shared = list(range(100, 116))
+    shared = list(range(100, 164))
     sched.add(_seq("0", shared + [1]))
     sched.add(_seq("1", shared + [2], prompt_logprobs=1))
     assert len(_step(sched).seqs) == 2

@@ -64,7 +64,10 @@ def run(args) -> int:
             print(f"skipped {why}", flush=True)
             report["skipped"].append(why)
             continue
-        sides += [(peer, v) for v in peer.variants if v in _split(args.variants)]
+        wanted = _split(args.variants)
+        # a peer's "default" is its fp32 (only infersight has variants of its own defaults)
+        sides += [(peer, v) for v in peer.variants
+                  if v in wanted or (v == "fp32" and "default" in wanted and peer.name != "infersight")]
     for model_name in model_names:
         report["models"][model_name] = _run_model(args, model_name, sides, overrides, repeats)
     report["wall_s"] = time.perf_counter() - started
