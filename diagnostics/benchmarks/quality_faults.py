@@ -16,6 +16,14 @@ diagnostics run over the window once the cross-scorer has had one pass past it. 
 at the first checkpoint where a finding above info of one of its detectors names the candidate.
 Identity findings run too and are printed, but a fault counts as caught only by its detectors here
 (the content rules, except for the changed generation default, whose identity names the key).
+
+Measured on a shared 2-core host (2026-12-06, load average 20-50 from other work; 8-17 min a case),
+requests per replica at the first catching checkpoint (100 / 200 / 300):
+int4 g128: together 100, canary 100, three 300; RoPE base x10: 100, 100, 200; 5% noise: 200, 200,
+200; 20% noise: canary 100, three 200; repetition_penalty 1.3: 100, 100, 100 (sampled_logprob_shift,
+config_mismatch names the key); damaged draft: canary 100 (spec_acceptance_drop). Caught by
+sampled_token_disagreement first in every weight fault but one (together, 5%: cross_score_shift).
+Clean fleets (together, canary x2, three): no content finding above info.
 """
 
 from __future__ import annotations
