@@ -1,5 +1,5 @@
 """infersight's server answers as the real vLLM (the CPU build in .venv-vllm) does, side by side on the
-reference model, one vLLM start for the module: an unknown model, echo without generation, echo's
+reference model (the plain vLLM the modules here share, plain_vllm.py): an unknown model, echo without generation, echo's
 logprobs, tools the model may not call on a template without tools, `--chat-template`, /ping and /load,
 a stream's first and last chunks, /detokenize, and the `openai` client on both."""
 
@@ -11,43 +11,26 @@ import time
 import httpx
 import openai
 import pytest
+from plain_vllm import SERVED, TEMPLATE
 from vllm_fleet_marks import vllm_marks
 
 from engine.fleet.models import REFERENCE_MODEL
 
 pytestmark = vllm_marks()
 
-SERVED = "target"
 PROMPT = "The sky is"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is two plus two?"}]
-# not the model directory's template: both servers are given it (vLLM a file, infersight the same file)
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
 @pytest.fixture(scope="module")
-def template_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("template") / "chat.jinja"
-    path.write_text(TEMPLATE)
-    return path
+def vllm(plain_vllm):
+    return plain_vllm.url
 
 
 @pytest.fixture(scope="module")
-def vllm(template_file, tmp_path_factory):
-    from engine.vllm_adapter.launch import start_vllm_server
-
-    server = start_vllm_server(REFERENCE_MODEL, served_model_name=SERVED, plugin=False, chat_template=template_file,
-                               log_path=tmp_path_factory.mktemp("vllm-log") / "vllm.log")
-    try:
-        yield server.url
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def ours(template_file):
+def ours(chat_template_file):
     from engine.async_engine import AsyncLLM
     from engine.config import EngineConfig
     from engine.server.app import build_app
@@ -55,7 +38,7 @@ def ours(template_file):
     from engine.server.model_info import ServedModel
 
     engine = AsyncLLM(EngineConfig(model=str(REFERENCE_MODEL), max_model_len=256, served_model_name=SERVED,
-                                   chat_template=str(template_file)))
+                                   chat_template=str(chat_template_file)))
     with BackgroundServer(build_app(ServedModel.from_engine(engine, created=int(time.time())))) as server:
         yield server.url
 

@@ -1,6 +1,7 @@
-"""The recording proxy in front of a real vLLM (the CPU build) on the reference model: the client gets
-what vLLM alone would give it, and every answered request is stored with the token IDs vLLM used
-(vLLM's own answer with `return_token_ids` is the truth), under the request id vLLM used."""
+"""The recording proxy in front of a real vLLM (the CPU build; the plain one the modules here share,
+plain_vllm.py) on the reference model: the client gets what vLLM alone would give it, and every answered
+request is stored with the token IDs vLLM used (vLLM's own answer with `return_token_ids` is the truth),
+under the request id vLLM used."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import uuid
 
 import httpx
 import pytest
+from plain_vllm import SERVED
 from vllm_fleet_marks import vllm_marks
 
 from engine.fleet.models import REFERENCE_MODEL
 
 pytestmark = vllm_marks()
 
-SERVED = "target"
 PROMPT = "The quick brown fox"
 MESSAGES = [{"role": "user", "content": "What is two plus two?"}]
 
@@ -31,15 +32,8 @@ def sidecar(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory):
-    from engine.vllm_adapter.launch import start_vllm_server
-
-    server = start_vllm_server(REFERENCE_MODEL, served_model_name=SERVED,
-                               log_path=tmp_path_factory.mktemp("vllm-log") / "vllm.log")
-    try:
-        yield server
-    finally:
-        server.stop()
+def vllm(plain_vllm):
+    return plain_vllm
 
 
 @pytest.fixture(scope="module")
