@@ -11,20 +11,20 @@ import logging
 import time
 
 from diagnostics import (
+    agreement,
     availability,
-    cross_scores,
-    identity_drift,
+    drift,
+    identity,
     identity_events,
-    output_drift,
     overhead,
-    probes,
+    probe,
+    quality,
     regression,
     replicas,
-    sampled_logprobs,
-    sampled_token_agreement,
+    rescore,
     speculative,
-    step_model,
-    tokenizer_divergence,
+    steps,
+    tokenizer,
 )
 from diagnostics.findings import Finding, resolved, worst_first, write_findings
 from diagnostics.request import DiagnosticRequest
@@ -33,9 +33,9 @@ from diagnostics.scope import Scope
 log = logging.getLogger(__name__)
 
 # name (as `infersight diagnose NAME` says it, each module's DIAGNOSTIC) -> its module, in the order they run
-DIAGNOSTICS = {m.DIAGNOSTIC: m for m in (regression, replicas, tokenizer_divergence, identity_drift, output_drift,
-                                         probes, sampled_logprobs, cross_scores, sampled_token_agreement,
-                                         speculative, overhead, step_model,
+DIAGNOSTICS = {m.DIAGNOSTIC: m for m in (regression, replicas, tokenizer, identity, drift,
+                                         probe, quality, rescore, agreement,
+                                         speculative, overhead, steps,
                                          availability)}
 DEFAULT_WINDOW = "24h"
 

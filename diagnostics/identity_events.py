@@ -2,7 +2,7 @@
 with other weights, tokenizer, template, version or config keys) is an event, with its time and the keys
 that changed, before and after.
 
-A difference between replicas (diagnostics.identity_drift) says what is different now; an event says when
+A difference between replicas (diagnostics.identity) says what is different now; an event says when
 it began and from what. `events` reads every start of the scope's replicas up to the window's end (a
 change before the window still explains it: the replica runs under it since); `in_window` picks those inside
 the window, and `findings` makes one `identity_changed` info finding per such event; `cite` appends the

@@ -1,7 +1,7 @@
 """Mechanisms: why something is slow, as far as its own records say, against what it is compared with.
 
 A latency or lag finding names a subject and a reference: a lagging replica and its peers in the same window
-(diagnostics.replicas, diagnostics.step_model), a candidate and its baseline (diagnostics.regression), the
+(diagnostics.replicas, diagnostics.steps), a candidate and its baseline (diagnostics.regression), the
 time after a change point and the time before it. This module looks in the store for what would make the
 subject slow and cites what it finds, with the numbers on both sides, or says that nothing was found
 (each side's records pooled over its replicas):

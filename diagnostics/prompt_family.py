@@ -13,7 +13,7 @@ chat template's preamble, a few-shot header. A head shared only by copies of one
 prompt, not a kind of prompt (a repeated prompt alone would make a family of its own, where its
 tokens cannot differ), and prompts that share no head with others form one family per length bucket
 ("unshared"). The family comes from token IDs, so a replica whose tokenizer differs puts the same
-texts in other families: a tokenizer is judged on the same text (diagnostics.tokenizer_divergence),
+texts in other families: a tokenizer is judged on the same text (diagnostics.tokenizer),
 never on a distribution difference.
 """
 

@@ -56,7 +56,7 @@ ALPHA = 0.01
 FLOORS = {"queue": 1e-3, "prefill": 1e-3, "ttft": 1e-3, "tpot": 1e-4, "itl": 1e-4, "e2e": 1e-3}
 # prefill and TTFT are compared in strata of computed prompt tokens (request_strata.BY_COMPUTED): a replica
 # whose scheduler budget cuts each prompt into chunks spends a step per chunk while its steps are small, not
-# slow (diagnostics.step_model). Real 32-token budget canary: prefill 1.0x its peer's at <= 32 computed
+# slow (diagnostics.steps). Real 32-token budget canary: prefill 1.0x its peer's at <= 32 computed
 # tokens, 1.25-2.0x at 33-64, 1.4-4x at 65-96 (more the busier the host); in prompt-length strata its
 # median TTFT read 1.46x, CI low 1.148 (missed), in computed-token strata 1.59x, CI low 1.18
 BY_COMPUTED = request_strata.BY_COMPUTED

@@ -22,7 +22,7 @@ that; this compares the tail, the request being the unit.
   blocks of the span / TARGET_BLOCKS, at least BLOCK_MIN_SECONDS (the offered-load window: a burst
   lives inside it), doubled while adjacent blocks' exceedances (the share of a block's requests above
   the pooled stratum p90, per side) stay correlated (lag-1 z > AUTOCORR_Z) and MIN_BLOCKS remain;
-  what correlation is left widens the spread by sqrt((1 + rho) / (1 - rho)) (diagnostics.step_model
+  what correlation is left widens the spread by sqrt((1 + rho) / (1 - rho)) (diagnostics.steps
   does the same for steps). Blocks are drawn with replacement jointly for the replica and its peers
   (they share the time's load), and the effect is recomputed from the blocks' multiplicities.
   Interval: bootstrap percentiles; p: two-sided, t with (blocks - 1) degrees of freedom on the
@@ -140,7 +140,7 @@ def adapted_blocks(subject, subject_at, peers, peers_at, keys, t0, width) -> tup
     """(block seconds, lag-1 rho, its z): blocks doubled while adjacent blocks' exceedances are
     correlated (z > AUTOCORR_Z) and the subject keeps MIN_BLOCKS of them. The residual of a (block,
     side) cell: its share of requests above the pooled stratum p90, centred on the side's mean (its
-    level is the effect under test, not noise); as diagnostics.step_model does for step times."""
+    level is the effect under test, not noise); as diagnostics.steps does for step times."""
     at, side, above = [], [], []
     for s in keys:
         threshold = _point(np.concatenate([subject[s], peers[s]]))

@@ -23,15 +23,15 @@ import time
 from pathlib import Path
 
 from diagnostics import (
-    cross_scores,
-    output_drift,
+    drift,
     overhead,
+    quality,
     regression,
     replicas,
-    sampled_logprobs,
+    rescore,
     speculative,
-    step_model,
-    tokenizer_divergence,
+    steps as steps_rule,
+    tokenizer,
 )
 from diagnostics.findings import format_table
 from diagnostics.request import DiagnosticRequest
@@ -148,13 +148,13 @@ def main() -> int:
             "regression (0.2.0 vs 0.1.0)": lambda: regression.compare(store, base, cand),
             "regression change points": lambda: regression.creep(store, scope),
             "replicas": lambda: replicas.run(store, DiagnosticRequest(scope)),
-            "tokenizer": lambda: tokenizer_divergence.run(store, DiagnosticRequest(scope)),
-            "drift (evals + greedy)": lambda: output_drift.run(store, DiagnosticRequest(scope)),
+            "tokenizer": lambda: tokenizer.run(store, DiagnosticRequest(scope)),
+            "drift (evals + greedy)": lambda: drift.run(store, DiagnosticRequest(scope)),
             "speculative": lambda: speculative.run(store, DiagnosticRequest(scope)),
             "overhead": lambda: overhead.run(store, DiagnosticRequest(scope)),
-            "quality (sampled logprobs)": lambda: sampled_logprobs.run(store, DiagnosticRequest(scope)),
-            "rescore (cross-scoring)": lambda: cross_scores.run(store, DiagnosticRequest(scope)),
-            "steps (step-time model)": lambda: step_model.run(store, DiagnosticRequest(scope)),
+            "quality (sampled logprobs)": lambda: quality.run(store, DiagnosticRequest(scope)),
+            "rescore (cross-scoring)": lambda: rescore.run(store, DiagnosticRequest(scope)),
+            "steps (step-time model)": lambda: steps_rule.run(store, DiagnosticRequest(scope)),
         }
         if args.only:
             runs = {name: fn for name, fn in runs.items() if any(name.startswith(o) for o in args.only)}

@@ -50,7 +50,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from diagnostics import DIAGNOSTICS, replicas, request_strata, spec_sums, step_model
+from diagnostics import DIAGNOSTICS, replicas, request_strata, spec_sums, steps
 from diagnostics import run as run_diagnostics
 from diagnostics.benchmarks import finding_checks, perf_faults
 from diagnostics.benchmarks.deploy_faults import QuotaUnavailable, Tenant, cpu_quota_group, restart_replica
@@ -392,7 +392,7 @@ def _measured(store_url: str, since: float, candidate: str, log) -> None:
     scope = Scope(start=since)
     report: list = []
     with open_store(store_url) as store:
-        step_model.run(store, DiagnosticRequest(scope), report=report)
+        steps.run(store, DiagnosticRequest(scope), report=report)
         group = {rid: e for (_, rid), e in request_strata.samples(store, scope).items()}
         limits = {r["replica_id"]: replicas.scheduler_limits(r) for r in replicas_in(store, scope)}
     for r in report:

@@ -46,7 +46,7 @@ _LAUNCH_OPTIONS = {"dtype": "float32", "enforce_eager": True, "chat_template": N
 # Producing them is most of what the attachment costs vLLM: on the reference model here (4 concurrent x 32
 # tokens, vLLM on one CPU) logprobs on every request made vLLM 1.159x [1.05, 1.22] slower; the whole
 # attachment was 1.19-1.22x, and 1.063x [0.99, 1.14] without them (engine/benchmarks/proxy_asks.py,
-# vllm_overhead.py). The quality rule (diagnostics/sampled_logprobs.py) compares a per-request mean, so a
+# vllm_overhead.py). The quality rule (diagnostics/quality.py) compares a per-request mean, so a
 # uniform share of requests serves it, at 1/F the traffic for the same evidence: the reference model with
 # 50% weight noise, 300 requests per replica, was still named at F = 0.25 (68 measured, Holm p 6e-13) and
 # 0.1 (23 measured, p 3e-9), not at 0.05 (13 measured: insufficient data); a clean pair stayed quiet at each.

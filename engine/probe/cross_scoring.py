@@ -10,7 +10,7 @@ falls in the `share` (deterministic: every scorer process and every restart pick
 and the pick is an unbiased sample of the replica's traffic). Each pick, prompt + output token IDs,
 goes teacher-forced with prompt logprobs (max_tokens 1, temperature 0) to one peer serving the same
 model (chosen by the same hash, so over picks every peer is used) and to the serving replica itself:
-the self-rescoring is the numerical floor diagnostics/cross_scores.py compares against. Requests
+the self-rescoring is the numerical floor diagnostics/rescore.py compares against. Requests
 are `X-Workload: rescore`, which every traffic statistic leaves out.
 
 Cost is bounded twice: the share of requests, and a token ledger per model. Each pass grants

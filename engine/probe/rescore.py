@@ -13,7 +13,7 @@ self-rescoring control), as
     X-Workload: rescore, X-Request-Id: rescore.<round>.<S>.<original request id>
 
 S's row (requests.prompt_logprobs) then holds the logprob of every output token R sampled, under
-S's weights: diagnostics/cross_scores.py compares it with R's output_logprobs. The token budget
+S's weights: diagnostics/rescore.py compares it with R's output_logprobs. The token budget
 bounds a round: a pick costs (prompt + output + 1) tokens on every scorer; picks are taken in hash
 order while they fit, the rest are counted as skipped. Scorers run in parallel, `concurrency`
 requests in flight on each.
@@ -40,7 +40,7 @@ from telemetry.contract.probes import (
 )
 from telemetry.store import open_store
 
-MIN_OUTPUT_TOKENS = 2  # one token says little; cross_scores.py averages over the output positions
+MIN_OUTPUT_TOKENS = 2  # one token says little; diagnostics/rescore.py averages over the output positions
 DEFAULT_TOKEN_BUDGET = 200_000
 DEFAULT_WINDOW_SECONDS = 3600.0  # "recent": requests that arrived this long before the round, at most
 

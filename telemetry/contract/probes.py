@@ -65,7 +65,7 @@ def parse_probe_request_id(request_id: str) -> ProbeRequestId | None:
 PROBE_ID_REGEX_SQL = r"'^probe\\.(p\\d+)\\.([a-z0-9_]+)\\.(solo|batched)\\.(.+)$'"
 
 
-# --- rescore requests (cross-scoring: engine/probe/rescore.py, diagnostics/cross_scores.py) ---------
+# --- rescore requests (cross-scoring: engine/probe/rescore.py, diagnostics/rescore.py) ---------
 # A request replica R served, sent teacher-forced (prompt + output as the prompt, prompt_logprobs 0,
 # max_tokens 1) to a scorer replica S (R itself included: the self-rescoring control). Its row
 # carries workload "rescore" and the request id

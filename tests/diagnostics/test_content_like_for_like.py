@@ -17,9 +17,9 @@ import pytest
 from diag_faults import with_normalizer
 from diag_records import replica, request
 
-from diagnostics import prefix_hits, prompt_family, request_strata, sampled_logprobs
+from diagnostics import prefix_hits, prompt_family, quality, request_strata
 from diagnostics import token_frequencies as freq
-from diagnostics import tokenizer_divergence as tokdiag
+from diagnostics import tokenizer as tokdiag
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from engine.prompt import chat_prompt
@@ -242,8 +242,8 @@ def logprob_fleet(store, t0: float, r1_shift_a: float = 0.0) -> None:
 
 
 def _quality(store, t0):
-    return [f for f in sampled_logprobs.run(store, DiagnosticRequest(Scope(start=t0 - 60)))
-            if f.kind == sampled_logprobs.KIND]
+    return [f for f in quality.run(store, DiagnosticRequest(Scope(start=t0 - 60)))
+            if f.kind == quality.KIND]
 
 
 def test_a_tenant_the_model_is_less_sure_of_is_not_a_logprob_shift(clean):

@@ -9,7 +9,7 @@ import time
 import pytest
 from diag_records import replica, request, step
 
-from diagnostics import DIAGNOSTICS, probes
+from diagnostics import DIAGNOSTICS, probe as probe_rule
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from engine.tokenization import Tokenizer
@@ -52,7 +52,7 @@ def fleet(store, tok, t0: float, *replicas: tuple[str, float, dict]):
 
 
 def diagnose(store, tiny_llama, t0: float, **kw):
-    findings = probes.run(store, DiagnosticRequest(Scope(start=t0 - 60), model_dirs={"tiny": str(tiny_llama)}, **kw))
+    findings = probe_rule.run(store, DiagnosticRequest(Scope(start=t0 - 60), model_dirs={"tiny": str(tiny_llama)}, **kw))
     for f in findings:
         f.evidence_json()  # every finding can be stored
     return findings
@@ -81,7 +81,7 @@ def test_a_canary_whose_probes_all_differ_is_critical_against_the_first_served_b
     assert at[2]["id"] == 300 and at[2]["text"] == Tokenizer(tiny_llama).piece(300)
     assert any(d["field"] == "weights_hash" for d in ev["identity_differences"])
     # registered under the name the CLI uses
-    assert DIAGNOSTICS["probe"] is probes
+    assert DIAGNOSTICS["probe"] is probe_rule
 
 
 def test_a_clean_pair_of_identical_outputs_is_quiet(clean, tiny_llama, tok):
@@ -170,7 +170,7 @@ def test_one_mismatching_probe_between_baseline_replicas_is_only_info(clean, tin
     (3, 6, "warning"),  # half, but Wilson low 19%: too few probes to page
 ])
 def test_the_drift_severity_rule(k, n, expected):
-    assert probes.severity(k, n) == expected
+    assert probe_rule.severity(k, n) == expected
 
 
 def test_a_few_mismatching_probes_are_a_warning_not_critical(clean, tiny_llama, tok):

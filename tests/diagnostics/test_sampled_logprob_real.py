@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from diagnostics import sampled_logprobs
+from diagnostics import quality
 from diagnostics.benchmarks.model_faults import noisy_weights
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
@@ -67,7 +67,7 @@ def serve(store, model: Path, replica_id: str, seed: int, seen: set[str], role: 
 
 
 def diagnose(store, t0):
-    return sampled_logprobs.run(store, DiagnosticRequest(Scope(start=t0 - 60)))
+    return quality.run(store, DiagnosticRequest(Scope(start=t0 - 60)))
 
 
 def test_damaged_checkpoint_is_named_under_sampled_traffic(clean, damaged):

@@ -10,7 +10,7 @@ from diag_faults import with_normalizer
 from diag_records import replica, request
 
 from diagnostics import shared_outcomes
-from diagnostics import tokenizer_divergence as tokdiag
+from diagnostics import tokenizer as tokdiag
 from diagnostics.findings import Finding
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope

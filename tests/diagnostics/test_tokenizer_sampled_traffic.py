@@ -20,7 +20,7 @@ from diag_records import replica, request
 from scipy import special
 
 from diagnostics import token_frequencies as freq
-from diagnostics import tokenizer_divergence as tokdiag
+from diagnostics import tokenizer as tokdiag
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from engine.prompt import chat_prompt

@@ -8,7 +8,7 @@ import time
 
 from diag_records import request
 
-from diagnostics import tokenizer_divergence as tokdiag
+from diagnostics import tokenizer as tokdiag
 from diagnostics.scope import Scope
 from engine.tokenization import Tokenizer
 from telemetry.schema import migrate

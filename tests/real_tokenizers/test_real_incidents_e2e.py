@@ -11,7 +11,7 @@ import time
 import pytest
 from incidents import INCIDENTS
 
-from diagnostics import tokenizer_divergence as tokdiag
+from diagnostics import tokenizer as tokdiag
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from engine.llm import LLM
@@ -85,11 +85,11 @@ def test_the_tokenizer_diagnostic_names_cand(served, store, tokenizer_of):
 
 
 def test_the_identity_diagnostic_names_cand(served, store):
-    if importlib.util.find_spec("diagnostics.identity_drift") is None:
-        pytest.skip("diagnostics/identity_drift.py does not exist yet (being written in parallel)")
-    from diagnostics import identity_drift
+    if importlib.util.find_spec("diagnostics.identity") is None:
+        pytest.skip("diagnostics/identity.py does not exist yet (being written in parallel)")
+    from diagnostics import identity
 
     incident, request, _ = served
-    found = identity_drift.run(store, request)
+    found = identity.run(store, request)
     summary = [(f.kind, f.severity, f.subject) for f in found]
     assert above_info(found, "cand") and not above_info(found, "base"), summary

@@ -9,7 +9,7 @@ import time
 
 from diag_records import replica, request
 
-from diagnostics import tokenizer_divergence as tokdiag
+from diagnostics import tokenizer as tokdiag
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from engine.probe.suite import by_id

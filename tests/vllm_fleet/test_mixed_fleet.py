@@ -246,6 +246,6 @@ def test_an_edited_chat_template_on_a_vllm_replica_is_named_with_the_first_diver
     assert ex["replica_token_ids"][pos] != ex["reference_token_ids"][pos]
     assert "first divergence at token" in divergent["summary"]
     assert divergent["evidence"]["divergent"] == len(QUESTIONS)  # every chat; the completions agree
-    # the template's hash difference is the identity diagnostic's (diagnostics/identity_drift.py)
+    # the template's hash difference is the identity diagnostic's (diagnostics/identity.py)
     identity = findings(fleet.store_url, "identity", t1, time.time() + 1, "r0,v0,v1")
     assert "v1" in {f["subject"] for f in identity if f["kind"] == "chat_template_mismatch" and f["severity"] != "info"}

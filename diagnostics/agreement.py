@@ -1,7 +1,7 @@
 """Sampled tokens a peer finds less likely: a replica that serves another model, seen in its own samples.
 
 A small model stays confident while wrong: its sampled tokens keep high logprobs under its own weights
-(diagnostics/sampled_logprobs.py sees nothing), but a peer with the intended weights gives them less.
+(diagnostics/quality.py sees nothing), but a peer with the intended weights gives them less.
 The cross-score (engine/probe/cross_scoring.py: each scored request teacher-forced by a peer S and by
 the replica R that served it) gives, per request and output position, lp_S(token) and lp_R(token)
 under the same conditions (both prefill, same prompt). Per request:
@@ -11,7 +11,7 @@ under the same conditions (both prefill, same prompt). Per request:
 For tokens drawn from R's distribution the expectation of log p_S - log p_R is -KL(p_R || p_S) <= 0
 (Gibbs' inequality; sampling at a temperature below 1 sharpens p_R and keeps the sign): any
 difference between the models pulls x below 0, in both directions of a pair, while numerical noise
-(kernels, batch composition) moves it either way. So, unlike |dlogprob| (diagnostics/cross_scores.py),
+(kernels, batch composition) moves it either way. So, unlike |dlogprob| (diagnostics/rescore.py),
 the sign itself separates another model from noise.
 
 Unit: the request. Per unordered pair {A, B} of one model, both directions pooled (A's requests scored
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from diagnostics.cross_scores import name_subject, scored_fleet
+from diagnostics.rescore import name_subject, scored_fleet
 from diagnostics.findings import Finding, insufficient
 from evals.stats import holm, mean_interval
 from diagnostics.replicas import differs_in, identity_differences

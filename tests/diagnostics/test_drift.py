@@ -8,7 +8,7 @@ import time
 
 from diag_records import replica, request
 
-from diagnostics import output_drift
+from diagnostics import drift
 from diagnostics.baseline import Baseline, identity_key
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
@@ -42,7 +42,7 @@ def test_a_significant_accuracy_drop_is_quality_drift_with_divergence(clean):
     cand_outputs = [o if ok == c else [5, 9, 9] for o, ok, c in zip(outputs, base_ok, cand_ok)]
     store_runs(clean, eval_run("base", t0, "cfg-base", base_ok, outputs),
                eval_run("cand", t0 + 100, "cfg-int4", cand_ok, cand_outputs))
-    findings = output_drift.eval_drift(clean, Scope(start=t0 - 60))
+    findings = drift.eval_drift(clean, Scope(start=t0 - 60))
     assert len(findings) == 1
     f = findings[0]
     assert f.kind == "quality_drift" and f.severity == "critical" and f.subject == "arith: cfg-int4 vs cfg-base"
@@ -58,12 +58,12 @@ def test_equal_accuracy_is_info_and_too_few_items_is_insufficient(clean):
     ok = [i % 4 != 0 for i in range(60)]
     outs = [[1, 2]] * 60
     store_runs(clean, eval_run("a", t0, "cfg-a", ok, outs), eval_run("b", t0 + 10, "cfg-b", ok, outs))
-    (f,) = output_drift.eval_drift(clean, Scope(start=t0 - 60))
+    (f,) = drift.eval_drift(clean, Scope(start=t0 - 60))
     assert f.severity == "info" and f.evidence["greedy"]["agreement"] == 1.0 and "accuracy holds" in f.summary
     clean.command("TRUNCATE TABLE eval_runs")
     clean.command("TRUNCATE TABLE eval_items")
     store_runs(clean, eval_run("a", t0, "cfg-a", ok[:5], outs[:5]), eval_run("b", t0 + 10, "cfg-b", ok[:5], outs[:5]))
-    (f,) = output_drift.eval_drift(clean, Scope(start=t0 - 60))
+    (f,) = drift.eval_drift(clean, Scope(start=t0 - 60))
     assert f.insufficient
 
 
@@ -73,7 +73,7 @@ def test_explicit_sides_pick_the_runs_by_config(clean):
     store_runs(clean, eval_run("x", t0, "cfg-x", ok, [[1]] * 30), eval_run("y", t0 + 1, "cfg-y", ok, [[1]] * 30),
                eval_run("z", t0 + 2, "cfg-z", [False] * 30, [[2]] * 30))
     scope = Scope(start=t0 - 60)
-    (f,) = output_drift.eval_drift(clean, scope, scope.with_side("config_hash=cfg-x"), scope.with_side("config_hash=cfg-y"))
+    (f,) = drift.eval_drift(clean, scope, scope.with_side("config_hash=cfg-x"), scope.with_side("config_hash=cfg-y"))
     assert f.evidence["runs"]["candidate"]["run_id"] == "y" and f.severity == "info"
 
 
@@ -98,7 +98,7 @@ def test_greedy_outputs_that_diverge_on_one_config_name_that_replica(clean, tiny
     # sampled requests are not compared, however different
     reqs.append(request("q", 99, t0 + 50, prompt_ids=[0, 10, 11, 12], output_ids=[7, 7], temperature=0.8))
     clean.insert_records("requests", reqs)
-    findings = output_drift.greedy_drift(clean, Scope(start=t0 - 60))
+    findings = drift.greedy_drift(clean, Scope(start=t0 - 60))
     above = [f for f in findings if f.severity != "info"]
     assert [f.subject for f in above] == ["q"]
     f = above[0]
@@ -115,7 +115,7 @@ def test_a_fleet_of_one_config_has_nothing_to_compare(clean):
     clean.insert_records("replicas", [replica("r0", t0), replica("r1", t0)])
     clean.insert_records("requests", [request(r, p, t0 + p, prompt_ids=[0, p])
                                       for r in ("r0", "r1") for p in range(20)])
-    findings = output_drift.greedy_drift(clean, Scope(start=t0 - 60))
+    findings = drift.greedy_drift(clean, Scope(start=t0 - 60))
     assert [(f.severity, f.insufficient) for f in findings] == [("info", True)]
 
 
@@ -136,7 +136,7 @@ def test_a_two_replica_canary_whose_greedy_outputs_all_differ_is_critical(clean,
     # the old rule called every 1-to-1 disagreement a tie (info): this canary never alerted
     t0 = time.time() - 3600
     _canary_pair(clean, tiny_llama, t0)
-    findings = output_drift.greedy_drift(clean, Scope(start=t0 - 60))
+    findings = drift.greedy_drift(clean, Scope(start=t0 - 60))
     above = [f for f in findings if f.severity != "info"]
     assert [(f.subject, f.severity) for f in above] == [("r1", "critical")]
     ev = above[0].evidence
@@ -153,7 +153,7 @@ def test_a_named_baseline_decides_which_side_of_the_pair_drifted(clean, tiny_lla
     _canary_pair(clean, tiny_llama, t0)
     scope = Scope(start=t0 - 60)
     request_ = DiagnosticRequest(scope, baseline=scope.with_side("replica=r1"))
-    above = [f for f in output_drift.greedy_drift(clean, scope, request=request_) if f.severity != "info"]
+    above = [f for f in drift.greedy_drift(clean, scope, request=request_) if f.severity != "info"]
     assert [(f.subject, f.severity) for f in above] == [("r0", "critical")]
     assert "baseline: r1, requested" in above[0].summary
 
@@ -167,12 +167,12 @@ def test_a_majority_still_wins_over_the_baseline_and_a_tie_without_it_stays_a_ti
     identity = {"r0": _row("r0", "cfg-a"), "c1": _row("c1", "cfg-b"), "c2": _row("c2", "cfg-c")}
     b = Baseline("tiny", identity_key(identity["r0"]), ("r0",), "first_served", "r0 served first")
     # three replicas, two agree: the majority is the reference even against the baseline
-    assert output_drift.reference([("r0", "cfg-a", 1), ("c1", "cfg-b", 2), ("c2", "cfg-c", 2)], b, identity)[::2] \
+    assert drift.reference([("r0", "cfg-a", 1), ("c1", "cfg-b", 2), ("c2", "cfg-c", 2)], b, identity)[::2] \
         == (2, "majority")
     # 1-to-1 with the baseline: the baseline's output
-    assert output_drift.reference([("c1", "cfg-b", 2), ("r0", "cfg-a", 1)], b, identity) == (1, "r0", "baseline")
+    assert drift.reference([("c1", "cfg-b", 2), ("r0", "cfg-a", 1)], b, identity) == (1, "r0", "baseline")
     # 1-to-1 between two candidates: no side can be told wrong
-    assert output_drift.reference([("c1", "cfg-b", 2), ("c2", "cfg-c", 3)], b, identity)[2] == "tie"
+    assert drift.reference([("c1", "cfg-b", 2), ("c2", "cfg-c", 3)], b, identity)[2] == "tie"
 
 
 def test_a_pair_started_together_gets_one_symmetric_finding_and_no_critical(clean, tiny_llama):
@@ -182,7 +182,7 @@ def test_a_pair_started_together_gets_one_symmetric_finding_and_no_critical(clea
     clean.insert_records("replicas", [replica("r0", t0 + 61, config_hash="cfg-fp32", deploy_time=t0 + 30),
                                       replica("r1", t0 + 60.5, config_hash="cfg-int4", quantization="int4",
                                               deploy_time=t0 + 30)])
-    findings = output_drift.greedy_drift(clean, Scope(start=t0 - 60))
+    findings = drift.greedy_drift(clean, Scope(start=t0 - 60))
     assert not [f for f in findings if f.severity == "critical"]
     assert not [f for f in findings if f.subject in ("r0", "r1") and f.severity != "info"]
     pair = [f for f in findings if f.subject == "r0 vs r1"]
@@ -197,6 +197,6 @@ def test_a_recorded_role_names_the_candidate_of_a_pair_started_together(clean, t
     clean.insert_records("replicas", [replica("r0", t0 + 61, config_hash="cfg-fp32", deploy_time=t0 + 30),
                                       replica("r1", t0 + 60.5, config_hash="cfg-int4", quantization="int4",
                                               deploy_time=t0 + 30, role="candidate")])
-    above = [f for f in output_drift.greedy_drift(clean, Scope(start=t0 - 60)) if f.severity != "info"]
+    above = [f for f in drift.greedy_drift(clean, Scope(start=t0 - 60)) if f.severity != "info"]
     assert [(f.subject, f.severity) for f in above] == [("r1", "critical")]
     assert above[0].evidence["baseline"]["rule"] == "role"

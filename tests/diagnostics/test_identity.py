@@ -12,7 +12,7 @@ import pytest
 from diag_faults import ALTERED_TEMPLATE, with_chat_template, with_normalizer
 from diag_records import replica, request
 
-from diagnostics import identity_drift
+from diagnostics import identity
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from engine.tokenization import Tokenizer
@@ -38,7 +38,7 @@ def rep(rid: str, start: float, config: dict | None = None, **overrides):
 
 
 def diagnose(store, t0: float, **request) -> list:
-    return identity_drift.run(store, DiagnosticRequest(Scope(start=t0 - 300), **request))
+    return identity.run(store, DiagnosticRequest(Scope(start=t0 - 300), **request))
 
 
 def loud(findings) -> dict:

@@ -44,7 +44,7 @@ from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in
 from diagnostics.token_evidence import divergence
-from diagnostics.tokenizer_divergence import file_differences
+from diagnostics.tokenizer import file_differences
 from engine.tokenization import hash_tokenizer_files
 from engine.model_files import SECTION as MODEL_FILES
 from engine.model_files import hash_column

@@ -12,7 +12,7 @@ import time
 import pytest
 from diag_faults import ALTERED_TEMPLATE, with_chat_template, with_normalizer
 
-from diagnostics import tokenizer_divergence as tokdiag
+from diagnostics import tokenizer as tokdiag
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from engine.llm import LLM
@@ -74,8 +74,8 @@ def test_the_same_conversation_tokenized_differently_is_named(clean, fleet_dirs)
         assert ("the template's divergence" in divergent[rid].summary) == (rid == "b")
         assert ex["first_divergent_token"]["position"] == pos
     # the template replica is also named for its template; the lowercasing one for its tokenizer (identity)
-    from diagnostics import identity_drift
+    from diagnostics import identity as identity_rule
 
-    identity = identity_drift.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
+    identity = identity_rule.run(clean, DiagnosticRequest(Scope(start=t0 - 60)))
     assert {f.subject for f in identity if f.kind == "chat_template_mismatch"} == {"b"}
     assert "d" in {f.subject for f in identity if f.kind == "tokenizer_hash_mismatch"}

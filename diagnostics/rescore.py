@@ -4,7 +4,7 @@ A rescore round (engine/probe/rescore.py) sends requests replica R served, as pr
 prompt_logprobs, to every replica S of the model, R itself included. Same weights give the same
 logprob to every token up to numerical noise (batch composition: ~1e-5..1e-4 nats in fp32);
 int4, a coarse quantization group or noisy weights move every token's logprob, even where the model
-stays confident (so the sampled-token logprobs alone, diagnostics/sampled_logprobs.py, see nothing).
+stays confident (so the sampled-token logprobs alone, diagnostics/quality.py, see nothing).
 
 Unit: the request (paired). For each rescore row of scorer S and the original request of R, in SQL:
     d(R, S, req) = mean over the output positions of |lp_S(token) - lp_R(token)|

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from diagnostics import DIAGNOSTICS, step_model
+from diagnostics import DIAGNOSTICS, steps as steps_rule
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from evals.stats import clusters
@@ -91,7 +91,7 @@ def fleet(store, model: str, specs: dict[str, dict], identities: dict[str, dict]
 
 
 def run(store, scope, **kw):
-    return step_model.run(store, DiagnosticRequest(scope), **kw)
+    return steps_rule.run(store, DiagnosticRequest(scope), **kw)
 
 
 def slow(findings):
@@ -103,7 +103,7 @@ def above_info(findings):
 
 
 def test_registered():
-    assert DIAGNOSTICS["steps"] is step_model
+    assert DIAGNOSTICS["steps"] is steps_rule
 
 
 def test_a_pinned_canary_beside_its_baseline_fires_on_host_and_step_time(store):
@@ -114,8 +114,8 @@ def test_a_pinned_canary_beside_its_baseline_fires_on_host_and_step_time(store):
     f = found["c-canary"]
     assert f.severity in ("warning", "critical")
     host = f.evidence["targets"]["host"]
-    assert host["slow"] and 1.7 < host["ratio"] < 2.3 and host["ci"][0] > step_model.MIN_RATIO
-    assert host["p_holm"] < step_model.ALPHA
+    assert host["slow"] and 1.7 < host["ratio"] < 2.3 and host["ci"][0] > steps_rule.MIN_RATIO
+    assert host["p_holm"] < steps_rule.ALPHA
     assert f.evidence["targets"]["forward"]["ci"][0] < 1.0 < f.evidence["targets"]["forward"]["ci"][1]
     assert "c-canary" in f.summary and "cpu_count" in f.summary
     assert any(d["field"] == "cpu_count" for d in f.evidence["identity_differences"])
@@ -128,7 +128,7 @@ def test_a_modest_slowdown_of_one_of_two_is_found_against_the_other_alone(store)
     found = slow(run(store, scope))
     assert set(found) == {"l-canary"}
     step_ratio = found["l-canary"].evidence["targets"]["step"]
-    assert 1.18 < step_ratio["ratio"] < 1.32 and step_ratio["ci"][0] > step_model.MIN_RATIO
+    assert 1.18 < step_ratio["ratio"] < 1.32 and step_ratio["ci"][0] > steps_rule.MIN_RATIO
 
 
 def test_three_replicas_name_the_slow_one_with_an_interval_above_one(store):
@@ -192,18 +192,18 @@ def test_autocorrelated_noise_is_judged_by_time_blocks_not_steps(store):
 def test_many_replicas_need_holm(store, monkeypatch):
     # eight healthy replicas, per-block shocks, and no minimum effect: 24 tests of "slower at all", and by
     # chance a few p-values fall below ALPHA (this seed: three, the smallest 0.004); Holm keeps them quiet
-    monkeypatch.setattr(step_model, "MIN_RATIO", 1.0)
+    monkeypatch.setattr(steps_rule, "MIN_RATIO", 1.0)
     specs = {f"h-r{i}": {"block_noise": 0.1, "seed": 200 + i} for i in range(8)}
     scope = fleet(store, "m-holm", specs, seconds=120.0)
     assert above_info(run(store, scope, block_seconds=10.0)) == []  # blocks as long as the shocks
-    monkeypatch.setattr(step_model, "holm", lambda ps: list(ps))  # uncorrected: a false alarm
+    monkeypatch.setattr(steps_rule, "holm", lambda ps: list(ps))  # uncorrected: a false alarm
     assert slow(run(store, scope, block_seconds=10.0))
 
 
 def test_short_runs_get_shorter_blocks_and_a_starved_canary_of_60_s_is_found(store):
     # 60 s: fixed 10 s blocks would be 6, "insufficient data"; the adaptive length makes them 3 s
     scope = fleet(store, "m-60s", {"q-base": {}, "q-canary": {"host_factor": 2.0}}, seconds=60.0)
-    assert step_model.block_length(store, scope) == pytest.approx(3.0, rel=0.01)
+    assert steps_rule.block_length(store, scope) == pytest.approx(3.0, rel=0.01)
     found = slow(run(store, scope))
     assert set(found) == {"q-canary"} and found["q-canary"].evidence["block_seconds"] == pytest.approx(3.0, rel=0.01)
     assert all(f.insufficient for f in run(store, scope, block_seconds=10.0))
@@ -216,7 +216,7 @@ def test_autocorrelated_step_noise_on_a_short_clean_run_merges_blocks_and_stays_
     specs = {"d-r0": {"drift": (0.3, 8.0), "seed": 412}, "d-r1": {"drift": (0.3, 8.0), "seed": 413}}
     scope = fleet(store, "m-drift", specs, seconds=90.0)
     assert above_info(run(store, scope)) == []
-    monkeypatch.setattr(step_model, "AUTOCORR_Z", np.inf)  # no merging, no widening: a false alarm
+    monkeypatch.setattr(steps_rule, "AUTOCORR_Z", np.inf)  # no merging, no widening: a false alarm
     monkeypatch.setattr(clusters, "AUTOCORR_MAX_RHO", 0.0)
     assert slow(run(store, scope))
 
@@ -227,7 +227,7 @@ def test_too_few_blocks_is_insufficient_data_saying_what_is_needed(store):
     assert {f.subject for f in found} == {"s-r0", "s-r1"}
     for f in found:
         assert f.insufficient and f.severity == "info" and f.evidence["for_kind"] == "slow_steps"
-        assert f"need {step_model.MIN_STEPS} steps in {step_model.MIN_BLOCKS} blocks" in f.summary
+        assert f"need {steps_rule.MIN_STEPS} steps in {steps_rule.MIN_BLOCKS} blocks" in f.summary
 
 
 def test_a_lone_replica_is_insufficient_data(store):
@@ -238,11 +238,11 @@ def test_a_lone_replica_is_insufficient_data(store):
 
 def test_fit_is_exact_on_noiseless_linear_steps():
     rng = np.random.default_rng(0)
-    x = rng.uniform(0, 10, (200, step_model._K))
+    x = rng.uniform(0, 10, (200, steps_rule._K))
     x[:, 3] = x[:, 4]  # exactly collinear columns are still solvable
-    beta = rng.uniform(0, 1, (step_model._K, step_model._T))
+    beta = rng.uniform(0, 1, (steps_rule._K, steps_rule._T))
     y = x @ beta
-    fitted = step_model._fit(x.T @ x, x.T @ y)
+    fitted = steps_rule._fit(x.T @ x, x.T @ y)
     assert np.allclose(x @ fitted, y, rtol=1e-6)
 
 
@@ -263,7 +263,7 @@ def test_another_engine_is_not_a_slow_replica_but_a_slower_build_of_the_same_eng
                   {"b-new": {"engine_version": "0.2.0"}})
     found = slow(run(store, scope))
     assert set(found) == {"b-new"} and "engine_version" in found["b-new"].summary
-    assert step_model.engine_family("vllm-0.32.0") == "vllm" and step_model.engine_family("0.1.0") == "infersight"
+    assert steps_rule.engine_family("vllm-0.32.0") == "vllm" and steps_rule.engine_family("0.1.0") == "infersight"
 
 
 # -- the gap: the time between a step that left sequences running and the next one ---------------------
@@ -317,9 +317,9 @@ def test_a_replica_that_waits_longer_between_steps_is_named_on_the_gap_not_the_s
     targets = found["g-starved"].evidence["targets"]
     assert found["g-starved"].evidence["slow_targets"] == ["gap"]
     gap = targets["gap"]
-    assert 1.9 < gap["ratio"] < 2.5 and gap["ci"][0] > gap["bar"] > step_model.MIN_RATIO
+    assert 1.9 < gap["ratio"] < 2.5 and gap["ci"][0] > gap["bar"] > steps_rule.MIN_RATIO
     assert 0.1 < gap["gap_share"] < 0.4  # the bar is the wall-time share's: 1 + 0.1 / share
-    assert gap["bar"] == pytest.approx(1 + (step_model.MIN_RATIO - 1) / gap["gap_share"])
+    assert gap["bar"] == pytest.approx(1 + (steps_rule.MIN_RATIO - 1) / gap["gap_share"])
     assert not targets["step"]["slow"] and 0.95 < targets["step"]["ratio"] < 1.05
     assert "between-step" in found["g-starved"].summary
     assert above_info(run(store, busy_fleet(store, "m-gap-clean", {"gc-r0": {}, "gc-r1": {}, "gc-r2": {}}))) == []
@@ -345,7 +345,7 @@ def test_the_gap_bar_is_set_by_the_gaps_share_of_the_wall_time(store, monkeypatc
     run(store, scope, report=report)
     (gap,) = [r for r in report if r["replica"] == "gs-canary" and r["target"] == "gap"]
     assert gap["ci"][0] > 1.5 and gap["bar"] > gap["ci"][1]
-    monkeypatch.setattr(step_model, "gap_bar", lambda gap, step: step_model.MIN_RATIO)  # the shared bar: fires
+    monkeypatch.setattr(steps_rule, "gap_bar", lambda gap, step: steps_rule.MIN_RATIO)  # the shared bar: fires
     assert set(slow(run(store, scope))) == {"gs-canary"}
 
 

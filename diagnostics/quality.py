@@ -1,7 +1,7 @@
 """Quality drift from sampled traffic: is one replica less (or more) sure of the tokens it samples?
 
 Under sampled, load-balanced traffic no two requests are the same, so exact-token checks
-(diagnostics/output_drift.py, diagnostics/probes.py) have nothing to pair. What every request
+(diagnostics/drift.py, diagnostics/probe.py) have nothing to pair. What every request
 does carry is `requests.output_logprobs`: the raw logprob of each token it sampled. A damaged
 model (coarse int4, noisy weights ...) puts less mass on the tokens it then picks.
 

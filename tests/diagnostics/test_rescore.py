@@ -13,7 +13,7 @@ import time
 import numpy as np
 from scipy import stats
 
-from diagnostics import DIAGNOSTICS, cross_scores
+from diagnostics import DIAGNOSTICS, rescore
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from telemetry.contract.probes import RESCORE_WORKLOAD, parse_rescore_request_id, rescore_request_id
@@ -57,7 +57,7 @@ def fleet(store, n: int, damage: dict[frozenset, float], replicas=("a", "b"), se
 
 
 def run(store):
-    return cross_scores.run(store, DiagnosticRequest(Scope(start=T0 - 600)))
+    return rescore.run(store, DiagnosticRequest(Scope(start=T0 - 600)))
 
 
 def above_info(findings):
@@ -65,7 +65,7 @@ def above_info(findings):
 
 
 def test_registered_and_ids_round_trip():
-    assert DIAGNOSTICS["rescore"] is cross_scores
+    assert DIAGNOSTICS["rescore"] is rescore
     rid = rescore_request_id("p17", "r.1", "req.9")
     assert rid == "rescore.p17.r.1.req.9"
     parsed = parse_rescore_request_id(rid, "r.1")

@@ -1,7 +1,7 @@
 """Tokenizer: the same text must become the same tokens on every replica of a model, and back.
 
 Checks, each with the token IDs and decoded strings as evidence (tokenizer and chat-template hashes
-that differ are the identity diagnostic's, diagnostics/identity_drift.py):
+that differ are the identity diagnostic's, diagnostics/identity.py):
 - divergence: the same prompt text or chat messages (prompt_text_hash) became different prompt
   token IDs on replicas of one model, whatever the requests' sampling (the replica in the minority
   is named; with no majority, as between two replicas, the one off the baseline side of
@@ -682,7 +682,7 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
     identity = {r["replica_id"]: r for r in replicas}
     permille = text_sample_permille(store, scope)
     baselines = baselines_by_model(store, replicas, request)  # the side that breaks two-replica ties
-    # tokenizer / chat-template hash disagreements: the identity diagnostic (diagnostics.identity_drift)
+    # tokenizer / chat-template hash disagreements: the identity diagnostic (diagnostics.identity)
     findings = same_text_different_ids(store, scope, replicas, toks, permille, baselines)
     findings += token_frequencies.shifts(store, scope, toks, baselines, tokenizer_evidence(findings))
     findings += roundtrip_stored(store, scope, toks)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from diagnostics import DIAGNOSTICS, sampled_token_agreement
+from diagnostics import DIAGNOSTICS, agreement
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from tests.diagnostics.diag_records import replica
@@ -35,11 +35,11 @@ def fleet(store, n: int, kl: dict[frozenset, float], replicas=("a", "b"), seed=0
 
 
 def run(store):
-    return sampled_token_agreement.run(store, DiagnosticRequest(Scope(start=T0 - 600)))
+    return agreement.run(store, DiagnosticRequest(Scope(start=T0 - 600)))
 
 
 def test_registered():
-    assert DIAGNOSTICS["agreement"] is sampled_token_agreement
+    assert DIAGNOSTICS["agreement"] is agreement
 
 
 def test_peer_finds_the_candidates_samples_less_likely_fires(clean):

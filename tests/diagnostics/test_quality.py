@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from diagnostics import DIAGNOSTICS, sampled_logprobs
+from diagnostics import DIAGNOSTICS, quality
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from engine.proxy.extras import asks_logprobs
@@ -47,7 +47,7 @@ def requests_of(rid: str, n: int, rng, *, shift: float = 0.0, length: int = 16, 
 
 
 def run(store, **kw):
-    return sampled_logprobs.run(store, DiagnosticRequest(Scope(start=T0 - 600), **kw))
+    return quality.run(store, DiagnosticRequest(Scope(start=T0 - 600), **kw))
 
 
 def above_info(findings):
@@ -55,7 +55,7 @@ def above_info(findings):
 
 
 def test_registered():
-    assert DIAGNOSTICS["quality"] is sampled_logprobs
+    assert DIAGNOSTICS["quality"] is quality
 
 
 def test_clean_fleet_gives_nothing_above_info(clean):

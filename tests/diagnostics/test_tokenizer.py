@@ -8,7 +8,7 @@ import pytest
 from diag_faults import ALTERED_TEMPLATE, with_chat_template, with_normalizer
 from diag_records import replica, request
 
-from diagnostics import tokenizer_divergence as tokdiag
+from diagnostics import tokenizer as tokdiag
 from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
@@ -66,10 +66,10 @@ def test_a_lowercasing_replica_is_named_with_token_evidence(clean, model_dirs):
     # every finding above info is about r2, and each check that should see it does
     assert {f.subject for fs in found.values() for f in fs if f.severity != "info"} == {"r2"}
     # (its tokenizer hash and the tokenizer.json sections that differ: the identity diagnostic's)
-    from diagnostics import identity_drift
+    from diagnostics import identity as identity_rule
 
     assert set(found) >= {"tokenizer_divergence", "tokenizer_roundtrip", "tokenizer_unicode_roundtrip"}
-    mismatch = by_kind(identity_drift.run(clean, DiagnosticRequest(Scope(start=t0 - 60))))
+    mismatch = by_kind(identity_rule.run(clean, DiagnosticRequest(Scope(start=t0 - 60))))
     assert [f.subject for f in mismatch["tokenizer_hash_mismatch"]] == ["r2"]
     sections = mismatch["tokenizer_hash_mismatch"][0].evidence["file_differences"][0]["sections"]
     assert sections["normalizer"] == {"replica": {"type": "Lowercase"}, "reference": None}
@@ -110,9 +110,9 @@ def test_an_altered_chat_template_is_named(clean, model_dirs):
             (("a", "clean"), ("b", "template"), ("c", "clean"))]
     clean.insert_records("replicas", reps)
     clean.insert_records("requests", [request(r.replica_id, 0, t0 + 1) for r in reps])
-    from diagnostics import identity_drift  # the hashes are the identity diagnostic's
+    from diagnostics import identity as identity_rule  # the hashes are the identity diagnostic's
 
-    found = by_kind(identity_drift.run(clean, DiagnosticRequest(Scope(start=t0 - 60))))
+    found = by_kind(identity_rule.run(clean, DiagnosticRequest(Scope(start=t0 - 60))))
     template = found["chat_template_mismatch"]
     assert [f.subject for f in template] == ["b"]
     diff = {d["file"] for d in template[0].evidence["file_differences"]}

@@ -2,7 +2,7 @@
 (evals/reference/models/target), each served over HTTP as `infersight serve` assembles it and
 recording into one store, serve DIFFERENT sampled chat prompts (temperature 1.0, answers ending at
 <|eos|>); then one rescore round (engine/probe/rescore.py) sends each replica's requests, teacher-
-forced, to every replica, and diagnostics/cross_scores.py reads only what the replicas recorded.
+forced, to every replica, and diagnostics/rescore.py reads only what the replicas recorded.
 
 - int4 with a coarse group (quant_group_size 128) and 5% relative weight noise
   (diagnostics.benchmarks.model_faults.noisy_weights): invisible to the sampled-token logprobs
@@ -24,7 +24,7 @@ import httpx
 import pytest
 import torch
 
-from diagnostics import cross_scores
+from diagnostics import rescore as rescore_rule
 from diagnostics.benchmarks.model_faults import noisy_weights
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
@@ -74,7 +74,7 @@ def fleet_round(served_replica, store, replicas: dict[str, tuple[Path, dict]]):
         summary = run_rescore_round(list(urls.values()), store, PER_REPLICA)
         assert not summary.failed and summary.sent == len(replicas) ** 2 * PER_REPLICA, summary
         assert wait_for_requests(store, "rescore.", summary.sent) == summary.sent
-    return cross_scores.run(store, DiagnosticRequest(Scope(start=t0 - 60))), summary
+    return rescore_rule.run(store, DiagnosticRequest(Scope(start=t0 - 60))), summary
 
 
 def _pairs(found):
