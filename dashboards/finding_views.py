@@ -23,7 +23,7 @@ import streamlit as st
 from dashboards import charts, data, queries, widgets
 from dashboards import evidence as ev
 from dashboards.tokens import visible
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 
 SEVERITY_COLOR = {"critical": "red", "warning": "orange", "info": "blue"}
 LATENCY_METRICS = ("queue", "prefill", "ttft", "tpot", "itl", "e2e")

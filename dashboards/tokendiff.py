@@ -10,7 +10,7 @@ import difflib
 import html
 
 from dashboards.tokens import visible
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 
 
 def diff_ops(a, b) -> list[tuple[str, list[int], list[int]]]:

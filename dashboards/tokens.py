@@ -2,7 +2,7 @@
 
 Decoding needs the replica's tokenizer (a Hugging Face tokenizer directory with
 tokenizer.json); without one the dashboard shows the IDs only. The tokenizer is the engine's
-own `engine.tokenization.Tokenizer`: a token's string here is `Tokenizer.piece`, a sequence's text
+own `engine.core.tokenization.Tokenizer`: a token's string here is `Tokenizer.piece`, a sequence's text
 `Tokenizer.decode(..., skip_special_tokens=False)`, exactly what the engine and the diagnostics use.
 """
 
@@ -13,7 +13,7 @@ import unicodedata
 
 import pandas as pd
 
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 from telemetry.contract import derived
 
 # what a person should see instead of characters that render as nothing (or as a blank)

@@ -12,7 +12,7 @@ import streamlit as st
 from dashboards import data, queries, settings
 from dashboards.evidence import shown
 from dashboards.tokens import load_tokenizer
-from engine.tokenization import Tokenizer, TokenizerLoadError
+from engine.core.tokenization import Tokenizer, TokenizerLoadError
 from telemetry.contract.derived import QUANTILE_NAMES
 
 WINDOWS = {"last 15 min": 900, "last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400,

@@ -2,7 +2,7 @@
 
 A small model stays confident while wrong: its sampled tokens keep high logprobs under its own weights
 (diagnostics/quality.py sees nothing), but a peer with the intended weights gives them less.
-The cross-score (engine/probe/cross_scoring.py: each scored request teacher-forced by a peer S and by
+The cross-score (engine/traffic/probe/cross_scoring.py: each scored request teacher-forced by a peer S and by
 the replica R that served it) gives, per request and output position, lp_S(token) and lp_R(token)
 under the same conditions (both prefill, same prompt). Per request:
 

@@ -2,9 +2,9 @@
 in them is said: the one place that flattens, filters and explains identity keys.
 
 The document holds the engine options (max_num_seqs ...), `generation` (eos / bos ids),
-`model_files` (the model directory's files, engine/model_files.py: config.json parsed, tokenizer
+`model_files` (the model directory's files, engine/core/model_files.py: config.json parsed, tokenizer
 files by hash ...), `serve_options` (the server's flags and limits), `placement.cgroup` (CPU quota,
-cpuset, memory limit: engine/cgroup_limits.py), or vLLM's own (vllm_config.cache_config ...).
+cpuset, memory limit: engine/core/cgroup_limits.py), or vLLM's own (vllm_config.cache_config ...).
 Nested keys are dotted: `model_files.config_json.rope_theta`, `vllm_config.cache_config.enable_prefix_caching`.
 
 `behaviour` keeps what changes how a replica answers or how fast: labels and per-start or per-host
@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
 
-from engine.model_files import SECTION as MODEL_FILES
-from engine.model_files import file_name
-from engine.vllm_adapter.config_json import VOLATILE_KEYS
+from engine.core.model_files import SECTION as MODEL_FILES
+from engine.core.model_files import file_name
+from engine.serving.vllm_adapter.config_json import VOLATILE_KEYS
 
 NOT_BEHAVIOUR = frozenset({"replica_id", "served_model_name", "upstream", *VOLATILE_KEYS})
 PATH_KEYS = ("model", "tokenizer")  # top-level config paths: where the content came from

@@ -45,9 +45,9 @@ from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in
 from diagnostics.token_evidence import divergence
 from diagnostics.tokenizer import file_differences
-from engine.tokenization import hash_tokenizer_files
-from engine.model_files import SECTION as MODEL_FILES
-from engine.model_files import hash_column
+from engine.core.tokenization import hash_tokenizer_files
+from engine.core.model_files import SECTION as MODEL_FILES
+from engine.core.model_files import hash_column
 from telemetry.contract.derived import window_sql
 
 DIAGNOSTIC = "identity"

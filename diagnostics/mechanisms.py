@@ -12,7 +12,7 @@ subject slow and cites what it finds, with the numbers on both sides, or says th
 - KV pressure: the share of its steps with the KV cache at least KV_FULL used (blocks used / total);
 - queue against max_num_seqs: the share of its steps where requests waited while every slot its scheduler
   allows (max_num_seqs, from its identity) was running;
-- CPU quota: a cgroup CPU quota (the identity's placement.cgroup, engine/cgroup_limits.py) below its peers';
+- CPU quota: a cgroup CPU quota (the identity's placement.cgroup, engine/core/cgroup_limits.py) below its peers';
 - CPU throttling: the share of its cgroup's CPU periods throttled over the window (the steps carry the
   cgroup's counters, each replica's difference between its first and last step), above its peers' (a peer
   without a quota has no periods: throttled never);

@@ -58,7 +58,7 @@ def resolve_target(replica: str, store=None, run_dir: str | None = None, pid: in
     if pid is not None:
         target = Target(replica_id, int(pid), "--pid")
     elif run_dir is not None:
-        from engine.fleet.state import FleetState
+        from engine.serving.fleet.state import FleetState
 
         state = FleetState.load(run_dir)
         found = [p for p in state.replicas if p.name == replica_id]

@@ -6,7 +6,7 @@ host. A tokenizer is used only when the directory's tokenizer hash (computed the
 equals the hash the replica recorded at start: a directory changed since then would make the
 checks accuse the wrong tokenizer.
 
-The tokenizer handed out is the engine's own `engine.tokenization.Tokenizer` (the class the replica
+The tokenizer handed out is the engine's own `engine.core.tokenization.Tokenizer` (the class the replica
 served with), so encode, decode and per-token strings here are exactly the engine's.
 """
 
@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.tokenization import Tokenizer, TokenizerLoadError
+from engine.core.tokenization import Tokenizer, TokenizerLoadError
 
 log = logging.getLogger(__name__)
 

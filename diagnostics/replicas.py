@@ -41,8 +41,8 @@ from diagnostics import config_keys, mechanisms, prefix_hits, request_strata, ta
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import replicas_in
-from engine.model_files import SECTION as MODEL_FILES
-from engine.model_files import hash_column
+from engine.core.model_files import SECTION as MODEL_FILES
+from engine.core.model_files import hash_column
 from evals.stats import holm, stratified
 
 DIAGNOSTIC = "replicas"

@@ -1,6 +1,6 @@
 """Cross-scoring: a replica whose weights differ, seen in sampled traffic by teacher-forced rescoring.
 
-A rescore round (engine/probe/rescore.py) sends requests replica R served, as prompt + output with
+A rescore round (engine/traffic/probe/rescore.py) sends requests replica R served, as prompt + output with
 prompt_logprobs, to every replica S of the model, R itself included. Same weights give the same
 logprob to every token up to numerical noise (batch composition: ~1e-5..1e-4 nats in fp32);
 int4, a coarse quantization group or noisy weights move every token's logprob, even where the model

@@ -47,19 +47,19 @@ def parse_stack(stack: str) -> list[Frame]:
 # (group, path fragments, function names or substrings (None: any)), tried in order on each frame
 _PHASES: list[tuple[str, tuple[str, ...], tuple[str, ...] | None]] = [
     ("telemetry", ("/telemetry/", "/opentelemetry/", "/prometheus_client/", "/clickhouse_connect/",
-                   "/engine/engine_records.py"), None),
-    ("telemetry", ("/engine/engine.py",), ("_notify", "_report_step", "_report_finished")),
-    ("scheduler", ("/engine/scheduler.py", "/engine/kv_cache.py"), None),
-    ("input_preparation", ("/engine/model_runner.py",), ("prepare",)),
-    ("input_preparation", ("/engine/spec_decode/ngram.py",), None),
-    ("forward", ("/engine/model_runner.py",), ("forward",)),
-    ("forward", ("/engine/models/", "/engine/attention/", "/engine/quantization/", "/engine/spec_decode/draft.py",
+                   "/engine/core/engine_records.py"), None),
+    ("telemetry", ("/engine/core/engine.py",), ("_notify", "_report_step", "_report_finished")),
+    ("scheduler", ("/engine/core/scheduler.py", "/engine/core/kv_cache.py"), None),
+    ("input_preparation", ("/engine/core/model_runner.py",), ("prepare",)),
+    ("input_preparation", ("/engine/core/spec_decode/ngram.py",), None),
+    ("forward", ("/engine/core/model_runner.py",), ("forward",)),
+    ("forward", ("/engine/core/models/", "/engine/core/attention/", "/engine/core/quantization/", "/engine/core/spec_decode/draft.py",
                  "/torch/nn/"), None),
-    ("sampling", ("/engine/sampler.py", "/engine/spec_decode/rejection.py"), None),
-    ("sampling", ("/engine/spec_decode/speculator.py",), ("sample",)),
+    ("sampling", ("/engine/core/sampler.py", "/engine/core/spec_decode/rejection.py"), None),
+    ("sampling", ("/engine/core/spec_decode/speculator.py",), ("sample",)),
 ]
-_ENGINE = ("/engine/engine.py", "/engine/model_runner.py", "/engine/sequence.py", "/engine/llm.py")
-_SERVER = ("/engine/server/", "/engine/async_engine.py", "/engine/tokenization.py", "/engine/detokenizer.py",
+_ENGINE = ("/engine/core/engine.py", "/engine/core/model_runner.py", "/engine/core/sequence.py", "/engine/core/llm.py")
+_SERVER = ("/engine/serving/server/", "/engine/core/async_engine.py", "/engine/core/tokenization.py", "/engine/core/detokenizer.py",
            "/uvicorn/", "/starlette/", "/fastapi/", "/anyio/", "/h11/", "/httptools/", "/asyncio/", "/tokenizers/",
            "/transformers/")
 

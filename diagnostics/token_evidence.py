@@ -1,12 +1,12 @@
 """Evidence for token problems: the exact IDs, where two sequences first diverge, and what they decode to.
 
-Tokens are rendered by the replica's `engine.tokenization.Tokenizer` (`piece`, `decode` with special
+Tokens are rendered by the replica's `engine.core.tokenization.Tokenizer` (`piece`, `decode` with special
 tokens shown): the strings the dashboard shows for the same IDs.
 """
 
 from __future__ import annotations
 
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 from evals.stats import first_divergence
 
 WINDOW = 4  # tokens shown on each side of the first divergence

@@ -37,7 +37,7 @@ from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in, requests_in
 from diagnostics.token_evidence import divergence, tokens
 from diagnostics.unicode_corpus import corpus
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 from evals.stats import first_divergence
 from telemetry.contract.probes import ACTIVE_WORKLOADS
 
@@ -55,7 +55,7 @@ CRITICAL_RATE = 0.1
 # -- identity -------------------------------------------------------------------------------------
 
 def _file_hashes(directory: str) -> dict[str, str]:
-    from engine.tokenization import TOKENIZER_FILES
+    from engine.core.tokenization import TOKENIZER_FILES
 
     out = {}
     for name in TOKENIZER_FILES:

@@ -58,7 +58,7 @@ class EngineBackend:
     """Greedy generation with an in-process `LLMEngine` built from an EngineConfig."""
 
     def __init__(self, config, observer=None):
-        from engine.engine import LLMEngine
+        from engine.core.engine import LLMEngine
 
         self.config = config
         self.engine = LLMEngine(config, observer)
@@ -80,7 +80,7 @@ class EngineBackend:
         return self.engine.prepare_prompt(item.prompt)
 
     def generate(self, items: list[SuiteItem], max_tokens: int, progress: bool = True) -> list[Generation]:
-        from engine.sampling_params import SamplingParams
+        from engine.core.sampling_params import SamplingParams
 
         eng = self.engine
         results: dict[str, Generation] = {}

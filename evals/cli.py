@@ -22,7 +22,7 @@ DEFAULT_POLICY = str(Path(__file__).parent / "policies" / "default.toml")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from engine.server.engine_args import add_engine_arguments
+    from engine.serving.server.engine_args import add_engine_arguments
 
     sub = parser.add_subparsers(dest="eval_command", metavar="{run,drift,gate}", required=True)
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return handlers[args.eval_command](args)
     except Exception as e:  # noqa: BLE001 - any failure to decide is exit 2, with the reason
-        from engine.models.errors import ModelLoadError
+        from engine.core.models.errors import ModelLoadError
         from evals.suite import SuiteError
 
         known = (ValueError, FileNotFoundError, ConnectionError, SuiteError, ModelLoadError, OSError)
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args) -> int:
-    from engine.server.engine_args import engine_overrides
+    from engine.serving.server.engine_args import engine_overrides
     from evals.backends import EngineBackend, HttpBackend
     from evals.runner import run_suite, store_run, summarize
     from evals.sides import load_engine_config
@@ -144,7 +144,7 @@ def _open_store(target):
 
 
 def _drift(args) -> int:
-    from engine.engine import LLMEngine
+    from engine.core.engine import LLMEngine
     from evals.logit_drift import compute_drift
     from evals.report import drift_lines
     from evals.teacher_forcing import EngineScorer

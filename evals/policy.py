@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config_values import wrong_type
+from engine.core.config_values import wrong_type
 
 PAIRED_TESTS = ("mcnemar", "bootstrap")
 

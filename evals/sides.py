@@ -3,7 +3,7 @@
 A spec is one of
 - `run.json`          an eval run file written by `infersight eval run --out`;
 - `RUN_ID`            an eval run in the store (`--store`);
-- `engine.toml`       an EngineConfig as TOML (the fields of engine/config.py, at the top
+- `engine.toml`       an EngineConfig as TOML (the fields of engine/core/config.py, at the top
                       level or under [engine]);
 - `MODEL_DIR`         a Hugging Face model directory (EngineConfig defaults).
 A run also yields its configuration (the run records its EngineConfig as JSON) when
@@ -18,8 +18,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config import EngineConfig
-from engine.server.engine_args import check_engine_option, engine_fields
+from engine.core.config import EngineConfig
+from engine.serving.server.engine_args import check_engine_option, engine_fields
 from evals.results import EvalRun
 
 

@@ -44,8 +44,8 @@ class EngineScorer:
     def logprobs(self, sequences: list[list[int]], starts: list[int]) -> Iterator[tuple[int, np.ndarray]]:
         """For each sequence i, yield (i, array [len - start_i, V]): row t is the log-distribution
         that predicts token `start_i + t` given everything before it (float64)."""
-        from engine.attention.base import AttentionMetadata
-        from engine.models import allocate_kv_cache
+        from engine.core.attention.base import AttentionMetadata
+        from engine.core.models import allocate_kv_cache
 
         if len(sequences) != len(starts):
             raise ValueError("need one start per sequence")

@@ -4,7 +4,7 @@ A replica killed (-9, the OOM killer) loses what its recorder holds in memory. W
 `requests` records are appended to a file in the spool directory (one `write()` into the page
 cache: it survives the death of the process, no fsync) before they enter the recorder's buffer,
 and `infersight serve` sends no byte of a response before everything the engine finished so far
-is journaled (engine/server/journal_barrier.py), so a request whose answer a client got is on
+is journaled (engine/serving/server/journal_barrier.py), so a request whose answer a client got is on
 disk. The next recorder on the directory turns a dead run's journal into spool files: the
 batches that run had formed and not confirmed (written, spooled or dropped) under their own
 insert dedup tokens (stored once, whether the dead run's insert arrived or not), the records it

@@ -26,7 +26,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
     """`factory(arch="llama", **overrides) -> Path`: a saved random model, cached per arguments."""
-    from engine.tiny_model import build_random_model
+    from engine.core.tiny_model import build_random_model
 
     cache: dict = {}
 
@@ -87,11 +87,11 @@ def served_replica():
 
     @contextlib.contextmanager
     def serve(model, replica_id: str, store, **engine):
-        from engine.async_engine import AsyncLLM
-        from engine.config import EngineConfig
-        from engine.server.app import build_app
-        from engine.server.background import BackgroundServer
-        from engine.server.model_info import ServedModel
+        from engine.core.async_engine import AsyncLLM
+        from engine.core.config import EngineConfig
+        from engine.serving.server.app import build_app
+        from engine.serving.server.background import BackgroundServer
+        from engine.serving.server.model_info import ServedModel
         from telemetry.replica_wiring import build_observer
 
         # small defaults; a caller's engine options win (a model with a shorter context passes its own)

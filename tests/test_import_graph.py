@@ -20,13 +20,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("telemetry", "engine", "evals", "diagnostics", "dashboards")
 # engine modules that assemble running processes (they may use telemetry's stack); the rest is the core
-ENGINE_ASSEMBLY = ("engine.server", "engine.fleet", "engine.loadgen", "engine.benchmarks", "engine.cli_generate",
+ENGINE_ASSEMBLY = ("engine.serving.server", "engine.serving.fleet", "engine.traffic.loadgen", "engine.benchmarks", "engine.core.cli_generate",
                    # the recording proxy: forwards to any OpenAI server and records through telemetry's Recorder
-                   "engine.proxy",
+                   "engine.serving.proxy",
                    # the prober: sends the probe suite with the loadgen's client, pins rounds into the store
-                   "engine.probe",
+                   "engine.traffic.probe",
                    # the vLLM stat-logger plugin: the engine's hashing and placement with telemetry's Recorder
-                   "engine.vllm_adapter")
+                   "engine.serving.vllm_adapter")
 CONTRACT = "telemetry.contract"
 
 

@@ -1,6 +1,6 @@
 """One tokenizer wrapper: the engine, the diagnostics and the dashboard render the same IDs alike.
 
-The engine serves with `engine.tokenization.Tokenizer`; the diagnostics' token evidence and the
+The engine serves with `engine.core.tokenization.Tokenizer`; the diagnostics' token evidence and the
 dashboard's token tables must show the strings that tokenizer gives, for byte-level pieces of
 multi-byte characters, special tokens and IDs the tokenizer does not know. Red when any of them
 decodes with a wrapper of its own (or when a second `first_divergence` appears).
@@ -21,9 +21,9 @@ from dashboards.tokendiff import diff_html
 from dashboards.tokens import token_frame, visible
 from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.token_evidence import divergence, tokens
-from engine.detokenizer import IncrementalDetokenizer
-from engine.tokenization import Tokenizer
-from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.tokenization import Tokenizer
+from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
 
 ROOT = Path(__file__).resolve().parents[1]
 # leading blanks, a tab and a newline, multi-byte characters split over byte-level tokens, and
@@ -88,7 +88,7 @@ def _modules(*packages: str):
 
 
 def test_no_tokenizer_library_outside_the_engine():
-    """The diagnostics and the dashboard decode only through engine.tokenization.Tokenizer."""
+    """The diagnostics and the dashboard decode only through engine.core.tokenization.Tokenizer."""
     direct = []
     for path, tree in _modules("diagnostics", "dashboards"):
         for node in ast.walk(tree):

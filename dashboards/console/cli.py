@@ -14,7 +14,7 @@ from types import ModuleType
 
 
 def _generate() -> ModuleType:
-    from engine import cli_generate
+    from engine.core import cli_generate
     return cli_generate
 
 
@@ -24,7 +24,7 @@ def _bench() -> ModuleType:
 
 
 def _serve() -> ModuleType:
-    from engine.server import cli
+    from engine.serving.server import cli
     return cli
 
 
@@ -39,27 +39,27 @@ def _migrate() -> ModuleType:
 
 
 def _fleet() -> ModuleType:
-    from engine.fleet import cli
+    from engine.serving.fleet import cli
     return cli
 
 
 def _proxy() -> ModuleType:
-    from engine.proxy import cli
+    from engine.serving.proxy import cli
     return cli
 
 
 def _loadgen() -> ModuleType:
-    from engine.loadgen import cli
+    from engine.traffic.loadgen import cli
     return cli
 
 
 def _probe() -> ModuleType:
-    from engine.probe import cli
+    from engine.traffic.probe import cli
     return cli
 
 
 def _calibrate() -> ModuleType:
-    from engine.loadgen import calibrate
+    from engine.traffic import calibrate
     return calibrate
 
 

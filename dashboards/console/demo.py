@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 from dashboards.console.demo_fault import CANARY, FAULTS, answers, canary_fleet
-from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec, override_ports
-from engine.fleet.fleet import fleet_down, fleet_up
-from engine.fleet.models import REFERENCE_MODEL, reference_model_available, resolve_model
+from engine.serving.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec, override_ports
+from engine.serving.fleet.fleet import fleet_down, fleet_up
+from engine.core.model_refs import REFERENCE_MODEL, reference_model_available, resolve_model
 
 # small engines (two replicas and the sidecar share two cores with the load generator); 4096 KV slots
 # each, whatever the model, so KV usage means the same on the tiny model and the reference model
@@ -87,11 +87,11 @@ def printed_command(*args: str) -> str:
 
 
 def run_traffic(urls: list[str], args, run_id: str, seconds: float, seed: int):
-    from engine.loadgen.arrivals import Arrival
-    from engine.loadgen.cli import make_progress
-    from engine.loadgen.runner import run_load
-    from engine.loadgen.stats import format_table, summarize
-    from engine.loadgen.workloads import make_workload
+    from engine.traffic.loadgen.arrivals import Arrival
+    from engine.traffic.loadgen.cli import make_progress
+    from engine.traffic.loadgen.runner import run_load
+    from engine.traffic.loadgen.stats import format_table, summarize
+    from engine.traffic.loadgen.workloads import make_workload
 
     # the demo's models are small: keep prompts and outputs modest so a minute shows many requests;
     # answers end at EOS as real ones do, and a third are greedy (what the drift checks compare)
@@ -192,7 +192,7 @@ def run(args) -> int:
         canary = fleet_up(canary_fleet(args.fault, model, Path(state.run_dir), state.store_url, DEMO_ENGINE,
                                        str(cpus[-1]), args.host, port=canary_port(args)), progress=say)
         urls += [r.url for r in canary.replicas]
-        from engine.probe.runner import run_probe_round
+        from engine.traffic.probe.runner import run_probe_round
 
         probed = run_probe_round(urls)
         say(f"probe round {probed.round_id}: the shipped greedy suite to every replica")

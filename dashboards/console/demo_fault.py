@@ -4,7 +4,7 @@ A canary replica starts on what a person might push by mistake (`--fault`):
 - "tokenizer": a copy of the model whose tokenizer.json gained a Lowercase normalizer (the same
   weights; every prompt with a capital letter becomes other token IDs);
 - "int4": the same model with int4 weights at the coarsest group size (an engine option);
-then a probe round (engine/probe: the shipped greedy suite, to every replica) and more traffic.
+then a probe round (engine/traffic/probe: the shipped greedy suite, to every replica) and more traffic.
 The diagnostics run over the whole run and the report shows what caught the canary, with its
 evidence. What is changed is exactly what an operator would change: a file, or an option.
 """
@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from diagnostics.benchmarks.model_faults import lowercase_normalizer
-from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
+from engine.serving.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
 
 FAULTS = {
     "tokenizer": "a copy of the model whose tokenizer.json lowercases text (a Lowercase normalizer)",
@@ -61,8 +61,8 @@ SHOWN = ("eval_addition", "eval_sort", "eval_word_problem", "chat_uppercase")
 
 
 def answers(store, round_id: str, model: Path, replicas: list[str]) -> str:
-    from engine.probe.suite import SUITE
-    from engine.tokenization import Tokenizer
+    from engine.traffic.probe.suite import SUITE
+    from engine.core.tokenization import Tokenizer
 
     tokenizer = Tokenizer(model)
     rows = store.query_df(ANSWERS, {"prefix": f"probe.{round_id}.%.solo.%", "probes": list(SHOWN)})

@@ -59,9 +59,9 @@ import httpx
 from diagnostics import availability
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
-from engine.fleet.fleet import fleet_down, fleet_up
-from engine.fleet.models import REFERENCE_MODEL
+from engine.serving.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
+from engine.serving.fleet.fleet import fleet_down, fleet_up
+from engine.core.model_refs import REFERENCE_MODEL
 from telemetry.contract import outcomes
 from telemetry.store import open_store
 

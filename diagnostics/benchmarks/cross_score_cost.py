@@ -4,7 +4,7 @@ One fleet (sidecar + two replicas of the reference model, one CPU each), a close
 loadgen's default sampled mix, `--clients` at a time, each request to one replica) that keeps the
 replicas busy, in rounds of `--seconds`: off, on, off, on ... (interleaved, so the host's drift falls
 on both sides). In an "on" round the cross-scorer runs beside the load: the process `fleet up` starts
-(`infersight probe --fleet ... --cross-score`, engine/probe/cross_scoring.py) with the fleet's share and
+(`infersight probe --fleet ... --cross-score`, engine/traffic/probe/cross_scoring.py) with the fleet's share and
 token share, passes every 4 s; it is stopped at the round's end. Printed: requests/s and output tokens/s per round, the median on/off ratio over the pairs and its
 range, and what the scorer sent (requests, tokens) against what the fleet served.
 
@@ -29,14 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
-from engine.fleet.cross_score_spec import CrossScoreSpec
-from engine.fleet.fleet import fleet_down, fleet_up, prober_command
-from engine.fleet.models import REFERENCE_MODEL
-from engine.loadgen.arrivals import Arrival
-from engine.loadgen.runner import run_load
-from engine.loadgen.workloads import make_workload
-from engine.probe.cross_scoring import DEFAULT_SHARE, DEFAULT_TOKEN_SHARE
+from engine.serving.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
+from engine.serving.fleet.cross_score_spec import CrossScoreSpec
+from engine.serving.fleet.fleet import fleet_down, fleet_up, prober_command
+from engine.core.model_refs import REFERENCE_MODEL
+from engine.traffic.loadgen.arrivals import Arrival
+from engine.traffic.loadgen.runner import run_load
+from engine.traffic.loadgen.workloads import make_workload
+from engine.traffic.probe.cross_scoring import DEFAULT_SHARE, DEFAULT_TOKEN_SHARE
 from telemetry.contract.probes import RESCORE_WORKLOAD
 from telemetry.store import open_store
 

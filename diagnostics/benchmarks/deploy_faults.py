@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.fleet.fleet import replica_command, replica_spool_dir
-from engine.fleet.processes import spawn, stop, wait_healthy
-from engine.fleet.state import FleetState
+from engine.serving.fleet.fleet import replica_command, replica_spool_dir
+from engine.serving.processes import spawn, stop, wait_healthy
+from engine.serving.fleet.state import FleetState
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000

@@ -118,8 +118,8 @@ def main() -> int:
 
     torch.set_num_threads(1)
     from diagnostics.benchmarks.synthetic_fleet import generate
-    from engine.fleet.models import tiny_random_model
-    from engine.tokenization import Tokenizer
+    from engine.core.model_refs import tiny_random_model
+    from engine.core.tokenization import Tokenizer
     from telemetry.schema import migrate
     from telemetry.store import open_store
 

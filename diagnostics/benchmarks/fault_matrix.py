@@ -18,7 +18,7 @@ A run, per (fault, fleet shape):
 2. the fault is deployed: a file fault changes P in place (the usual incident: a new checkpoint or
    tokenizer pushed to the path a replica serves from), an option fault is the candidate's engine
    option; the candidate then starts on P - same path, its own options;
-3. traffic: a probe round (engine/probe; not in the perf matrix), the loadgen's default mix (sampled
+3. traffic: a probe round (engine/traffic/probe; not in the perf matrix), the loadgen's default mix (sampled
    at 0.8, each request to one replica picked at random, nothing broadcast) in checkpoints, a second
    probe round;
 4. after each checkpoint every diagnostic runs over the window (not written), and the first
@@ -57,15 +57,15 @@ from diagnostics.benchmarks.deploy_faults import QuotaUnavailable, Tenant, cpu_q
 from diagnostics.benchmarks.model_faults import FILE_FAULTS
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, replicas_in
-from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
-from engine.fleet.fleet import fleet_down, fleet_up
-from engine.fleet.models import REFERENCE_MODEL
-from engine.loadgen.arrivals import Arrival
-from engine.loadgen.fit import fit_scale
-from engine.loadgen.runner import discover, run_load
-from engine.loadgen.workloads import make_workload
-from engine.probe.rescore import run_rescore_round
-from engine.probe.runner import run_probe_round
+from engine.serving.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
+from engine.serving.fleet.fleet import fleet_down, fleet_up
+from engine.core.model_refs import REFERENCE_MODEL
+from engine.traffic.loadgen.arrivals import Arrival
+from engine.traffic.loadgen.fit import fit_scale
+from engine.traffic.loadgen.runner import discover, run_load
+from engine.traffic.loadgen.workloads import make_workload
+from engine.traffic.probe.rescore import run_rescore_round
+from engine.traffic.probe.runner import run_probe_round
 from telemetry.store import open_store
 from telemetry.store.waiting import wait_for_requests
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from diagnostics.benchmarks.model_faults import noisy_weights
-from engine.fleet.models import REFERENCE_MODEL
+from engine.core.model_refs import REFERENCE_MODEL
 
 DRAFT_MODEL = REFERENCE_MODEL.parent / "draft"
 SPECULATIVE = {"speculative_mode": "draft", "num_speculative_tokens": 4}

@@ -8,8 +8,8 @@ Each fault is deployed the ordinary way on a real local fleet (fault_matrix.run_
 baseline replicas of the reference model at a path P, the fault applied at P, then the candidate on
 P; "together": one fleet whose two replicas start at once, roles recorded as the shipped canary.toml
 records them, the candidate on a faulty copy of P). The fleet is what `fleet up` makes of its config
-with nothing added, so continuous cross-scoring is on (engine/probe/cross_scoring.py, the fleet's
-defaults) and scores the candidate's fleet too (engine/probe/cross_targets.py). Traffic: the
+with nothing added, so continuous cross-scoring is on (engine/traffic/probe/cross_scoring.py, the fleet's
+defaults) and scores the candidate's fleet too (engine/traffic/probe/cross_targets.py). Traffic: the
 loadgen's default (the mixed workload, sampled at 0.8, its own output lengths, each request to one
 replica at random), in checkpoints of `--per-replica / 3` requests per replica; after each, the
 diagnostics run over the window once the cross-scorer has had one pass past it. A fault is caught
@@ -40,14 +40,14 @@ from pathlib import Path
 from diagnostics.benchmarks import fault_matrix, perf_faults
 from diagnostics.benchmarks.fault_matrix import Fault, Outcome, _diagnose, _outcome, _spec, _up, table
 from diagnostics.benchmarks.model_faults import FILE_FAULTS, noisy_weights
-from engine.fleet.config import SidecarSpec
-from engine.fleet.cross_score_spec import CrossScoreSpec
-from engine.fleet.fleet import fleet_down
-from engine.fleet.models import REFERENCE_MODEL
-from engine.loadgen.arrivals import Arrival
-from engine.loadgen.runner import run_load
-from engine.loadgen.workloads import make_workload
-from engine.probe.cross_scoring import SETTLE_SECONDS
+from engine.serving.fleet.config import SidecarSpec
+from engine.serving.fleet.cross_score_spec import CrossScoreSpec
+from engine.serving.fleet.fleet import fleet_down
+from engine.core.model_refs import REFERENCE_MODEL
+from engine.traffic.loadgen.arrivals import Arrival
+from engine.traffic.loadgen.runner import run_load
+from engine.traffic.loadgen.workloads import make_workload
+from engine.traffic.probe.cross_scoring import SETTLE_SECONDS
 from telemetry.store import open_store
 from telemetry.store.waiting import wait_for_requests
 

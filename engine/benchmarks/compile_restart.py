@@ -24,8 +24,8 @@ import json, sys, time
 start = time.perf_counter()
 import torch
 torch.set_num_threads({threads})
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from engine.core.llm import LLM
+from engine.core.sampling_params import SamplingParams
 llm = LLM({model!r}, **json.loads({options!r}))
 built = time.perf_counter() - start
 def gen(prompts, n):
@@ -40,7 +40,7 @@ print(json.dumps(dict(built_s=built, ready_s=time.perf_counter() - start)))
 
 def start_once(model: str, options: dict, cache_root: str, threads: int) -> dict:
     env = dict(os.environ, INFERSIGHT_CACHE=cache_root)
-    env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the engine's own choice (engine/compile_cache.py) is measured
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the engine's own choice (engine/core/compile_cache.py) is measured
     code = CHILD.format(threads=threads, model=model, options=json.dumps(options))
     wall = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -50,7 +50,7 @@ def start_once(model: str, options: dict, cache_root: str, threads: int) -> dict
 
 
 def main() -> int:
-    from engine.fleet.models import REFERENCE_MODEL
+    from engine.core.model_refs import REFERENCE_MODEL
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(REFERENCE_MODEL))

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
 from telemetry.contract.hooks import EngineObserver
 
 SMOL_SPEC = dict(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, intermediate_size=1536,
@@ -41,7 +41,7 @@ PARTS = ("schedule", "prepare", "forward", "sample", "postprocess")
 
 def smol_model() -> Path:
     from engine.benchmarks.throughput import DEFAULT_CACHE
-    from engine.tiny_model import build_random_model
+    from engine.core.tiny_model import build_random_model
 
     path = DEFAULT_CACHE / "llama-smol135m-shape"
     if not (path / "config.json").exists():
@@ -78,10 +78,10 @@ def run_once(model: str, workload, threads: int, engine_args: dict, int8_exact: 
              gather_decode: bool = False) -> dict:
     import torch
 
-    import engine.attention.torch_backend as torch_backend
-    from engine.llm import LLM
-    from engine.quantization import Int8Linear
-    from engine.sampling_params import SamplingParams
+    import engine.core.attention.torch_backend as torch_backend
+    from engine.core.llm import LLM
+    from engine.core.quantization import Int8Linear
+    from engine.core.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
     torch_backend.PAGED_DECODE = not gather_decode  # before the engine: its runner reads it

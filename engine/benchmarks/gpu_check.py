@@ -10,7 +10,7 @@
    the reference) and on `--device` (float32 with the torch backend, bfloat16
    with the "auto" backend); prints the max abs logit difference and top-1
    agreement.
-3. CUDA graphs (EngineConfig.cuda_graphs, engine/cuda_graph.py): the same requests through an engine
+3. CUDA graphs (EngineConfig.cuda_graphs, engine/core/cuda_graph.py): the same requests through an engine
    with and without graphs (float32 on the torch backend, bfloat16 on "auto"); prints how many graphs
    were captured, how many requests got the same tokens (and the share of tokens before a first
    difference), and each side's output tokens/s in a second round (the first captures). On the CPU
@@ -26,8 +26,8 @@ import tempfile
 
 import torch
 
-from engine.attention import get_backend
-from engine.attention.simple_batch import SimplePagedBatcher
+from engine.core.attention import get_backend
+from engine.core.attention.simple_batch import SimplePagedBatcher
 
 # (name, steps): each step a list of (sequence, new tokens)
 ATTENTION_CASES = [
@@ -61,8 +61,8 @@ def attention_diff(device: str, dtype: torch.dtype, head_dim: int, heads: int, k
 
 def model_diff(device: str, dtype: str, backend_name: str, steps: int = 4) -> tuple[float, float]:
     """(max abs logit difference, top-1 agreement) of a small random Llama on `device` vs the CPU."""
-    from engine.models import allocate_kv_cache, load_model
-    from engine.tiny_model import build_random_model
+    from engine.core.models import allocate_kv_cache, load_model
+    from engine.core.tiny_model import build_random_model
 
     path = build_random_model(tempfile.mkdtemp(prefix="gpu_check_"), "llama", hidden_size=256, num_heads=4,
                               num_kv_heads=2, intermediate_size=512, num_layers=2)
@@ -91,10 +91,10 @@ def model_diff(device: str, dtype: str, backend_name: str, steps: int = 4) -> tu
 
 
 def eager_graphs_engine(path, num_kv_blocks: int, **engine_kw):
-    """An engine whose pure decode steps go through engine/cuda_graph.py with the capture left out (a CPU has
+    """An engine whose pure decode steps go through engine/core/cuda_graph.py with the capture left out (a CPU has
     nothing to capture): what `cuda_graphs` sets up on CUDA, a pad block past the block manager's included."""
-    from engine.engine import LLMEngine
-    from engine.models import allocate_kv_cache
+    from engine.core.engine import LLMEngine
+    from engine.core.models import allocate_kv_cache
 
     engine = LLMEngine(path, num_kv_blocks=num_kv_blocks, **engine_kw)
     runner = engine.runner
@@ -110,9 +110,9 @@ def graphs_check(device: str, dtype: str, backend_name: str) -> dict:
     first tokens; near-ties in the logits of a random model, late)."""
     import time
 
-    from engine.engine import LLMEngine
-    from engine.sampling_params import SamplingParams
-    from engine.tiny_model import build_random_model
+    from engine.core.engine import LLMEngine
+    from engine.core.sampling_params import SamplingParams
+    from engine.core.tiny_model import build_random_model
 
     path = build_random_model(tempfile.mkdtemp(prefix="gpu_check_graphs_"), "llama", hidden_size=256, num_heads=4,
                               num_kv_heads=2, intermediate_size=512, num_layers=2)

@@ -32,10 +32,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import transformers
 
-    from engine.attention import get_backend
-    from engine.attention.simple_batch import SimplePagedBatcher
-    from engine.models import allocate_kv_cache, load_model
-    from engine.tiny_model import build_random_model
+    from engine.core.attention import get_backend
+    from engine.core.attention.simple_batch import SimplePagedBatcher
+    from engine.core.models import allocate_kv_cache, load_model
+    from engine.core.tiny_model import build_random_model
 
     path = args.model or build_random_model(tempfile.mkdtemp(prefix="bench_fwd_"), "llama", hidden_size=256,
                                             num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=768)

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine.attention import paged_decode
+from engine.core.attention import paged_decode
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 

@@ -39,9 +39,9 @@ import httpx
 from engine.benchmarks.proxy_overhead import start_proxy
 from engine.benchmarks.telemetry_overhead import DetachedSidecar
 from engine.benchmarks.vllm_overhead import REFERENCE, default_cpus, pooled_ratio_ci, prompts, wait_quiet
-from engine.fleet.vllm_replica import DEFAULT_LOGPROBS_FRACTION
-from engine.placement import parse_cpulist
-from engine.vllm_adapter.launch import start_vllm_server
+from engine.serving.fleet.vllm_replica import DEFAULT_LOGPROBS_FRACTION
+from engine.core.placement import parse_cpulist
+from engine.serving.vllm_adapter.launch import start_vllm_server
 
 VARIANTS = {"plain": {}, "token_ids": {"return_token_ids": True}, "logprobs": {"logprobs": 0},
             "both": {"return_token_ids": True, "logprobs": 0}, "proxy": {}, "proxy_fraction": {}, "proxy_none": {}}

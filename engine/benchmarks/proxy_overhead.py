@@ -32,8 +32,8 @@ import httpx
 
 from engine.benchmarks.telemetry_overhead import DetachedSidecar, round_order
 from engine.benchmarks.vllm_overhead import GOAL_RATIO, REFERENCE, Round, prompts, ratio, session_cpu_seconds
-from engine.fleet.processes import free_port
-from engine.vllm_adapter.launch import start_vllm_server
+from engine.serving.processes import free_port
+from engine.serving.vllm_adapter.launch import start_vllm_server
 from telemetry.store import open_store
 
 REPLICA = "proxy-bench"

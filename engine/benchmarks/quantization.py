@@ -46,8 +46,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def teacher_forced_logits(loaded, prompts) -> torch.Tensor:
     """Logits at every position of every prompt through the engine's own forward."""
-    from engine.attention import AttentionMetadata, get_backend
-    from engine.models import allocate_kv_cache
+    from engine.core.attention import AttentionMetadata, get_backend
+    from engine.core.models import allocate_kv_cache
 
     backend, block_size, out = get_backend("torch"), 16, []
     for p in prompts:
@@ -62,8 +62,8 @@ def teacher_forced_logits(loaded, prompts) -> torch.Tensor:
 
 
 def fidelity(model_dir, prompts, ref_logits, spec: dict) -> dict:
-    from engine.models import load_model
-    from engine.quantization import quantize_model
+    from engine.core.models import load_model
+    from engine.core.quantization import quantize_model
 
     loaded = load_model(model_dir)
     if not spec:
@@ -104,13 +104,13 @@ def run(args) -> int:
 def _run(args, root: Path) -> int:
     import random
 
-    from engine.llm import LLM
-    from engine.models import load_model
-    from engine.sampling_params import SamplingParams
+    from engine.core.llm import LLM
+    from engine.core.models import load_model
+    from engine.core.sampling_params import SamplingParams
 
     model = args.model
     if model is None:
-        from engine.tiny_model import build_random_model
+        from engine.core.tiny_model import build_random_model
 
         model = str(build_random_model(root / "model", "llama", hidden_size=256, num_layers=4, num_heads=8,
                                        num_kv_heads=4, intermediate_size=768))

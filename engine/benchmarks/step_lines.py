@@ -74,9 +74,9 @@ def trace_steps(engine, seen: set) -> None:
 
 
 def run(paths: dict[str, set], listening: bool = True) -> None:
-    from engine.engine import LLMEngine
-    from engine.fleet.models import REFERENCE_MODEL
-    from engine.sampling_params import SamplingParams
+    from engine.core.engine import LLMEngine
+    from engine.core.model_refs import REFERENCE_MODEL
+    from engine.core.sampling_params import SamplingParams
     from telemetry.contract.hooks import EngineObserver
 
     class Listening(EngineObserver):

@@ -1,4 +1,4 @@
-"""What constrained decoding (response_format, engine/structured_output.py) costs, side by side.
+"""What constrained decoding (response_format, engine/core/structured_output.py) costs, side by side.
 
     python -m engine.benchmarks.structured_output                # 8 requests x 64 tokens, 3 runs, medians
     python -m engine.benchmarks.structured_output --batch 16 --max-tokens 128 --runs 5 --json out.json
@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 10},
@@ -43,7 +43,7 @@ QUESTIONS = ["add 12 and 30", "reverse: abc", "sort: 3 1 2", "add 7 and 5", "rev
 
 
 def run_once(engine, prompts, response_format, max_tokens: int) -> dict:
-    from engine.sampling_params import SamplingParams
+    from engine.core.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=response_format is None,
                             response_format=response_format)
@@ -68,7 +68,7 @@ _PROCESSORS_SECONDS = [0.0]
 
 def _timed_processors():
     """Time the sampler's raw processors (where the grammar masks are made and applied)."""
-    import engine.sampler as sampler
+    import engine.core.sampler as sampler
 
     inner = sampler.apply_raw_processors
 
@@ -83,8 +83,8 @@ def _timed_processors():
 
 
 def bench_modes(batch: int, max_tokens: int, runs: int) -> dict:
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
+    from engine.core.config import EngineConfig
+    from engine.core.engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model=str(REFERENCE), num_kv_blocks=16 * batch, max_num_seqs=batch))
     _timed_processors()
@@ -100,8 +100,8 @@ def bench_modes(batch: int, max_tokens: int, runs: int) -> dict:
 
 
 def bench_compile() -> dict:
-    from engine.structured_output import StructuredOutput, grammar_spec
-    from engine.tokenization import Tokenizer
+    from engine.core.structured_output import StructuredOutput, grammar_spec
+    from engine.core.tokenization import Tokenizer
 
     tok = Tokenizer(REFERENCE)
     so = StructuredOutput(tok.hf, 463, [tok.eos_token_id])

@@ -47,9 +47,9 @@ def engine_token_ids_per_second(prompt_tokens: int, output_tokens: int, num_prom
 
     import torch
 
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
-    from engine.tiny_model import build_random_model
+    from engine.core.llm import LLM
+    from engine.core.sampling_params import SamplingParams
+    from engine.core.tiny_model import build_random_model
 
     torch.set_num_threads(1)
     model = build_random_model(tempfile.mkdtemp(prefix="ingest-bench-model-"), "llama")

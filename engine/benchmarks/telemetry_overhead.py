@@ -97,7 +97,7 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 class DetachedSidecar:
-    """A sidecar started as `infersight fleet` starts one: in a session of its own (engine.fleet.processes).
+    """A sidecar started as `infersight fleet` starts one: in a session of its own (engine.serving.processes).
 
     On Linux the scheduler's autogroups share the CPU between sessions first: a sidecar in the
     benchmark's session takes its CPU out of the engine's share on a busy machine, as a separate
@@ -105,7 +105,7 @@ class DetachedSidecar:
     """
 
     def __init__(self, data_dir: Path, timeout: float = 90):
-        from engine.fleet import processes
+        from engine.serving import processes
 
         self._processes = processes
         port = processes.free_port()
@@ -310,8 +310,8 @@ def measure(model: str | Path, *, pairs: int, num_prompts: int, prompt_lens=(16,
     import torch
 
     from engine.benchmarks.throughput import make_workload
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
+    from engine.core.llm import LLM
+    from engine.core.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
     llm = LLM(str(model), max_num_seqs=max_num_seqs, replica_id=replica_id)

@@ -61,7 +61,7 @@ def make_workload(num_prompts: int, vocab_size: int, seed: int = 0, prompt_lens=
 
 def default_model(cache_dir: Path = DEFAULT_CACHE) -> Path:
     """The benchmark's random Llama, built once into the cache directory."""
-    from engine.tiny_model import build_random_model
+    from engine.core.tiny_model import build_random_model
 
     name = "llama-h{hidden_size}-l{num_layers}-v{vocab_size}".format(**DEFAULT_MODEL_SPEC)
     path = cache_dir / name
@@ -80,8 +80,8 @@ def peak_rss_mib() -> float:
 def run_engine(model: str, workload: Workload, threads: int, engine_args: dict) -> dict:
     import torch
 
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
+    from engine.core.llm import LLM
+    from engine.core.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
     llm = LLM(model, **engine_args)
@@ -101,7 +101,7 @@ def run_engine(model: str, workload: Workload, threads: int, engine_args: dict) 
 
 
 def _kv_block_bytes(llm) -> int:
-    from engine.models import kv_bytes_per_block
+    from engine.core.models import kv_bytes_per_block
 
     return kv_bytes_per_block(llm.engine.loaded, llm.engine.kv_cache.block_size)
 

@@ -52,9 +52,9 @@ import httpx
 
 from engine.benchmarks.peers.models import resolve
 from engine.benchmarks.telemetry_overhead import DetachedSidecar, bootstrap_median_ci, round_order
-from engine.placement import format_cpulist, parse_cpulist
-from engine.fleet.models import REFERENCE_MODEL as REFERENCE
-from engine.vllm_adapter.launch import start_vllm_server
+from engine.core.placement import format_cpulist, parse_cpulist
+from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
+from engine.serving.vllm_adapter.launch import start_vllm_server
 from telemetry.contract import derived
 from telemetry.store import open_store
 

@@ -56,7 +56,7 @@ def pick_models(args, root: Path) -> tuple[str, str | None, str]:
     if (REFERENCE / "target" / "config.json").is_file():
         draft = REFERENCE / "draft"
         return str(REFERENCE / "target"), str(draft) if (draft / "config.json").is_file() else None, "reference"
-    from engine.tiny_model import build_random_model
+    from engine.core.tiny_model import build_random_model
 
     target = build_random_model(root / "target", "llama", hidden_size=256, num_layers=4, num_heads=8,
                                 num_kv_heads=4, intermediate_size=704, seed=0)
@@ -66,7 +66,7 @@ def pick_models(args, root: Path) -> tuple[str, str | None, str]:
 
 
 def build(target: str, prompts, params, spec: dict, args):
-    from engine.llm import LLM
+    from engine.core.llm import LLM
 
     llm = LLM(target, max_num_seqs=args.max_num_seqs, num_speculative_tokens=args.k, **spec)
     llm.generate(prompts[:2], params, use_tqdm=False)  # warm up (allocator, first-call paths)
@@ -74,7 +74,7 @@ def build(target: str, prompts, params, spec: dict, args):
 
 
 def time_one(llm, prompts, params) -> dict:
-    from engine.spec_decode.metrics import SpecDecodeStats
+    from engine.core.spec_decode.metrics import SpecDecodeStats
 
     speculator = llm.engine.speculator
     if speculator is not None:
@@ -119,8 +119,8 @@ def run(args) -> int:
 
 
 def _run(args, root: Path) -> int:
-    from engine.sampling_params import SamplingParams
-    from engine.tokenization import Tokenizer
+    from engine.core.sampling_params import SamplingParams
+    from engine.core.tokenization import Tokenizer
 
     target, draft, source = pick_models(args, root)
     tok = Tokenizer(target)

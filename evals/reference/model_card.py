@@ -55,7 +55,7 @@ def hf_accuracy(model_dir: Path, suite) -> tuple[dict, list[list[int]], list[lis
 
 
 def engine_run(model_dir: Path, suite, **overrides):
-    from engine.config import EngineConfig
+    from engine.core.config import EngineConfig
     from evals.backends import EngineBackend
     from evals.runner import run_suite
 
@@ -119,7 +119,7 @@ def simulated_acceptance(target_dir: Path, draft_dir: Path, prompts: list[list[i
 def engine_acceptance(target_dir: Path, draft_dir: Path, suite) -> dict:
     """Acceptance from the engine's own speculative decoding (speculative_mode="draft"): its per-request
     counters of proposed and accepted draft tokens, and whether greedy outputs stay identical."""
-    from engine.config import EngineConfig
+    from engine.core.config import EngineConfig
     from evals.backends import EngineBackend
 
     try:
@@ -138,7 +138,7 @@ def engine_acceptance(target_dir: Path, draft_dir: Path, suite) -> dict:
 
 
 def drift_rows(target_dir: Path, suite, base_run) -> dict:
-    from engine.config import EngineConfig
+    from engine.core.config import EngineConfig
     from evals.backends import EngineBackend
     from evals.logit_drift import compute_drift
     from evals.runner import run_suite

@@ -1,6 +1,6 @@
 """Train the reference models' byte-level BPE tokenizer on the synthetic corpus.
 
-Same specials and chat template as `engine.tiny_model` (BOS / EOS / PAD and
+Same specials and chat template as `engine.core.tiny_model` (BOS / EOS / PAD and
 role markers), but digits, punctuation and one-letter words are split into
 single tokens before BPE: a model can then add digit by digit, see every
 bracket and copy letters, instead of having to learn the spelling of merged
@@ -15,7 +15,7 @@ import argparse
 import itertools
 from pathlib import Path
 
-from engine.tiny_model import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS
+from engine.core.tiny_model import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS
 from evals.reference.corpus import TASKS, TRAIN_SEED, stream
 
 DEFAULT_VOCAB = 512

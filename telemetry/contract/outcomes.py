@@ -3,8 +3,8 @@ each code means.
 
 Every request a replica or a recording proxy received is a `requests` row, answered or not. The engine
 writes the rows of the requests it took (answered, aborted by the client, failed in the engine); the
-HTTP layer writes the rows of those it refused before the engine had them (engine/server/rejections.py,
-engine/proxy/rejections.py). `error_code` says why a request was not answered, in these words only:
+HTTP layer writes the rows of those it refused before the engine had them (engine/serving/server/rejections.py,
+engine/serving/proxy/rejections.py). `error_code` says why a request was not answered, in these words only:
 API error codes (OpenAI's, vLLM's, ours) are many and grow, so each writer maps its own onto these
 (`code_for`), keeps the API's own code in `error_detail_json`, and readers group by these.
 

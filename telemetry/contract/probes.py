@@ -1,6 +1,6 @@
 """How a probe request is named, so the prober that sends it and the diagnostics that read it agree.
 
-A probe is a greedy request from the shipped probe suite (engine/probe/suite.py) sent to every
+A probe is a greedy request from the shipped probe suite (engine/traffic/probe/suite.py) sent to every
 replica by `infersight probe` or the fleet's scheduled prober. Its row in `requests` carries
 workload "probe" and a request id that says which round, which probe and how it was sent:
 
@@ -65,7 +65,7 @@ def parse_probe_request_id(request_id: str) -> ProbeRequestId | None:
 PROBE_ID_REGEX_SQL = r"'^probe\\.(p\\d+)\\.([a-z0-9_]+)\\.(solo|batched)\\.(.+)$'"
 
 
-# --- rescore requests (cross-scoring: engine/probe/rescore.py, diagnostics/rescore.py) ---------
+# --- rescore requests (cross-scoring: engine/traffic/probe/rescore.py, diagnostics/rescore.py) ---------
 # A request replica R served, sent teacher-forced (prompt + output as the prompt, prompt_logprobs 0,
 # max_tokens 1) to a scorer replica S (R itself included: the self-rescoring control). Its row
 # carries workload "rescore" and the request id

@@ -9,7 +9,7 @@ Definitions are vLLM's (vllm/v1/metrics/stats.py), from the fields of the record
 - iteration tokens: prompt tokens computed + tokens generated in a step;
 - prefill KV computed: prompt tokens less the cached ones;
 - request parameters n and max_tokens, and the most tokens any of the n choices generated, once per
-  request: a request with n choices is n engine requests `<id>-<k>` (engine/server/choices.py).
+  request: a request with n choices is n engine requests `<id>-<k>` (engine/serving/server/choices.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def _closed_reader(*argv: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("argv", [("fleet", "status", "--json", "--run-dir", "{run_dir}"), ("serve", "--help")])
 def test_closed_pipe_is_no_traceback(argv, tmp_path):
-    from engine.fleet.state import FleetState
+    from engine.serving.fleet.state import FleetState
 
     state = FleetState(name="t", run_dir=str(tmp_path), created=0.0, store_url="")
     state.events = [f"event {i}" for i in range(2000)]  # more than a pipe buffer of JSON
@@ -54,7 +54,7 @@ def test_fleet_up_takes_host_and_base_port():
 
 
 def test_base_port_fills_the_ports_the_toml_left_0():
-    from engine.fleet.config import override_ports, parse_fleet
+    from engine.serving.fleet.config import override_ports, parse_fleet
 
     config = parse_fleet({"replica": [{"id": "a", "model": "m"}, {"id": "b", "model": "m", "port": 9200},
                                       {"id": "c", "model": "m"}]})

@@ -48,7 +48,7 @@ def prometheus_url(tmp_path_factory, engine_metrics_target, sidecar_metrics_targ
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     """A real byte-level BPE tokenizer (Hugging Face format), trained once per session."""
-    from engine.tiny_model import build_bpe_tokenizer
+    from engine.core.tiny_model import build_bpe_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer")
     build_bpe_tokenizer(out)

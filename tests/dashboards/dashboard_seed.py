@@ -43,7 +43,7 @@ class Seeded:
     drifted_item: str = "item-03"
     finding_summary: str = ""
     profile_id: str = "prof-r2"
-    hot_frame: str = "forward (engine/model_runner.py:88)"
+    hot_frame: str = "forward (engine/core/model_runner.py:88)"
 
 
 def replica(replica_id: str, version: str, config_hash: str, quantization: str, numa_mismatch: bool) -> ReplicaRecord:
@@ -238,9 +238,9 @@ def seed(store, tokenizer, n_requests: int = 300) -> Seeded:
         ProfileRecord(profile_id="prof-r2", replica_id="r2", pid=1002, start_time=T0 + 100, duration_seconds=10,
                       stack=stack, samples=n, group=group)
         for stack, n, group in [
-            ("main (engine/server.py:10);step (engine/engine.py:50);forward (engine/model_runner.py:88)", 600, "forward"),
-            ("main (engine/server.py:10);step (engine/engine.py:50);schedule (engine/scheduler.py:30)", 250, "scheduler"),
-            ("main (engine/server.py:10);step (engine/engine.py:50);on_step (telemetry/recorder.py:77)", 50, "telemetry"),
-            ("main (engine/server.py:10);sample (engine/sampler.py:12)", 100, "sampling"),
+            ("main (engine/server.py:10);step (engine/core/engine.py:50);forward (engine/core/model_runner.py:88)", 600, "forward"),
+            ("main (engine/server.py:10);step (engine/core/engine.py:50);schedule (engine/core/scheduler.py:30)", 250, "scheduler"),
+            ("main (engine/server.py:10);step (engine/core/engine.py:50);on_step (telemetry/recorder.py:77)", 50, "telemetry"),
+            ("main (engine/server.py:10);sample (engine/core/sampler.py:12)", 100, "sampling"),
         ]])
     return Seeded(requests=len(requests), slowest_request=slowest[0], finding_summary=summary)

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboards import data, finding_views, settings
 from dashboards.promql import HERE as DASHBOARDS_DIR
-from engine.fleet.processes import free_port
+from engine.serving.processes import free_port
 
 APP = str(DASHBOARDS_DIR / "app.py")
 URLLIB3_NOISE = ("HTTPConnectionPool", "Max retries", "query_id", "Retry(", "NewConnectionError", "Caused by")
@@ -99,7 +99,7 @@ def test_requests_decode_with_the_tokenizer_the_replica_recorded(seeded, tokeniz
 
     from dashboard_seed import T0, replica
 
-    from engine.tokenization import Tokenizer
+    from engine.core.tokenization import Tokenizer
 
     store, _ = seeded
     monkeypatch.delenv(settings.TOKENIZERS_ENV, raising=False)

@@ -16,7 +16,7 @@ from dashboard_process import running_dashboard
 
 from dashboards.console.demo import canary_port
 from dashboards.console.demo_fault import canary_fleet
-from engine.fleet.processes import free_port, infersight_command
+from engine.serving.processes import free_port, infersight_command
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -69,7 +69,7 @@ def _decoded_prompts(store_dir: str, model: Path) -> set[str]:
     """Every stored prompt as the Requests page shows it with the right tokenizer (the canary's lowercasing
     copy decodes the same IDs to the same text)."""
     from dashboards.tokens import visible
-    from engine.tokenization import Tokenizer
+    from engine.core.tokenization import Tokenizer
     from telemetry.store import open_store
 
     tokenizer = Tokenizer(model)

@@ -40,11 +40,11 @@ WORK = [("The quick brown fox jumps over the lazy dog. " * k, n)
 def served(tiny_llama, tmp_path_factory):
     import torch
 
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
-    from engine.server.model_info import ServedModel
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
+    from engine.serving.server.model_info import ServedModel
     from telemetry.replica_wiring import build_observer
     from telemetry.schema import migrate
     from telemetry.sidecar.process import start_sidecar

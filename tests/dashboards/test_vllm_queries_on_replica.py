@@ -70,11 +70,11 @@ def wait_for(url: str, expr: str, want: float, timeout: float = 120) -> None:
 def prometheus_with_replica(tmp_path_factory):
     import torch
 
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
-    from engine.server.model_info import ServedModel
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
+    from engine.serving.server.model_info import ServedModel
     from telemetry.replica_wiring import build_observer
 
     torch.set_num_threads(1)

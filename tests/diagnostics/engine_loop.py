@@ -6,8 +6,8 @@ import torch
 
 torch.set_num_threads(1)
 
-from engine.llm import LLM  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.core.llm import LLM  # noqa: E402
+from engine.core.sampling_params import SamplingParams  # noqa: E402
 
 llm = LLM(sys.argv[1], num_kv_blocks=64, max_model_len=256)
 params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)

@@ -29,7 +29,7 @@ def answered(rid, j, t, prompt_len, workload="chat"):
 
 
 def refused(rid, j, t, code, prompt_len=0, status=400, workload="chat"):
-    """As the server writes a refused request's row (engine/server/rejections.py)."""
+    """As the server writes a refused request's row (engine/serving/server/rejections.py)."""
     return request(rid, j, t, prompt_ids=[], output_ids=[], workload=workload, prompt_tokens=prompt_len,
                    finish_reason="error", error_code=code, http_status=status, token_times=[])
 

@@ -22,8 +22,8 @@ from diagnostics import token_frequencies as freq
 from diagnostics import tokenizer as tokdiag
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.prompt import chat_prompt
-from engine.tokenization import Tokenizer
+from engine.core.prompt import chat_prompt
+from engine.core.tokenization import Tokenizer
 from telemetry.contract.probes import PROBE_WORKLOAD
 
 WORDS = ("the cache replica latency token prompt model queue batch decode prefill kernel memory request "

@@ -12,7 +12,7 @@ from diagnostics import drift
 from diagnostics.baseline import Baseline, identity_key
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 from telemetry.contract.records import EvalItemRecord, EvalRunRecord
 
 

@@ -29,12 +29,12 @@ from diagnostics.findings import format_table
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from diagnostics.stack_groups import GROUPS
-from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
-from engine.fleet.fleet import fleet_down, fleet_up
-from engine.fleet.processes import infersight_command
-from engine.loadgen.arrivals import Arrival
-from engine.loadgen.runner import run_load
-from engine.loadgen.workloads import RequestSpec, Workload
+from engine.serving.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
+from engine.serving.fleet.fleet import fleet_down, fleet_up
+from engine.serving.processes import infersight_command
+from engine.traffic.loadgen.arrivals import Arrival
+from engine.traffic.loadgen.runner import run_load
+from engine.traffic.loadgen.workloads import RequestSpec, Workload
 from telemetry.contract import derived
 from telemetry.store import open_store
 from telemetry.store.waiting import wait_for_requests

@@ -15,7 +15,7 @@ from diag_records import replica, request
 from diagnostics import identity
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 from telemetry.contract.records import chat_messages_hash, text_sha256
 
 CONFIG = {"model": "/models/tiny", "enable_prefix_caching": True, "max_num_batched_tokens": 2048, "max_num_seqs": 64,
@@ -247,8 +247,8 @@ def test_a_recorded_role_names_the_candidate_when_started_together(clean):
 # -- the whole identity, from real engines ---------------------------------------------------------
 
 def _engine_row(model_dir, replica_id: str, start: float, **config):
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
+    from engine.core.config import EngineConfig
+    from engine.core.engine import LLMEngine
     from telemetry.contract.hooks import EngineObserver
 
     class Rows(EngineObserver):

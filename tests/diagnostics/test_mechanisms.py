@@ -221,8 +221,8 @@ def test_sides_without_identity_rows_are_compared_on_their_records_alone(clean):
 def test_a_real_engine_with_a_kv_cache_too_small_has_its_preemptions_cited(tiny_llama, clean, tmp_path):
     """Three real engines through the recorder, the same batch of prompts; r2's KV cache holds a fraction of
     what the batch needs, so its scheduler preempts: its preemptions and full KV are cited, its peers' not."""
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
+    from engine.core.llm import LLM
+    from engine.core.sampling_params import SamplingParams
     from telemetry.recorder import Recorder
 
     t0 = time.time()

@@ -12,7 +12,7 @@ from diag_records import replica, request, step
 from diagnostics import DIAGNOSTICS, probe as probe_rule
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 from telemetry import synthetic
 from telemetry.contract.probes import probe_request_id
 

@@ -43,17 +43,17 @@ def test_waiting_threads_are_left_out_and_working_ones_kept():
     assert is_idle(parse_stack(loop + ";EpollSelector.select (selectors.py:468)"))
     assert is_idle(parse_stack("Thread.run (threading.py:982);Condition.wait (threading.py:327)"))
     assert not is_idle(parse_stack(loop + ";BaseSelectorEventLoop._write_to_self (asyncio/selector_events.py:139)"))
-    assert not is_idle(parse_stack("step (engine/engine.py:1);forward (engine/models/llama.py:30)"))
+    assert not is_idle(parse_stack("step (engine/core/engine.py:1);forward (engine/core/models/llama.py:30)"))
     records, idle = profile.profile_records({loop + ";EpollSelector.select (selectors.py:468)": 7,
-                                             "step (engine/engine.py:1);forward (engine/models/llama.py:30)": 3},
+                                             "step (engine/core/engine.py:1);forward (engine/core/models/llama.py:30)": 3},
                                             "r", 1, 0.0, 1.0)
     assert idle == 7 and [(r.group, r.samples) for r in records] == [("forward", 3)]
 
 
 def test_frame_parsing_and_folded_lines():
-    f = parse_frame("forward (/a/b/engine/models/llama.py:80)")
-    assert (f.function, f.file, f.line, f.path) == ("forward", "/a/b/engine/models/llama.py", 80,
-                                                    "/a/b/engine/models/llama.py")
+    f = parse_frame("forward (/a/b/engine/core/models/llama.py:80)")
+    assert (f.function, f.file, f.line, f.path) == ("forward", "/a/b/engine/core/models/llama.py", 80,
+                                                    "/a/b/engine/core/models/llama.py")
     assert parse_frame("<native frame>").function == "<native frame>"
     stacks = pyspy.parse_folded("a (x.py:1);b (x.py:2) 7\nbroken line\na (x.py:1) 3\na (x.py:1) 2\n")
     assert stacks == {"a (x.py:1);b (x.py:2)": 7, "a (x.py:1)": 5}
@@ -93,8 +93,8 @@ def test_profile_a_running_engine_and_store_it(engine_process, tmp_path, capsys)
     # a busy engine: the forward pass and the host-side phases all show up in 3 s of samples
     assert by_group.get("forward", 0) > 0.2 * sum(by_group.values())
     assert {"forward", "scheduler", "input_preparation"} <= set(by_group)
-    # py-spy names files relative to sys.path ("engine/models/llama.py") and qualifies methods
-    assert any("ModelRunner.forward (engine/model_runner.py" in r["stack"] for r in rows)
+    # py-spy names files relative to sys.path ("engine/core/models/llama.py") and qualifies methods
+    assert any("ModelRunner.forward (engine/core/model_runner.py" in r["stack"] for r in rows)
     top = profile.top_functions([profile.ProfileRecord("p", "loop", 1, 0, 3, r["stack"], r["samples"], r["group"])
                                  for r in rows])
     assert top["forward"]["top"][0]["samples"] <= top["forward"]["samples"]

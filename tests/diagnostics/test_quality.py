@@ -17,7 +17,7 @@ import pytest
 from diagnostics import DIAGNOSTICS, quality
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.proxy.extras import asks_logprobs
+from engine.serving.proxy.extras import asks_logprobs
 from tests.diagnostics.diag_records import replica, request
 
 T0 = time.time() - 3600

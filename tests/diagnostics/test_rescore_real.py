@@ -1,7 +1,7 @@
 """Real-model evidence for cross-scoring: in-process replicas of the shipped reference model
 (evals/reference/models/target), each served over HTTP as `infersight serve` assembles it and
 recording into one store, serve DIFFERENT sampled chat prompts (temperature 1.0, answers ending at
-<|eos|>); then one rescore round (engine/probe/rescore.py) sends each replica's requests, teacher-
+<|eos|>); then one rescore round (engine/traffic/probe/rescore.py) sends each replica's requests, teacher-
 forced, to every replica, and diagnostics/rescore.py reads only what the replicas recorded.
 
 - int4 with a coarse group (quant_group_size 128) and 5% relative weight noise
@@ -28,7 +28,7 @@ from diagnostics import rescore as rescore_rule
 from diagnostics.benchmarks.model_faults import noisy_weights
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.probe.rescore import run_rescore_round
+from engine.traffic.probe.rescore import run_rescore_round
 from evals.reference.corpus import stream
 from telemetry.store.waiting import wait_for_requests
 

@@ -29,13 +29,13 @@ from diagnostics import quality
 from diagnostics.benchmarks.model_faults import noisy_weights
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.prompt import chat_prompt
-from engine.sampling_params import SamplingParams
+from engine.core.config import EngineConfig
+from engine.core.engine import LLMEngine
+from engine.core.prompt import chat_prompt
+from engine.core.sampling_params import SamplingParams
 from evals.reference.corpus import stream
 from telemetry.recorder import Recorder
-from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
 
 N = 300  # requests per replica
 NOISE = 0.5

@@ -14,7 +14,7 @@ from diagnostics import tokenizer as tokdiag
 from diagnostics.findings import Finding
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 from telemetry.contract.probes import PROBE_WORKLOAD
 
 SIGNATURE = {"k": lambda f: f.evidence.get("sig")}

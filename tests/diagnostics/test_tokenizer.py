@@ -13,7 +13,7 @@ from diagnostics.replica_tokenizers import TokenizerSource
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from diagnostics.unicode_corpus import corpus
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 
 TEXTS = ["Hello World, how are you?", "The KV Cache is FULL again.", "plain lowercase text",
          "Latency doubled on Tuesday.", "What is 12 + 35?", "Ångström and Café"]

@@ -15,8 +15,8 @@ from diag_faults import ALTERED_TEMPLATE, with_chat_template, with_normalizer
 from diagnostics import tokenizer as tokdiag
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from engine.core.llm import LLM
+from engine.core.sampling_params import SamplingParams
 from telemetry.contract.records import chat_messages_hash
 from telemetry.recorder import Recorder
 

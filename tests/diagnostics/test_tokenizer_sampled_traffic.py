@@ -3,7 +3,7 @@
 disagreement between two replicas is one-to-one.
 
 The records are built as the engine writes them: each replica's text (or chat messages) encoded by
-its own tokenizer (engine.tokenization.Tokenizer on the tiny model's directory, or on a copy with a
+its own tokenizer (engine.core.tokenization.Tokenizer on the tiny model's directory, or on a copy with a
 Lowercase normalizer), into the migrated chdb store.
 """
 
@@ -23,8 +23,8 @@ from diagnostics import token_frequencies as freq
 from diagnostics import tokenizer as tokdiag
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.prompt import chat_prompt
-from engine.tokenization import Tokenizer
+from engine.core.prompt import chat_prompt
+from engine.core.tokenization import Tokenizer
 from telemetry.contract.probes import PROBE_WORKLOAD
 from telemetry.contract.records import chat_messages_hash
 

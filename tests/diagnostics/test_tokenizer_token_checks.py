@@ -10,7 +10,7 @@ from diag_records import request
 
 from diagnostics import tokenizer as tokdiag
 from diagnostics.scope import Scope
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 from telemetry.schema import migrate
 from telemetry.store import open_store
 from tests.telemetry.older_schema import insert_as_then

@@ -8,9 +8,9 @@ import contextlib
 import pytest
 import torch
 
-from engine.async_engine import AsyncLLM
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from engine.core.async_engine import AsyncLLM
+from engine.core.llm import LLM
+from engine.core.sampling_params import SamplingParams
 
 torch.set_num_threads(1)  # tiny models on a shared 2-core machine
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import flashinfer_available
+from engine.core.attention import flashinfer_available
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not flashinfer_available(), reason="needs a CUDA device and flashinfer")]

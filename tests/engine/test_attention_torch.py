@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import get_backend
-from engine.attention.simple_batch import SimplePagedBatcher
-from engine.attention.torch_backend import TorchAttentionBackend, plan_groups
+from engine.core.attention import get_backend
+from engine.core.attention.simple_batch import SimplePagedBatcher
+from engine.core.attention.torch_backend import TorchAttentionBackend, plan_groups
 
 
 def dense_reference(q, keys, values, context_len, scale):
@@ -128,14 +128,14 @@ def test_importing_attention_does_not_import_flashinfer():
     import subprocess
     import sys
 
-    code = ("import sys, engine.attention, engine.attention.flashinfer_backend, engine.models; "
+    code = ("import sys, engine.core.attention, engine.core.attention.flashinfer_backend, engine.core.models; "
             "print('flashinfer' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
 
 
 def test_decodes_split_by_context_length_only_when_padding_is_costly():
-    from engine.attention.torch_backend import SPLIT_MIN_SAVING, split_by_length
+    from engine.core.attention.torch_backend import SPLIT_MIN_SAVING, split_by_length
 
     short, long = 10, 10 + SPLIT_MIN_SAVING
     lengths = [long, short, short, long, short]
@@ -144,7 +144,7 @@ def test_decodes_split_by_context_length_only_when_padding_is_costly():
 
 
 def test_decodes_of_very_different_lengths():
-    from engine.attention.torch_backend import SPLIT_MIN_SAVING
+    from engine.core.attention.torch_backend import SPLIT_MIN_SAVING
 
     # three decodes, one far longer: split into two groups, outputs scattered back in order
     run_steps([[("a", 3), ("b", 9)], [("c", 7)]] + [[("c", 1), ("a", 1), ("b", 1)]] * 2)
@@ -164,7 +164,7 @@ def test_decode_steps_reuse_the_last_plan_and_rebuild_when_tables_change():
 
 
 def test_decode_memo_is_reused_while_the_block_tables_stay():
-    from engine.attention.base import AttentionMetadata
+    from engine.core.attention.base import AttentionMetadata
 
     backend = TorchAttentionBackend()
 
@@ -183,8 +183,8 @@ def test_decode_memo_is_reused_while_the_block_tables_stay():
 def test_compiled_decodes_stay_one_group_in_batch_order(tiny_llama):
     """compile_decode turns the split off: each group count or row order would be a graph of its own,
     compiled the first time a batch meets it. Prefills are still grouped by length."""
-    from engine.attention.torch_backend import SPLIT_MIN_SAVING
-    from engine.engine import LLMEngine
+    from engine.core.attention.torch_backend import SPLIT_MIN_SAVING
+    from engine.core.engine import LLMEngine
 
     long = SPLIT_MIN_SAVING // 2 + 16
     batcher = SimplePagedBatcher(80, 64)

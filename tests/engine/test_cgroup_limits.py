@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine import cgroup_limits
+from engine.core import cgroup_limits
 
 
 def _write(root: Path, files: dict[str, str]) -> None:

@@ -1,5 +1,5 @@
 """A configuration value of the wrong type is an error that names the key and the type it takes
-(engine/config_values.py), for every key of a fleet TOML, every engine option (in a fleet's `engine` table and
+(engine/core/config_values.py), for every key of a fleet TOML, every engine option (in a fleet's `engine` table and
 in an EngineConfig TOML for `infersight eval`) and every eval policy key, never Python's "invalid literal for
 int()" or a TypeError about a value nobody can find."""
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.fleet.config import _FLEET_KEYS, _PROBE_KEYS, _REPLICA_KEYS, _SIDECAR_KEYS, load_fleet, parse_fleet
-from engine.server.engine_args import engine_fields
+from engine.serving.fleet.config import _FLEET_KEYS, _PROBE_KEYS, _REPLICA_KEYS, _SIDECAR_KEYS, load_fleet, parse_fleet
+from engine.serving.server.engine_args import engine_fields
 from evals.sides import load_engine_config
 
 TOML_VALUES = st.one_of(st.text(max_size=8), st.integers(-5, 10**6), st.floats(allow_nan=False), st.booleans(),
@@ -104,7 +104,7 @@ POLICY_KEYS = {"run": {"suites": list, "max_items": int, "per_task": int, "max_t
 @given(key=st.sampled_from([(s, k) for s, keys in POLICY_KEYS.items() for k in keys]),
        value=st.sampled_from(['"0.5"', '"x"', "[1]", "{a = 1}", "true", "0.5", "3", '"mcnemar"', '["a.jsonl"]']))
 def test_an_eval_policy_value_of_the_wrong_type_is_named(tmp_path_factory, key, value):
-    from engine.config_values import is_kind
+    from engine.core.config_values import is_kind
     from evals.policy import load_policy
 
     section, name = key

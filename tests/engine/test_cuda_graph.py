@@ -1,4 +1,4 @@
-"""CUDA-graph decode (EngineConfig.cuda_graphs, engine/cuda_graph.py) on what a CPU can run: the static
+"""CUDA-graph decode (EngineConfig.cuda_graphs, engine/core/cuda_graph.py) on what a CPU can run: the static
 buffers, the padding to captured batch sizes, the width buckets and the fixed-shape attention, run eagerly
 (`capture=False`); the capture itself is checked on a GPU by engine/benchmarks/gpu_check.py."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention.simple_batch import SimplePagedBatcher
-from engine.attention.static_decode import SCRATCH_KEY, StaticDecode, attend
-from engine.attention.torch_backend import TorchAttentionBackend
+from engine.core.attention.simple_batch import SimplePagedBatcher
+from engine.core.attention.static_decode import SCRATCH_KEY, StaticDecode, attend
+from engine.core.attention.torch_backend import TorchAttentionBackend
 from engine.benchmarks.gpu_check import eager_graphs_engine
-from engine.cuda_graph import DecodeGraphs, batch_sizes, width_for
-from engine.engine import LLMEngine
-from engine.fleet.models import REFERENCE_MODEL
-from engine.sampling_params import SamplingParams
+from engine.core.cuda_graph import DecodeGraphs, batch_sizes, width_for
+from engine.core.engine import LLMEngine
+from engine.core.model_refs import REFERENCE_MODEL
+from engine.core.sampling_params import SamplingParams
 
 NUM_BLOCKS = 48
 

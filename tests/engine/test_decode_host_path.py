@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention.simple_batch import SimplePagedBatcher
-from engine.attention.torch_backend import TorchAttentionBackend
-from engine.models import allocate_kv_cache, load_model
-from engine.models.rope import RotaryEmbedding, apply_rotary
-from engine.sampler import sampled_logprobs
+from engine.core.attention.simple_batch import SimplePagedBatcher
+from engine.core.attention.torch_backend import TorchAttentionBackend
+from engine.core.models import allocate_kv_cache, load_model
+from engine.core.models.rope import RotaryEmbedding, apply_rotary
+from engine.core.sampler import sampled_logprobs
 
 
 def test_projections_are_fused_views_of_one_weight(tiny_llama):
@@ -95,8 +95,8 @@ def test_decode_group_with_unequal_lengths_matches_per_sequence_attention():
 
 
 def test_int8_projections_fuse_and_match_the_unfused_int8_path(tiny_llama, monkeypatch):
-    import engine.quantization.int8 as int8
-    from engine.quantization import quantize_model
+    import engine.core.quantization.int8 as int8
+    from engine.core.quantization import quantize_model
 
     monkeypatch.setattr(int8, "FAST_MIN_NUMEL", 0)  # the tiny model's matrices take the int8 kernel
 
@@ -126,9 +126,9 @@ def test_compiled_decode_is_one_graph_and_gives_the_eager_tokens(tiny_llama, mon
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    import engine.model_runner as model_runner
-    from engine.engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    import engine.core.model_runner as model_runner
+    from engine.core.engine import LLMEngine
+    from engine.core.sampling_params import SamplingParams
 
     monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "eager")
     # unequal lengths, longest first: a masked decode group whose rows are scattered back
@@ -155,10 +155,10 @@ def test_compiled_int8_decode_is_one_graph_and_gives_the_eager_int8_tokens(tiny_
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    import engine.model_runner as model_runner
-    import engine.quantization.int8 as int8
-    from engine.engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    import engine.core.model_runner as model_runner
+    import engine.core.quantization.int8 as int8
+    from engine.core.engine import LLMEngine
+    from engine.core.sampling_params import SamplingParams
 
     graphs = []
 

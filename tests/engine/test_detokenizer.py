@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.tokenization import Tokenizer
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.tokenization import Tokenizer
 
 
 @pytest.fixture(scope="module")

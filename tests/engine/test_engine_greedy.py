@@ -11,9 +11,9 @@ import pytest
 import torch
 import transformers
 
-from engine.engine import LLMEngine
+from engine.core.engine import LLMEngine
 from telemetry.contract.hooks import EngineObserver
-from engine.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams
 
 # tiny models on a shared 2-core machine: more threads only add contention
 torch.set_num_threads(1)

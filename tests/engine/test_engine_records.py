@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-import engine.engine as engine_module
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.engine_records import identity_sections
+import engine.core.engine as engine_module
+from engine.core.config import EngineConfig
+from engine.core.engine import LLMEngine
+from engine.core.engine_records import identity_sections
 from telemetry.contract.hooks import EngineObserver
-from engine.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from telemetry.contract.records import canonical_chat_json, chat_messages_hash, text_sha256
 
 torch.set_num_threads(1)  # tiny models on a shared 2-core machine

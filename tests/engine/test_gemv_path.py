@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import engine.models.gemv as gemv
-from engine.models.gemv import linear
+import engine.core.models.gemv as gemv
+from engine.core.models.gemv import linear
 
 
 def _traced_ops(fn, *args) -> tuple[set, torch.Tensor]:
@@ -83,9 +83,9 @@ def test_the_compiled_batch1_decode_step_has_no_blas_projection(tiny_llama, monk
     where sgemv streams, its projections are the BLAS calls."""
     import torch._dynamo
 
-    import engine.model_runner as model_runner
-    from engine.engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    import engine.core.model_runner as model_runner
+    from engine.core.engine import LLMEngine
+    from engine.core.sampling_params import SamplingParams
 
     seen: set = set()
 
@@ -109,7 +109,7 @@ def test_the_compiled_batch1_decode_step_has_no_blas_projection(tiny_llama, monk
 
 
 def test_eager_one_row_times_a_large_weight_takes_onednn(monkeypatch):
-    import engine.models.gemv as gemv
+    import engine.core.models.gemv as gemv
 
     if not gemv._HAS_ONEDNN:
         pytest.skip("this torch build has no oneDNN linear: eager one-row calls stay F.linear")

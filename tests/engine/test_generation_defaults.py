@@ -10,11 +10,11 @@ import shutil
 
 import pytest
 
-from engine.generation_defaults import GenerationDefaults, generation_defaults
-from engine.server.admission import admit_chat, admit_completion
-from engine.server.model_info import ServedModel
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest
-from engine.tokenization import Tokenizer
+from engine.core.generation_defaults import GenerationDefaults, generation_defaults
+from engine.serving.server.admission import admit_chat, admit_completion
+from engine.serving.server.model_info import ServedModel
+from engine.serving.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.core.tokenization import Tokenizer
 
 
 def _model(tiny_llama, tmp_path, **sampling) -> str:
@@ -74,8 +74,8 @@ def test_unset_request_fields_take_the_models_defaults_and_set_ones_keep_their_o
 
 
 def test_the_defaults_are_in_the_identity_and_each_record_holds_the_values_used(tiny_llama, tmp_path):
-    from engine.config import EngineConfig
-    from engine.llm import LLM
+    from engine.core.config import EngineConfig
+    from engine.core.llm import LLM
     from telemetry.contract.hooks import EngineObserver
 
     class Rows(EngineObserver):

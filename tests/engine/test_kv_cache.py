@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv_cache import KVCacheManager
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.core.kv_cache import KVCacheManager
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
 
 
 def make_seq(tokens, rid="r", **params) -> Sequence:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv_cache import DEFAULT_KV_CACHE_MEMORY_BYTES, kv_pool_blocks
-from engine.llm import LLM
-from engine.process_memory import memory_at_start
+from engine.core.kv_cache import DEFAULT_KV_CACHE_MEMORY_BYTES, kv_pool_blocks
+from engine.core.llm import LLM
+from engine.core.process_memory import memory_at_start
 
 torch.set_num_threads(1)
 

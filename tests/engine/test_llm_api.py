@@ -6,8 +6,8 @@ import pytest
 import torch
 import transformers
 
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from engine.core.llm import LLM
+from engine.core.sampling_params import SamplingParams
 
 # tiny models on a shared 2-core machine: more threads only add contention
 torch.set_num_threads(1)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.models import (ModelLoadError, allocate_kv_cache, kv_bytes_per_block, load_model)
+from engine.core.models import ModelLoadError, allocate_kv_cache, kv_bytes_per_block, load_model
 
 
 @pytest.fixture
@@ -169,8 +169,8 @@ def test_no_weights(model_copy):
 
 def test_older_rope_keys_load_like_rope_parameters(tiny_model_factory, tiny_llama, tmp_path):
     """Configs written before transformers 5 keep rope_theta and rope_scaling at the top level."""
-    from engine.attention import get_backend
-    from engine.attention.simple_batch import SimplePagedBatcher
+    from engine.core.attention import get_backend
+    from engine.core.attention.simple_batch import SimplePagedBatcher
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 16}

@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor
 
-from engine.logits_processors import apply_min_p, apply_raw_processors
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.core.logits_processors import apply_min_p, apply_raw_processors
+from engine.core.sampler import Sampler
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
 
 VOCAB = 40
 

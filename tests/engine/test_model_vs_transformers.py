@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import get_backend
-from engine.attention.simple_batch import SimplePagedBatcher
-from engine.models import allocate_kv_cache, load_model
+from engine.core.attention import get_backend
+from engine.core.attention.simple_batch import SimplePagedBatcher
+from engine.core.models import allocate_kv_cache, load_model
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 16}

@@ -1,4 +1,4 @@
-"""Multi-step decode (EngineConfig.num_scheduler_steps, engine/multi_step.py): K decode steps per schedule
+"""Multi-step decode (EngineConfig.num_scheduler_steps, engine/core/multi_step.py): K decode steps per schedule
 give exactly the tokens and raw logprobs of one step per schedule, stop where one step would, keep the
 KV pool and the prefix cache consistent, and report one StepRecord per sub-step; the scheduler takes
 K steps only where that cannot change what a request gets."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from engine.core.engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
 from telemetry.contract.hooks import EngineObserver
 
 PROMPTS = [[5, 9, 17, 3, 11, 8, 2], [7, 7, 1, 30], [4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24]]
@@ -56,7 +56,7 @@ def test_k_steps_give_the_one_step_tokens_and_logprobs(tiny_llama, monkeypatch, 
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    import engine.model_runner as model_runner
+    import engine.core.model_runner as model_runner
 
     monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "eager")  # dynamo's graph; inductor is torch's to test
     torch._dynamo.reset()

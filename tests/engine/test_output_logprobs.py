@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.sampler import sampled_logprobs
-from engine.sampling_params import SamplingParams
+from engine.core.config import EngineConfig
+from engine.core.engine import LLMEngine
+from engine.core.sampler import sampled_logprobs
+from engine.core.sampling_params import SamplingParams
 from telemetry.recorder import Recorder
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""EngineConfig.pack_weights (engine/models/packed_linear.py): float32 projections of 16+ rows go through
+"""EngineConfig.pack_weights (engine/core/models/packed_linear.py): float32 projections of 16+ rows go through
 oneDNN's matmul over a weight reordered once, fewer rows through F.linear on the plain weight, one row
 through models/gemv.py; a weight written in place is reordered again; a compiled graph sees one opaque op;
 an engine with packed weights gives the tokens of one without."""
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import engine.models.packed_linear as packed_linear
-from engine.models.packed_linear import PACKED_MIN_NUMEL, PACKED_MIN_ROWS, PackedLinear, PackedMatmul, pack_linear
+import engine.core.models.packed_linear as packed_linear
+from engine.core.models.packed_linear import PACKED_MIN_NUMEL, PACKED_MIN_ROWS, PackedLinear, PackedMatmul, pack_linear
 
 pytestmark = pytest.mark.skipif(not packed_linear._HAS_ONEDNN, reason="this torch has no oneDNN")
 
@@ -119,9 +119,9 @@ def packable_llama(tiny_model_factory):
 def test_an_engine_with_packed_weights_gives_the_same_tokens(packable_llama, monkeypatch, compile_decode):
     import torch._dynamo
 
-    import engine.model_runner as model_runner
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
+    import engine.core.model_runner as model_runner
+    from engine.core.llm import LLM
+    from engine.core.sampling_params import SamplingParams
 
     monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "eager")  # dynamo's graph; inductor is torch's to test
     prompts = [[(7 * i + j) % 1000 + 3 for j in range(5 + i % 7)] for i in range(20)]  # 20 decode rows
@@ -145,8 +145,8 @@ def test_an_engine_with_packed_weights_gives_the_same_tokens(packable_llama, mon
 
 
 def test_pack_weights_leaves_quantized_projections_alone(packable_llama):
-    from engine.llm import LLM
-    from engine.quantization.int8 import Int8Linear
+    from engine.core.llm import LLM
+    from engine.core.quantization.int8 import Int8Linear
 
     llm = LLM(str(packable_llama), pack_weights=True, quantization="int8", num_kv_blocks=32)
     model = llm.engine.loaded.model

@@ -1,4 +1,4 @@
-"""Decode attention over the paged pool in place (engine/attention/paged_decode.py), compiled by inductor.
+"""Decode attention over the paged pool in place (engine/core/attention/paged_decode.py), compiled by inductor.
 
 These compile for real (inductor's C++ flex template, ~5-15 s each): the block lists only mean something
 to that template, so a traced-but-eager graph would not test them."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.attention import paged_decode
-from engine.attention.torch_backend import PAGED_MIN_BLOCK_SIZE, PAGED_MIN_ROW_BYTES, attends_in_place
+from engine.core.attention import paged_decode
+from engine.core.attention.torch_backend import PAGED_MIN_BLOCK_SIZE, PAGED_MIN_ROW_BYTES, attends_in_place
 
 pytestmark = pytest.mark.skipif(paged_decode.unavailable_reason(torch.device("cpu")) is not None,
                                 reason=str(paged_decode.unavailable_reason(torch.device("cpu"))))
@@ -83,9 +83,9 @@ def test_compiled_engine_attends_in_place_and_gives_the_eager_tokens(tiny_llama,
     written) whose requests end at different steps."""
     import torch._dynamo
 
-    import engine.attention.torch_backend as torch_backend
-    from engine.engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    import engine.core.attention.torch_backend as torch_backend
+    from engine.core.engine import LLMEngine
+    from engine.core.sampling_params import SamplingParams
 
     monkeypatch.setattr(torch_backend, "PAGED_MIN_ROW_BYTES", 0)  # the tiny model's rows are 256 bytes
     prompts = [[5, 9, 17, 3, 11, 8, 2, 40, 41, 42], [7, 7, 1, 30], list(range(20, 39))]
@@ -112,9 +112,9 @@ def test_compiled_engine_attends_in_place_and_gives_the_eager_tokens(tiny_llama,
 def test_in_place_only_for_rows_worth_it_and_with_inductor(tiny_llama, monkeypatch):
     """The template's fixed cost is paid back only by rows of PAGED_MIN_ROW_BYTES or more, and only inductor
     honours the block lists (dynamo's "eager" backend would run flex's math over the whole pool)."""
-    import engine.attention.torch_backend as torch_backend
-    import engine.model_runner as model_runner
-    from engine.engine import LLMEngine
+    import engine.core.attention.torch_backend as torch_backend
+    import engine.core.model_runner as model_runner
+    from engine.core.engine import LLMEngine
 
     kw = dict(block_size=16, num_kv_blocks=16, compile_decode=True)
     assert LLMEngine(tiny_llama, **kw).backend._paged is None  # 2 kv heads of 16 in float32: 256 bytes
@@ -128,11 +128,11 @@ def test_an_open_block_size_is_the_in_place_tile_only_where_decodes_attend_in_pl
     """block_size left open: PAGED_BLOCK_SIZE where compiled decodes read the pool in place (the template reads
     a block per tile), the default elsewhere; the replica's config says which, and the server's preflight plans
     the same pool; an explicit block size always wins."""
-    import engine.attention.torch_backend as torch_backend
-    import engine.model_runner as model_runner
-    from engine.config import DEFAULT_BLOCK_SIZE, EngineConfig
-    from engine.engine import LLMEngine
-    from engine.server.preflight import _model_config, kv_plan
+    import engine.core.attention.torch_backend as torch_backend
+    import engine.core.model_runner as model_runner
+    from engine.core.config import DEFAULT_BLOCK_SIZE, EngineConfig
+    from engine.core.engine import LLMEngine
+    from engine.serving.server.preflight import _model_config, kv_plan
 
     def chosen(**kw):
         engine = LLMEngine(tiny_llama, num_kv_blocks=8, **kw)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.phase_timer import PHASES, PhaseTimer
+from engine.core.phase_timer import PHASES, PhaseTimer
 
 
 def _timer(**seconds) -> PhaseTimer:

@@ -6,14 +6,9 @@ import os
 
 import pytest
 
-from engine import mempolicy
-from engine.placement import (
-    bind_replica,
-    discover_placement,
-    format_cpulist,
-    normalize_pci_address,
-    numa_topology,
-    parse_cpulist,
+from engine.core import mempolicy
+from engine.core.placement import (
+    bind_replica, discover_placement, format_cpulist, normalize_pci_address, numa_topology, parse_cpulist,
 )
 
 PID = 4242
@@ -178,7 +173,7 @@ def test_bind_rejects_what_cannot_be_done(tmp_path):
 def test_a_cpu_replica_has_no_gpu_node_and_auto_finds_none_without_cuda(tmp_path):
     fixture = two_socket(tmp_path, "0-7", "0")
     assert discover_placement(**fixture).gpu_numa_node == -1
-    import engine.placement as placement
+    import engine.core.placement as placement
 
     if not placement.visible_gpu_pci_address():
         p = discover_placement(**fixture, gpu_pci_address="auto")

@@ -9,17 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from engine.attention import AttentionMetadata, get_backend
-from engine.quantization import (
-    Int4Linear,
-    Int8Linear,
-    dequantize_int4,
-    dequantize_int8,
-    pack_int4,
-    quantization_label,
-    quantize_int4,
-    quantize_model,
-    unpack_int4,
+from engine.core.attention import AttentionMetadata, get_backend
+from engine.core.quantization import (
+    Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, pack_int4, quantization_label, quantize_int4,
+    quantize_model, unpack_int4,
 )
 
 # rounding to the nearest grid point is exact up to float32 rounding of w / scale
@@ -38,7 +31,7 @@ def _weights(seed: int, out_f: int = 48, in_f: int = 100) -> torch.Tensor:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_int8_error_within_half_a_step_per_row(seed):
     w = _weights(seed)
-    from engine.quantization import quantize_int8
+    from engine.core.quantization import quantize_int8
 
     q, scale = quantize_int8(w)
     assert q.dtype == torch.int8 and scale.shape == (w.shape[0],)
@@ -115,7 +108,7 @@ def test_int8_small_matrices_take_the_exact_cast_path():
 @pytest.fixture
 def int8_kernel_everywhere(monkeypatch):
     """The tiny test matrices are below FAST_MIN_NUMEL: make them take the int8 kernel anyway."""
-    import engine.quantization.int8 as int8
+    import engine.core.quantization.int8 as int8
 
     monkeypatch.setattr(int8, "FAST_MIN_NUMEL", 0)
 
@@ -148,7 +141,7 @@ def test_int8_fast_path_error_within_activation_rounding_bound(rows, int8_kernel
 
 def _prefill_logits(loaded, token_ids: list[int]) -> torch.Tensor:
     """Logits at every position of one prompt, through the engine's own forward."""
-    from engine.models import allocate_kv_cache
+    from engine.core.models import allocate_kv_cache
 
     t, block_size = len(token_ids), 16
     num_blocks = -(-t // block_size)
@@ -163,7 +156,7 @@ def _prefill_logits(loaded, token_ids: list[int]) -> torch.Tensor:
 def _chunked_logits(loaded, token_ids: list[int], chunk: int) -> torch.Tensor:
     """The same logits, computed `chunk` tokens per forward over the paged cache (as decode and
     chunked prefill run): with chunk <= FAST_MAX_ROWS int8 layers take the int8 kernel."""
-    from engine.models import allocate_kv_cache
+    from engine.core.models import allocate_kv_cache
 
     t, block_size = len(token_ids), 16
     num_blocks = -(-t // block_size)
@@ -187,7 +180,7 @@ def _prompts(vocab: int, n: int = 4, seed: int = 0) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def reference_logits(tiny_llama):
-    from engine.models import load_model
+    from engine.core.models import load_model
 
     loaded = load_model(tiny_llama)
     prompts = _prompts(loaded.vocab_size)
@@ -214,7 +207,7 @@ CASES = [(*key, None) for key in BOUNDS] + [("int8", 128, True, chunk) for chunk
 @pytest.mark.parametrize("scheme,group_size,symmetric,chunk", CASES)
 def test_quantized_logits_stay_close(tiny_llama, reference_logits, scheme, group_size, symmetric, chunk,
                                     int8_kernel_everywhere):
-    from engine.models import load_model
+    from engine.core.models import load_model
 
     prompts, ref = reference_logits
     loaded = load_model(tiny_llama)
@@ -233,7 +226,7 @@ def test_quantized_logits_stay_close(tiny_llama, reference_logits, scheme, group
 
 
 def test_quantization_is_deterministic_across_loads(tiny_llama, tiny_model_factory):
-    from engine.models import load_model
+    from engine.core.models import load_model
 
     a, b = load_model(tiny_llama), load_model(tiny_llama)
     ra = quantize_model(a.model, "int4", 32, symmetric=False)
@@ -249,7 +242,7 @@ def test_quantization_is_deterministic_across_loads(tiny_llama, tiny_model_facto
 
 
 def test_skip_list_and_bytes(tiny_llama):
-    from engine.models import load_model
+    from engine.core.models import load_model
 
     loaded = load_model(tiny_llama)
     model = loaded.model
@@ -273,7 +266,7 @@ def test_skip_list_and_bytes(tiny_llama):
 
 
 def test_int4_bytes_and_labels(tiny_llama):
-    from engine.models import load_model
+    from engine.core.models import load_model
 
     loaded = load_model(tiny_llama)
     report = quantize_model(loaded.model, "int4", group_size=32, skip=[], symmetric=False)
@@ -297,8 +290,8 @@ def test_bad_scheme_is_a_clear_error():
 
 
 def test_engine_quantizes_at_load_and_records_it(tiny_llama):
-    from engine.engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    from engine.core.engine import LLMEngine
+    from engine.core.sampling_params import SamplingParams
 
     plain = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64)
     engine = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64, quantization="int4", quant_group_size=32,

@@ -16,9 +16,9 @@ import copy
 import pytest
 import torch
 
-from engine.engine import LLMEngine
-from engine.fleet.models import REFERENCE_MODEL
-from engine.sampling_params import SamplingParams
+from engine.core.engine import LLMEngine
+from engine.core.model_refs import REFERENCE_MODEL
+from engine.core.sampling_params import SamplingParams
 from telemetry.contract.hooks import EngineObserver
 
 torch.set_num_threads(1)  # a small model on a shared 2-core machine

@@ -6,9 +6,9 @@ import pytest
 import torch
 from scipy import stats
 
-from engine.sampler import Sampler, apply_top_k_top_p, token_logprobs
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.core.sampler import Sampler, apply_top_k_top_p, token_logprobs
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
 
 
 def seqs_for(sampler: Sampler, params: list[SamplingParams]) -> list[Sequence]:

@@ -18,9 +18,9 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.core.sampler import Sampler
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
 
 torch.set_num_threads(1)
 

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv_cache import KVCacheManager
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.core.kv_cache import KVCacheManager
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceStatus
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_tokens=64, chunked=True,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from engine.kv_cache import KVCacheManager
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.core.kv_cache import KVCacheManager
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
 
 
 def _scheduler() -> Scheduler:

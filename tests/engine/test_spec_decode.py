@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from engine.engine import LLMEngine
+from engine.core.engine import LLMEngine
 from telemetry.contract.hooks import EngineObserver
-from engine.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams
 
 MAX_TOKENS = 16
 K = 3

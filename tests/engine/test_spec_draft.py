@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import get_backend
-from engine.spec_decode.draft import DraftModelProposer
+from engine.core.attention import get_backend
+from engine.core.spec_decode.draft import DraftModelProposer
 
 
 @pytest.fixture(scope="module")
 def draft(tiny_llama):
-    from engine.models import load_model
+    from engine.core.models import load_model
 
     return load_model(tiny_llama)
 

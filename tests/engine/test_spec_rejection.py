@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from engine.spec_decode import NgramProposer, SpecDecodeStats, rejection_sample, verify_greedy
+from engine.core.spec_decode import NgramProposer, SpecDecodeStats, rejection_sample, verify_greedy
 
 VOCAB, K, N = 5, 3, 4000
 ALPHA = 0.01

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from engine.core.config import EngineConfig
+from engine.core.engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
 from telemetry.contract.hooks import EngineObserver
 
 torch.set_num_threads(1)  # tiny models on a shared 2-core machine

@@ -1,4 +1,4 @@
-"""Constrained decoding (response_format, engine/structured_output.py) in the engine: on the shipped
+"""Constrained decoding (response_format, engine/core/structured_output.py) in the engine: on the shipped
 reference model and a tiny random-weight Llama, greedy and sampled output under json_object parses as a
 JSON object and under a json_schema validates against it, while the same requests unconstrained do not
 (so these go red if the mask is not applied); bad formats are ValueErrors; a constrained request leaves
@@ -12,11 +12,11 @@ import jsonschema
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from engine.structured_output import CACHE_LIMIT_BYTES, StructuredOutput, backend_identity, grammar_spec
-from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from engine.core.config import EngineConfig
+from engine.core.engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.core.structured_output import CACHE_LIMIT_BYTES, StructuredOutput, backend_identity, grammar_spec
+from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
 
 JSON_OBJECT = {"type": "json_object"}
 # required string + integer + enum fields; bounded, so that even a random model must finish within max_tokens
@@ -169,7 +169,7 @@ def test_the_replica_identity_names_the_backend(reference):
 
 
 def test_tool_choice_schemas_compile(reference):
-    """The forms engine/server/tool_calls.py sets: a named function's parameters, and "required"'s array."""
+    """The forms engine/serving/server/tool_calls.py sets: a named function's parameters, and "required"'s array."""
     params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     named = {"type": "json_schema", "json_schema": {"name": "get_weather", "schema": params}}
     required = {"type": "json_schema", "json_schema": {"name": "tool_calls", "schema": {
@@ -271,7 +271,7 @@ def test_speculative_decoding_leaves_constrained_requests_to_the_sampler():
 def test_a_penalty_below_float32_range_keeps_logits_finite_and_the_grammar_kept(reference):
     """schemathesis sent repetition_penalty=2.7e-201 (0 in float32): x / 0 = inf, 0 / 0 = NaN, NaN
     probabilities, a token outside the grammar. The penalty now saturates at the dtype's range."""
-    from engine.logits_processors import apply_repetition_penalty
+    from engine.core.logits_processors import apply_repetition_penalty
 
     x = torch.tensor([[2.0, 0.0, -1.0, 3.0]])
     apply_repetition_penalty(x, slice(None), torch.tensor([[True, True, True, False]]), torch.tensor([2.7e-201]))

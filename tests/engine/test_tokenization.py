@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from telemetry.contract.hooks import EngineObserver
-from engine.tokenization import Tokenizer
+from engine.core.tokenization import Tokenizer
 
 
 class CountingObserver(EngineObserver):
@@ -80,7 +80,7 @@ def test_bad_inputs_give_clear_errors(tmp_path, tok):
 
 
 def test_bad_directories_raise_the_load_error(tmp_path):
-    from engine.tokenization import TokenizerLoadError
+    from engine.core.tokenization import TokenizerLoadError
 
     with pytest.raises(TokenizerLoadError, match=str(tmp_path)):
         Tokenizer(tmp_path)

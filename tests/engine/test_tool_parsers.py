@@ -9,17 +9,11 @@ import random
 
 import pytest
 
-from engine.server.tool_calls import ToolPlan
-from engine.server.tool_parsers import (
-    HermesParser,
-    Llama3JsonParser,
-    MistralParser,
-    RequiredArrayParser,
-    ToolCall,
-    detect_parser,
-    get_parser,
+from engine.serving.server.tool_calls import ToolPlan
+from engine.serving.server.tool_parsers import (
+    HermesParser, Llama3JsonParser, MistralParser, RequiredArrayParser, ToolCall, detect_parser, get_parser,
 )
-from engine.server.tool_stream import ChoiceToolState
+from engine.serving.server.tool_stream import ChoiceToolState
 
 WEATHER = ToolCall("get_weather", json.dumps({"city": "Paris", "unit": "celsius"}))
 TIME = ToolCall("get_time", json.dumps({"tz": "Europe/Paris"}))

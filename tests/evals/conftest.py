@@ -41,7 +41,7 @@ def heldout_subset():
 
 @pytest.fixture(scope="session")
 def engine_config(target_dir):
-    from engine.config import EngineConfig
+    from engine.core.config import EngineConfig
 
     def make(**overrides):
         return EngineConfig(model=str(overrides.pop("model", target_dir)), **{**SMALL, **overrides})

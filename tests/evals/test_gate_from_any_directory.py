@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.fleet.processes import infersight_command
+from engine.serving.processes import infersight_command
 from evals.cli import DEFAULT_POLICY
 from evals.policy import load_policy
 from evals.sides import load_engine_config

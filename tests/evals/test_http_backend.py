@@ -13,10 +13,10 @@ from evals.runner import run_suite
 
 @pytest.fixture(scope="module")
 def replica_url(engine_config):
-    from engine.async_engine import AsyncLLM
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
-    from engine.server.model_info import ServedModel
+    from engine.core.async_engine import AsyncLLM
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
+    from engine.serving.server.model_info import ServedModel
 
     engine = AsyncLLM(engine_config(max_num_seqs=8))
     served = ServedModel.from_engine(engine, created=int(time.time()))

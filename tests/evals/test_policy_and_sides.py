@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
+from engine.core.config import EngineConfig
 from evals.policy import load_policy
 from evals.results import EvalRun
 from evals.sides import config_of_run, load_engine_config, parse_override, resolve_side

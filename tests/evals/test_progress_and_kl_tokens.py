@@ -32,7 +32,7 @@ class RecordingBar:
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_llama):
-    from engine.config import EngineConfig
+    from engine.core.config import EngineConfig
 
     suite = Suite("tiny", "tiny.jsonl", [SuiteItem(id=f"i{k}", prompt=f"count {k} and", reference="?", max_tokens=12)
                                          for k in range(4)])
@@ -61,7 +61,7 @@ def test_progress_moves_before_the_items_finish(tiny_run):
 
 
 def test_largest_kl_positions_carry_token_text(tiny_run, tiny_llama, tiny_model_factory):
-    from engine.engine import LLMEngine
+    from engine.core.engine import LLMEngine
     from evals.report import _tok
     from evals.teacher_forcing import EngineScorer
 

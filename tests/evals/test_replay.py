@@ -20,10 +20,10 @@ import time
 import pytest
 
 from dashboards.console.cli import main
-from engine.fleet.processes import free_port
-from engine.loadgen.arrivals import parse_arrival
-from engine.loadgen.runner import run_load
-from engine.loadgen.workloads import make_workload
+from engine.serving.processes import free_port
+from engine.traffic.loadgen.arrivals import parse_arrival
+from engine.traffic.loadgen.runner import run_load
+from engine.traffic.loadgen.workloads import make_workload
 from evals.replay.runner import ReplayError, ReplayOptions, replay
 from evals.replay.summary import reference_tokens, summarize_replay
 from evals.replay.window import parse_window

@@ -11,7 +11,7 @@ from evals.teacher_forcing import EngineScorer
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama):
-    from engine.engine import LLMEngine
+    from engine.core.engine import LLMEngine
 
     e = LLMEngine(str(tiny_llama), num_kv_blocks=32)
     yield e

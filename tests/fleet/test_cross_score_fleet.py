@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.fleet.config import parse_fleet
-from engine.fleet.fleet import fleet_down, fleet_up
+from engine.serving.fleet.config import parse_fleet
+from engine.serving.fleet.fleet import fleet_down, fleet_up
 from telemetry.contract.probes import RESCORE_WORKLOAD
 from telemetry.store import open_store
 

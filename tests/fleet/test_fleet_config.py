@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.fleet.config import load_fleet, parse_fleet
-from engine.fleet.fleet import replica_command
-from engine.server.cli import add_arguments as add_serve_arguments
-from engine.server.engine_args import engine_cli_args, engine_config_from_args, parse_size
+from engine.serving.fleet.config import load_fleet, parse_fleet
+from engine.serving.fleet.fleet import replica_command
+from engine.serving.server.cli import add_arguments as add_serve_arguments
+from engine.serving.server.engine_args import engine_cli_args, engine_config_from_args, parse_size
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "engine" / "fleet" / "examples").glob("*.toml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "engine" / "serving" / "fleet" / "examples").glob("*.toml"))
 
 
 def _fleet(**replica):

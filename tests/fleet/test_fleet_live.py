@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.fleet.processes import alive, infersight_command
-from engine.fleet.state import FleetState
+from engine.serving.processes import alive, infersight_command
+from engine.serving.fleet.state import FleetState
 
 
 def infersight(*args, timeout=300) -> subprocess.CompletedProcess:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from engine.fleet.config import parse_fleet
-from engine.fleet.fleet import replica_command, replica_spool_dir
-from engine.server.cli import add_arguments as add_serve_arguments
+from engine.serving.fleet.config import parse_fleet
+from engine.serving.fleet.fleet import replica_command, replica_spool_dir
+from engine.serving.server.cli import add_arguments as add_serve_arguments
 
 
 def _serve_args(cmd: list[str]) -> argparse.Namespace:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.loadgen.calibrate import RatePoint, capacity, capacity_line, ceiling_reached
+from engine.traffic.calibrate import RatePoint, capacity, capacity_line, ceiling_reached
 
 
 def _p(rate, ok):

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from engine.fleet.models import REFERENCE_MODEL
-from engine.loadgen.arrivals import parse_arrival
-from engine.loadgen.runner import run_load
-from engine.loadgen.workloads import make_workload
+from engine.core.model_refs import REFERENCE_MODEL
+from engine.traffic.loadgen.arrivals import parse_arrival
+from engine.traffic.loadgen.runner import run_load
+from engine.traffic.loadgen.workloads import make_workload
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import math
 import pytest
 
 from dashboards.console.cli import main
-from engine.loadgen.arrivals import parse_arrival
-from engine.loadgen.runner import DUPLICATE_SUFFIX, run_load
-from engine.loadgen.workloads import make_workload
+from engine.traffic.loadgen.arrivals import parse_arrival
+from engine.traffic.loadgen.runner import DUPLICATE_SUFFIX, run_load
+from engine.traffic.loadgen.workloads import make_workload
 
 
 def _take(workload, n):

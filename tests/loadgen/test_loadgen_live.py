@@ -27,12 +27,12 @@ import time
 
 import pytest
 
-from engine.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
-from engine.fleet.fleet import fleet_down, fleet_up
-from engine.fleet.processes import infersight_command
-from engine.loadgen.arrivals import parse_arrival
-from engine.loadgen.runner import run_load
-from engine.loadgen.workloads import make_workload
+from engine.serving.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
+from engine.serving.fleet.fleet import fleet_down, fleet_up
+from engine.serving.processes import infersight_command
+from engine.traffic.loadgen.arrivals import parse_arrival
+from engine.traffic.loadgen.runner import run_load
+from engine.traffic.loadgen.workloads import make_workload
 
 MEDIAN_TOLERANCE = 0.050  # plus 6 loopback round trips, measured beside the requests
 MAX_TOLERANCE = 1.0

@@ -7,10 +7,10 @@ import statistics
 
 import pytest
 
-from engine.loadgen.arrivals import parse_arrival
-from engine.loadgen.client import RequestResult
-from engine.loadgen.stats import format_table, summarize
-from engine.loadgen.workloads import make_workload
+from engine.traffic.loadgen.arrivals import parse_arrival
+from engine.traffic.loadgen.client import RequestResult
+from engine.traffic.loadgen.stats import format_table, summarize
+from engine.traffic.loadgen.workloads import make_workload
 
 
 def _take(workload, n):

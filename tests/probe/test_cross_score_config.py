@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from dashboards.console.cli import main
-from engine.fleet.config import load_fleet, parse_fleet
-from engine.fleet.fleet import prober_command
+from engine.serving.fleet.config import load_fleet, parse_fleet
+from engine.serving.fleet.fleet import prober_command
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "engine" / "fleet" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "engine" / "serving" / "fleet" / "examples"
 
 
 def _fleet(cross=None, replicas=2) -> dict:

@@ -1,4 +1,4 @@
-"""Continuous cross-scoring (engine/probe/cross_scoring.py) against two real replicas in this process,
+"""Continuous cross-scoring (engine/traffic/probe/cross_scoring.py) against two real replicas in this process,
 recording into one embedded store: which requests a pass picks, where each goes, and the token budget.
 
 - the pick is the hash share of each replica's finished client requests, each scored once by a peer
@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from engine.probe.cross_scoring import CrossScoreSettings, cross_score_pass
+from engine.traffic.probe.cross_scoring import CrossScoreSettings, cross_score_pass
 from telemetry.contract.probes import RESCORE_ORIGINAL_SQL, RESCORE_WORKLOAD
 from telemetry.store.waiting import wait_for_requests
 

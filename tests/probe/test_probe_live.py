@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from diagnostics.baseline import pinned_probes
-from engine.fleet.config import FleetConfig, ProbeSpec, ReplicaSpec, SidecarSpec
-from engine.fleet.fleet import fleet_down, fleet_up
-from engine.fleet.processes import alive, infersight_command
-from engine.probe.pin import wait_for_solo_rows
-from engine.probe.runner import run_probe_round
+from engine.serving.fleet.config import FleetConfig, ProbeSpec, ReplicaSpec, SidecarSpec
+from engine.serving.fleet.fleet import fleet_down, fleet_up
+from engine.serving.processes import alive, infersight_command
+from engine.traffic.probe.pin import wait_for_solo_rows
+from engine.traffic.probe.runner import run_probe_round
 from telemetry.contract.probes import MODES, parse_probe_request_id
 from telemetry.store import open_store
 

@@ -9,15 +9,15 @@ import re
 import httpx
 import pytest
 
-from engine.loadgen.runner import Endpoint
-from engine.probe.budget import Measured, filler_max_tokens, plan_round, send_cost
-from engine.probe.interval import parse_interval
-from engine.probe.runner import probe_replica
-from engine.probe.schedule import probe_every
-from engine.probe.suite import CATEGORIES, CHAT, COMPLETIONS, SUITE, Probe, check_suite
+from engine.traffic.loadgen.runner import Endpoint
+from engine.traffic.probe.budget import Measured, filler_max_tokens, plan_round, send_cost
+from engine.util import parse_interval
+from engine.traffic.probe.runner import probe_replica
+from engine.traffic.probe.schedule import probe_every
+from engine.traffic.probe.suite import CATEGORIES, CHAT, COMPLETIONS, SUITE, Probe, check_suite
 from telemetry.contract.probes import MODES, parse_probe_request_id, probe_request_id, round_id
 
-HEADER_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")  # what engine/server/headers.py accepts
+HEADER_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")  # what engine/serving/server/headers.py accepts
 # what the suite must probe (the list): every one of these categories is present
 REQUIRED = {"whitespace", "numbers", "code", "mixed_scripts", "fullwidth_ligatures", "combining_marks", "zwj_emoji",
             "rtl", "special_tokens", "uppercase", "near_context_limit", "long_output", "eval_like"}

@@ -1,4 +1,4 @@
-"""Which requests a rescore round picks (engine/probe/rescore.py), on a real embedded store: client
+"""Which requests a rescore round picks (engine/traffic/probe/rescore.py), on a real embedded store: client
 traffic only, finished, >= 2 output tokens with one logprob each, fitting the context, not rescored
 before; a hash order that moves with the round."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from engine.loadgen.runner import Endpoint
-from engine.probe.rescore import pick_requests
+from engine.traffic.loadgen.runner import Endpoint
+from engine.traffic.probe.rescore import pick_requests
 from telemetry.contract.probes import RESCORE_WORKLOAD, rescore_request_id
 from tests.diagnostics.diag_records import request
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from proxy_support import Upstream
 
-from engine.proxy.background import BackgroundProxy
-from engine.server.background import BackgroundServer
+from engine.serving.proxy.background import BackgroundProxy
+from engine.serving.server.background import BackgroundServer
 
 MAX_MODEL_LEN = 512
 
@@ -40,10 +40,10 @@ def store(sidecar):
 def upstream(tiny_llama, sidecar):
     """infersight's server, recording its own rows under replica id `up` (the truth the proxy's rows
     are compared with)."""
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.model_info import ServedModel
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.server.app import build_app
+    from engine.serving.server.model_info import ServedModel
     from telemetry.replica_wiring import build_observer
 
     config = EngineConfig(model=str(tiny_llama), max_model_len=MAX_MODEL_LEN, num_kv_blocks=96, block_size=16,

@@ -1,12 +1,12 @@
 """httpcore imports sniffio on every request; where it is absent the proxy records the absence once
-(engine/proxy/app.py), so each import fails at once instead of searching sys.path again."""
+(engine/serving/proxy/app.py), so each import fails at once instead of searching sys.path again."""
 
 import importlib.util
 import sys
 
 import pytest
 
-import engine.proxy.app  # noqa: F401 - the import is what records it
+import engine.serving.proxy.app  # noqa: F401 - the import is what records it
 
 
 def test_an_absent_sniffio_is_recorded_so_httpcore_does_not_search_for_it_per_request():

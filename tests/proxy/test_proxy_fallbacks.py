@@ -10,7 +10,7 @@ import uuid
 import httpx
 from proxy_support import rows
 
-from engine.proxy.background import BackgroundProxy
+from engine.serving.proxy.background import BackgroundProxy
 
 PROMPT = "Tokens the proxy must make itself"
 

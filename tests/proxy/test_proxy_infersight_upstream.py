@@ -26,7 +26,7 @@ def chat(model: str, **extra) -> dict:
 
 
 def client_params(upstream_params: str) -> str:
-    """The upstream's row holds the logprobs the proxy asked for (engine/proxy/extras.py); the proxy's
+    """The upstream's row holds the logprobs the proxy asked for (engine/serving/proxy/extras.py); the proxy's
     row holds the client's parameters (it asked for none)."""
     return json.dumps({**json.loads(upstream_params), "logprobs": None}, sort_keys=True)
 
@@ -178,7 +178,7 @@ def test_upstream_errors_pass_through_unchanged_and_each_is_a_row(clients, upstr
 
 
 def test_an_unreachable_upstream_is_a_502_row(sidecar, store, upstream):
-    from engine.proxy.background import BackgroundProxy
+    from engine.serving.proxy.background import BackgroundProxy
 
     request_id = rid()
     with BackgroundProxy.start("http://127.0.0.1:9", sidecar.store_url, "px-gone") as gone:
@@ -213,7 +213,7 @@ def test_an_extra_the_upstream_refuses_is_not_asked_for_again(clients, upstream,
 
 
 def test_the_upstream_identity_row(proxy, store, upstream, tiny_llama):
-    from engine.tokenization import Tokenizer
+    from engine.core.tokenization import Tokenizer
 
     proxy.flush()
     row = store.query_df("SELECT * FROM replicas WHERE replica_id = 'px'").to_dict("records")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import uvicorn
 
-from engine.proxy.background import BackgroundProxy
+from engine.serving.proxy.background import BackgroundProxy
 
 
 def test_the_proxys_upstream_pool_expires_idle_connections_before_uvicorns_default(upstream, sidecar):

@@ -10,10 +10,10 @@ import json
 
 import httpx
 
-from engine.fleet.models import REFERENCE_MODEL
-from engine.proxy.app import RecordingProxy
-from engine.proxy.request_row import ProxiedRequest
-from engine.tokenization import Tokenizer
+from engine.core.model_refs import REFERENCE_MODEL
+from engine.serving.proxy.app import RecordingProxy
+from engine.serving.proxy.request_row import ProxiedRequest
+from engine.core.tokenization import Tokenizer
 
 VLLM_LENGTH = ("This model's maximum context length is 96 tokens. However, your prompt contains at least 97 input "
                "tokens, which exceeds this limit even without any output tokens. Please reduce the length of the "
@@ -48,7 +48,7 @@ def test_other_refusals_and_a_proxy_without_tokenizer_are_not_counted():
 
 
 def test_the_counted_length_keeps_the_limit_the_message_states():
-    from engine.server.rejections import refused_record
+    from engine.serving.server.rejections import refused_record
 
     body = json.dumps({"error": {"message": VLLM_LENGTH, "type": "BadRequestError", "code": 400}}).encode()
     row = refused_record({"headers": []}, replica_id="v0", model_name="m", status=400, body=body, arrival=1.0,

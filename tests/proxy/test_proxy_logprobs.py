@@ -13,7 +13,7 @@ import uuid
 import pytest
 from proxy_support import rows, sse_payloads, without_volatile
 
-from engine.proxy.extras import UpstreamExtras
+from engine.serving.proxy.extras import UpstreamExtras
 
 PROMPT = "The quick brown fox jumps over"
 MESSAGES = [{"role": "user", "content": "Why is the sky blue?"}]
@@ -44,7 +44,7 @@ def test_what_is_asked_and_when():
 def test_no_logprobs_setting_asks_for_token_ids_only():
     import argparse
 
-    from engine.proxy.cli import add_arguments, build_proxy
+    from engine.serving.proxy.cli import add_arguments, build_proxy
 
     sent, added = UpstreamExtras(0.0).ask({"prompt": "x"}, "completion")
     assert "logprobs" not in sent and added == {"return_token_ids"}

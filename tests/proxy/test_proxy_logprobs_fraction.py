@@ -14,9 +14,9 @@ import uuid
 import pytest
 from proxy_support import rows, sse_payloads, without_volatile
 
-from engine.proxy.background import BackgroundProxy
-from engine.proxy.cli import add_arguments, build_proxy
-from engine.proxy.extras import UpstreamExtras, asks_logprobs
+from engine.serving.proxy.background import BackgroundProxy
+from engine.serving.proxy.cli import add_arguments, build_proxy
+from engine.serving.proxy.extras import UpstreamExtras, asks_logprobs
 
 IDS = [f"req-{i}" for i in range(4000)]
 

@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
-from engine.proxy.cli import add_arguments
-from engine.proxy.upstream_info import UpstreamInfo, replica_record
+from engine.serving.proxy.cli import add_arguments
+from engine.serving.proxy.upstream_info import UpstreamInfo, replica_record
 
 
 def test_role_and_deploy_time_reach_the_replica_row():

@@ -9,11 +9,11 @@ import re
 
 import pytest
 
-from engine.proxy.request_row import sampling_params_json
-from engine.server.admission import admit_chat, admit_completion
-from engine.server.model_info import ServedModel
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest
-from engine.tokenization import Tokenizer
+from engine.serving.proxy.request_row import sampling_params_json
+from engine.serving.server.admission import admit_chat, admit_completion
+from engine.serving.server.model_info import ServedModel
+from engine.serving.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.core.tokenization import Tokenizer
 
 PROCESSORS = {"presence_penalty": 0.5, "frequency_penalty": -0.25, "repetition_penalty": 1.2, "min_p": 0.05,
               "logit_bias": {"10": 2, "9": -1.5, "100": 100}}  # "10" < "9" as strings: key order must not matter

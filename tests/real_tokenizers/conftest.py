@@ -46,8 +46,8 @@ def incident_dirs(real_models, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tokenizer_of():
-    """`tokenizer_of(dir) -> engine.tokenization.Tokenizer`, loaded once per directory."""
-    from engine.tokenization import Tokenizer
+    """`tokenizer_of(dir) -> engine.core.tokenization.Tokenizer`, loaded once per directory."""
+    from engine.core.tokenization import Tokenizer
 
     loaded: dict[Path, Tokenizer] = {}
 

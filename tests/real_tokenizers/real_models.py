@@ -145,7 +145,7 @@ def llama_config(vocab_size: int, bos_id: int, eos_id: int, hidden_size: int = 3
 
 def random_llama_weights(config: dict, seed: int = 0) -> dict:
     """Checkpoint tensors under transformers' Llama names (no lm_head: tied); weights ~N(0, 0.08) so
-    logits are far from uniform, as engine.tiny_model makes them. Written directly: importing
+    logits are far from uniform, as engine.core.tiny_model makes them. Written directly: importing
     transformers' modeling code costs seconds a test session need not spend."""
     import torch
 

@@ -12,22 +12,22 @@ import time
 import httpx
 import pytest
 
-from engine.loadgen import client as loadgen_client
-from engine.loadgen.arrivals import parse_arrival
-from engine.loadgen.runner import run_load
-from engine.loadgen.workloads import RequestSpec, make_workload
-from engine.probe.suite import CHAT, SUITE
+from engine.traffic.loadgen import client as loadgen_client
+from engine.traffic.loadgen.arrivals import parse_arrival
+from engine.traffic.loadgen.runner import run_load
+from engine.traffic.loadgen.workloads import RequestSpec, make_workload
+from engine.traffic.probe.suite import CHAT, SUITE
 
 
 @pytest.fixture(scope="module")
 def mistral(real_models):
     import torch
 
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
-    from engine.server.model_info import ServedModel
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
+    from engine.serving.server.model_info import ServedModel
 
     torch.set_num_threads(1)
     engine = AsyncLLM(EngineConfig(model=str(real_models("sentencepiece")), max_model_len=512, num_kv_blocks=96,
@@ -102,7 +102,7 @@ def test_fold_system_message():
 
 
 def test_a_probe_round_on_the_template_answers_every_chat_probe(mistral):
-    from engine.probe.runner import run_probe_round
+    from engine.traffic.probe.runner import run_probe_round
 
     url, _ = mistral
     chat_ids = {p.probe_id for p in SUITE if p.api == CHAT}

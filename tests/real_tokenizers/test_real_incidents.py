@@ -64,7 +64,7 @@ def test_legacy_false_reexported_is_the_same_incident(incident_dirs, tokenizer_o
     (tokenizer.json then says prepend_scheme "first") tokenize alike."""
     from real_models import convert_sentencepiece
 
-    from engine.tokenization import Tokenizer
+    from engine.core.tokenization import Tokenizer
 
     _, cand = (tokenizer_of(d) for d in incident_dirs(BY_NAME["legacy_false"]))
     convert_sentencepiece(tmp_path, legacy=False)
@@ -77,7 +77,7 @@ def test_legacy_false_reexported_is_the_same_incident(incident_dirs, tokenizer_o
 def test_the_evidence_strings_show_the_lost_space(incident_dirs, tokenizer_of):
     base, cand = (tokenizer_of(d) for d in incident_dirs(BY_NAME["legacy_false"]))
     _, e = BY_NAME["legacy_false"].diverging[0]
-    # engine.tokenization.Tokenizer.piece decodes a token after an anchor: alone, SentencePiece's
+    # engine.core.tokenization.Tokenizer.piece decodes a token after an anchor: alone, SentencePiece's
     # decoder would strip the leading space and both would read '['
     assert (base.piece(e.base_id), cand.piece(e.cand_id)) == (" [", "[")
 

@@ -14,8 +14,8 @@ from incidents import INCIDENTS
 from diagnostics import tokenizer as tokdiag
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from engine.core.llm import LLM
+from engine.core.sampling_params import SamplingParams
 from telemetry.contract.records import RECORD_TYPES
 from telemetry.recorder import Recorder
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from engine.core.llm import LLM
+from engine.core.sampling_params import SamplingParams
 
 TEXTS = ["Why is replica 3 slower than the others?", "Latency doubled… again, naïve café 日本語 🚀",
          "def add(a, b):\n    return a + b", "  two leading spaces"]

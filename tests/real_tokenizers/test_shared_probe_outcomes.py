@@ -12,7 +12,7 @@ from diag_records import replica, request
 from diagnostics import tokenizer as tokdiag
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
-from engine.probe.suite import by_id
+from engine.traffic.probe.suite import by_id
 from telemetry.contract.probes import PROBE_WORKLOAD
 from telemetry.contract.records import RECORD_TYPES
 

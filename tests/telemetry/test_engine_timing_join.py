@@ -1,14 +1,14 @@
 """A proxied request's row and the engine's own timing of it join on (replica_id, request_id).
 
 The proxy sees no queue and no prefill split (its row has scheduled_time 0); vLLM's plugin behind it
-writes `engine_request_timings` under the proxy's id (engine.vllm_adapter.stats_records). Joined,
+writes `engine_request_timings` under the proxy's id (engine.serving.vllm_adapter.stats_records). Joined,
 the request has the engine's split and the proxy's token IDs together.
 """
 
 import pytest
 
 from dashboards import queries
-from engine.vllm_adapter.stats_records import engine_timing_record
+from engine.serving.vllm_adapter.stats_records import engine_timing_record
 from telemetry import synthetic
 from telemetry.contract import derived
 

@@ -12,9 +12,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.llm import LLM
+from engine.core.llm import LLM
 from telemetry.contract.hooks import EngineObserver, MultiObserver
-from engine.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from telemetry.metrics import MetricsObserver
 from telemetry.tracing import TracingObserver
 

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards.vllm_mapping import RECORDED_SCRAPE
-from engine.vllm_adapter.launch import vllm_missing, vllm_python
+from engine.serving.vllm_adapter.launch import vllm_missing, vllm_python
 from telemetry.contract.hooks import replay_request
 from telemetry.metrics import MetricsObserver, vllm_buckets
 from telemetry.metrics.vllm_fold import request_params

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from delivery_processes import Replica, Traffic, stored_request_ids, wait_for
 
-from engine.fleet.processes import free_port, infersight_command, process_ref, wait_healthy
+from engine.serving.processes import free_port, infersight_command, process_ref, wait_healthy
 from telemetry.sidecar.process import start_sidecar
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from engine.fleet.processes import free_port, infersight_command
+from engine.serving.processes import free_port, infersight_command
 from telemetry.store import StoreUnavailableError
 from telemetry.store.remote import RemoteStore
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.server.background import BackgroundServer
+from engine.serving.server.background import BackgroundServer
 from telemetry.connections import ConnectionLimits
 from telemetry.contract.outcomes import ABORTED, outcome_of
 
@@ -24,11 +24,11 @@ def servers(tiny_llama, store):
     """A replica (its rows as `rep`) and a recording proxy in front of it (as `px`), both guarded."""
     import torch
 
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.proxy.app import RecordingProxy
-    from engine.server.app import build_app
-    from engine.server.model_info import ServedModel
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.proxy.app import RecordingProxy
+    from engine.serving.server.app import build_app
+    from engine.serving.server.model_info import ServedModel
     from telemetry.replica_wiring import build_observer
 
     torch.set_num_threads(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from plain_vllm import FIXTURE, SERVED, TEMPLATE, last_module_using
 
-from engine.fleet.models import REFERENCE_MODEL
+from engine.core.model_refs import REFERENCE_MODEL
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ def _plain_vllm_server(chat_template_file, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain_vllm(request, _plain_vllm_server, chat_template_file, tmp_path_factory):
-    from engine.vllm_adapter.launch import start_vllm_server
+    from engine.serving.vllm_adapter.launch import start_vllm_server
 
     held = _plain_vllm_server
     if held["server"] is None:

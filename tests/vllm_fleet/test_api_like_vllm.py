@@ -14,7 +14,7 @@ import pytest
 from plain_vllm import SERVED, TEMPLATE
 from vllm_fleet_marks import vllm_marks
 
-from engine.fleet.models import REFERENCE_MODEL
+from engine.core.model_refs import REFERENCE_MODEL
 
 pytestmark = vllm_marks()
 
@@ -31,11 +31,11 @@ def vllm(plain_vllm):
 
 @pytest.fixture(scope="module")
 def ours(chat_template_file):
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
-    from engine.server.model_info import ServedModel
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
+    from engine.serving.server.model_info import ServedModel
 
     engine = AsyncLLM(EngineConfig(model=str(REFERENCE_MODEL), max_model_len=256, served_model_name=SERVED,
                                    chat_template=str(chat_template_file)))
@@ -117,7 +117,7 @@ def test_tools_the_model_may_not_call_are_answered_on_a_template_without_tools(b
 
 
 def test_both_render_chats_with_the_chat_template_they_were_given(both):
-    from engine.tokenization import Tokenizer
+    from engine.core.tokenization import Tokenizer
 
     theirs, mine = (r.json() for r in post_both(both, "/v1/chat/completions", {
         "model": SERVED, "messages": MESSAGES, "max_tokens": 4, "temperature": 0, "return_token_ids": True}))

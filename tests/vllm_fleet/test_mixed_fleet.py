@@ -22,9 +22,9 @@ import httpx
 import pytest
 from vllm_fleet_marks import vllm_marks
 
-from engine.fleet.config import parse_fleet
-from engine.fleet.fleet import fleet_down, fleet_up
-from engine.fleet.models import REFERENCE_MODEL
+from engine.serving.fleet.config import parse_fleet
+from engine.serving.fleet.fleet import fleet_down, fleet_up
+from engine.core.model_refs import REFERENCE_MODEL
 from telemetry.contract import derived
 from telemetry.store import open_store
 
@@ -181,7 +181,7 @@ def test_the_vllm_replicas_steps_add_up_to_its_generated_tokens(clean_run):
                             "AND prompt_text_hash != ''")["n"][0]
     # and the token of the proxy's own logprobs warm-up (RecordingProxy._warm_logprobs): vLLM computed it and
     # timed it, no client asked for it, so it has an engine timing row and no request row
-    from engine.proxy.app import WARMUP_REQUEST_PREFIX
+    from engine.serving.proxy.app import WARMUP_REQUEST_PREFIX
 
     warmup = store.query_df("SELECT count() AS c, sum(output_tokens) AS n FROM engine_request_timings "
                             "WHERE replica_id = 'v0' AND startsWith(request_id, {p:String})",
@@ -206,7 +206,7 @@ def test_the_same_greedy_prompts_give_the_same_tokens_on_both_engines(clean_run)
 
 
 def test_fleet_status_shows_each_vllm_server_behind_its_proxy(fleet):
-    from engine.fleet.fleet import fleet_status
+    from engine.serving.fleet.fleet import fleet_status
 
     rows = {r["name"]: r for r in fleet_status(fleet)}
     assert rows["v0/vllm"]["kind"] == "upstream" and rows["v0"]["kind"] == "replica"

@@ -14,7 +14,7 @@ import pytest
 from plain_vllm import SERVED
 from vllm_fleet_marks import vllm_marks
 
-from engine.fleet.models import REFERENCE_MODEL
+from engine.core.model_refs import REFERENCE_MODEL
 
 pytestmark = vllm_marks()
 
@@ -38,7 +38,7 @@ def vllm(plain_vllm):
 
 @pytest.fixture(scope="module")
 def proxy(vllm, sidecar):
-    from engine.proxy.background import BackgroundProxy
+    from engine.serving.proxy.background import BackgroundProxy
 
     with BackgroundProxy.start(vllm.url, sidecar.store_url, "v0", model_dir=REFERENCE_MODEL) as p:
         yield p
@@ -145,8 +145,8 @@ def test_the_client_sees_what_vllm_says_and_the_row_holds_vllms_token_ids(vllm, 
 
 def test_vllm_tokenizes_like_infersight_on_the_reference_model(proxy, store):
     """The question a user asks: does our vLLM deployment tokenize like the reference?"""
-    from engine.prompt import text_prompt
-    from engine.tokenization import Tokenizer
+    from engine.core.prompt import text_prompt
+    from engine.core.tokenization import Tokenizer
     from telemetry.contract.records import text_sha256
 
     proxy.flush()
@@ -168,7 +168,7 @@ def test_the_proxy_pays_vllms_first_logprobs_request_at_start_and_does_not_recor
     numbers); the proxy asks one of its own as soon as vLLM answers, so no client's request pays it."""
     import time
 
-    from engine.proxy.app import WARMUP_REQUEST_PREFIX
+    from engine.serving.proxy.app import WARMUP_REQUEST_PREFIX
 
     deadline = time.monotonic() + 60
     while proxy.proxy.logprobs_warmed is None and time.monotonic() < deadline:

@@ -7,17 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.fleet.config import load_fleet, parse_fleet
-from engine.fleet.vllm_replica import (
-    DEFAULT_LOGPROBS_FRACTION,
-    proxy_command,
-    served_model_name,
-    vllm_cli_args,
-    vllm_command,
-    vllm_env,
+from engine.serving.fleet.config import load_fleet, parse_fleet
+from engine.serving.fleet.vllm_replica import (
+    DEFAULT_LOGPROBS_FRACTION, proxy_command, served_model_name, vllm_cli_args, vllm_command, vllm_env,
 )
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "engine" / "fleet" / "examples" / "vllm_and_infersight.toml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "engine" / "serving" / "fleet" / "examples" / "vllm_and_infersight.toml"
 
 
 def _fleet(**replica):
@@ -94,7 +89,7 @@ def test_the_default_share_is_a_real_share():
 ])
 def test_mistakes_are_named(replica, words):
     if not words:  # found when the fleet comes up, before anything starts
-        from engine.fleet.vllm_replica import vllm_python
+        from engine.serving.fleet.vllm_replica import vllm_python
 
         with pytest.raises(ValueError, match="not a file"):
             vllm_python(_fleet(**replica).replicas[1])

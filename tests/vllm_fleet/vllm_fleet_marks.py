@@ -1,11 +1,11 @@
 """What the vLLM tests here share: their marks (`vllm`, and a skip with the reason where no vLLM
-environment is built; engine/vllm_adapter/launch.py starts the servers)."""
+environment is built; engine/serving/vllm_adapter/launch.py starts the servers)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.vllm_adapter.launch import vllm_missing
+from engine.serving.vllm_adapter.launch import vllm_missing
 
 
 def vllm_marks() -> list:

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.models import load_model
-from engine.tokenization import Tokenizer
-from engine.vllm_adapter import launch, plugin
-from engine.vllm_adapter.config_json import config_document, config_hash, jsonable
-from engine.vllm_adapter.identity import chat_template_argument, local_dir, model_name, weights_hash
-from engine.vllm_adapter.request_ids import proxy_request_id, vllm_request_id
-from engine.vllm_adapter.settings import SettingsError, read_settings
-from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from engine.core.models import load_model
+from engine.core.tokenization import Tokenizer
+from engine.serving.vllm_adapter import launch, plugin
+from engine.serving.vllm_adapter.config_json import config_document, config_hash, jsonable
+from engine.serving.vllm_adapter.identity import chat_template_argument, local_dir, model_name, weights_hash
+from engine.serving.vllm_adapter.request_ids import proxy_request_id, vllm_request_id
+from engine.serving.vllm_adapter.settings import SettingsError, read_settings
+from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
 
 
 @pytest.mark.parametrize("shards", [None, "20KB"])

@@ -13,13 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.models import load_model
-from engine.tokenization import Tokenizer
-from engine.vllm_adapter.launch import start_vllm_server, vllm_missing
-from engine.vllm_adapter.request_ids import vllm_request_id
+from engine.core.models import load_model
+from engine.core.tokenization import Tokenizer
+from engine.serving.vllm_adapter.launch import start_vllm_server, vllm_missing
+from engine.serving.vllm_adapter.request_ids import vllm_request_id
 from telemetry.sidecar.process import start_sidecar
 from telemetry.store import open_store
-from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(vllm_missing() is not None, reason=vllm_missing() or ""),
               pytest.mark.timeout(900)]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.models import load_model
-from engine.tokenization import Tokenizer
-from engine.vllm_adapter.launch import REPO, vllm_missing, vllm_python
-from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from engine.core.models import load_model
+from engine.core.tokenization import Tokenizer
+from engine.serving.vllm_adapter.launch import REPO, vllm_missing, vllm_python
+from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(vllm_missing() is not None, reason=vllm_missing() or "")]
 
@@ -68,7 +68,7 @@ def test_step_without_iteration_details(checked):
 
 
 def test_entry_point_loads_as_a_stat_logger_and_stays_off_without_a_store(checked):
-    assert "engine.vllm_adapter.plugin.InfersightStatLogger" in checked["factories"]
+    assert "engine.serving.vllm_adapter.plugin.InfersightStatLogger" in checked["factories"]
     assert checked["subclass"]
     assert checked["off"] == {"enabled": False, "recorder": False, "failures": 0, "misconfigured_enabled": False}
 

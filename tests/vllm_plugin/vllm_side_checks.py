@@ -14,8 +14,8 @@ from vllm.v1.metrics.stats import (FinishedRequestStats, IterationStats, PrefixC
                                    SchedulerStats)
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
-from engine.vllm_adapter.identity import replica_record
-from engine.vllm_adapter.stats_records import request_record, step_record
+from engine.serving.vllm_adapter.identity import replica_record
+from engine.serving.vllm_adapter.stats_records import request_record, step_record
 
 
 def config(model: str, **kwargs):
@@ -56,7 +56,7 @@ def main(model: str) -> dict:
 
     factories = load_stat_logger_plugin_factories()
     out["factories"] = [f"{f.__module__}.{f.__qualname__}" for f in factories]
-    ours = [f for f in factories if f.__module__ == "engine.vllm_adapter.plugin"]
+    ours = [f for f in factories if f.__module__ == "engine.serving.vllm_adapter.plugin"]
     out["subclass"] = bool(ours) and issubclass(ours[0], StatLoggerBase)
     first, second = config(model), config(model, additional_config={"infersight": {"stor": "x"}})
     off = ours[0](first, 0)

@@ -1,7 +1,7 @@
 """The benchmark's models: the shipped reference model, and a random-weight 135M Llama of SmolLM2's shape.
 
 The 135M one (hidden 576, intermediate 1536, 30 layers, 9 heads / 3 KV heads, vocab 49152, tied
-embeddings, 2048 positions, seed 0) is built once with transformers (engine.tiny_model) into
+embeddings, 2048 positions, seed 0) is built once with transformers (engine.core.tiny_model) into
 ~/.cache/infersight/peers/ and reused.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
 
 CACHE = Path.home() / ".cache" / "infersight" / "peers"
 SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
@@ -27,7 +27,7 @@ def resolve(name: str, cache: Path = CACHE) -> Path:
             import sys
 
             path.mkdir(parents=True, exist_ok=True)
-            code = ("import sys; from engine.tiny_model import build_random_model; "
+            code = ("import sys; from engine.core.tiny_model import build_random_model; "
                     "from engine.benchmarks.peers.models import SMOLLM2_135M; "
                     "build_random_model(sys.argv[1], 'llama', **SMOLLM2_135M)")
             subprocess.run([sys.executable, "-c", code, str(path)], check=True)

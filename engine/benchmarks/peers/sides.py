@@ -33,7 +33,7 @@ class Peer:
         if self.name in ("infersight", "transformers"):
             return Path(sys.executable)
         if self.name == "vllm":
-            from engine.vllm_adapter.launch import vllm_python
+            from engine.serving.vllm_adapter.launch import vllm_python
 
             return vllm_python() or REPO / ".venv-vllm" / "bin" / "python"
         return PEERS_VENV / "bin" / "python"

@@ -2,7 +2,7 @@
 -- recording proxy in front of vLLM writes the row (token IDs, the client's view of the times),
 -- vLLM's stat-logger plugin writes this one (queue, prefill, decode as the engine scheduled them,
 -- cached tokens, preemptions). request_id is the proxy's (the plugin maps vLLM's own id back:
--- engine/vllm_adapter/request_ids.py), so the two join on (replica_id, request_id):
+-- engine/serving/vllm_adapter/request_ids.py), so the two join on (replica_id, request_id):
 -- telemetry.contract.derived.ENGINE_TIMING_JOIN. engine_request_id keeps the engine's own id.
 CREATE TABLE IF NOT EXISTS engine_request_timings
 (

@@ -1,5 +1,5 @@
 -- The replica's cgroup CPU throttling counters as of each step (cumulative, read at most once a second:
--- engine/cgroup_limits.py). A CPU quota slows a replica only while it is throttled: the share of its
+-- engine/core/cgroup_limits.py). A CPU quota slows a replica only while it is throttled: the share of its
 -- periods throttled over a window (the difference of two rows) is the evidence a lag finding cites
 -- (diagnostics/mechanisms.py). 0 where the OS exposes no counters.
 ALTER TABLE steps ADD COLUMN IF NOT EXISTS cpu_periods UInt64 DEFAULT 0 CODEC(T64, ZSTD(1)) AFTER num_context_tokens;

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.server.background import BackgroundServer
+from engine.serving.server.background import BackgroundServer
 
 REPLICA_ID = "api-test"
 MAX_MODEL_LEN = 1024
@@ -67,10 +67,10 @@ def store(sidecar_url):
 def live(tiny_llama, sidecar_url):
     import torch
 
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.model_info import ServedModel
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.server.app import build_app
+    from engine.serving.server.model_info import ServedModel
     from telemetry.replica_wiring import build_observer
 
     torch.set_num_threads(1)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.server.admission import admit_chat, admit_completion
-from engine.server.errors import APIError
-from engine.server.headers import parse_traceparent, request_context
-from engine.server.model_info import ServedModel
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest
-from engine.tokenization import Tokenizer
+from engine.serving.server.admission import admit_chat, admit_completion
+from engine.serving.server.errors import APIError
+from engine.serving.server.headers import parse_traceparent, request_context
+from engine.serving.server.model_info import ServedModel
+from engine.serving.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.core.tokenization import Tokenizer
 from telemetry.contract.records import chat_messages_hash, text_sha256
 
 

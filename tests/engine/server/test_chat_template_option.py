@@ -8,10 +8,10 @@ import hashlib
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.server import cli as serve_cli
-from engine.server.engine_args import engine_config_from_args
-from engine.tokenization import load_chat_template
+from engine.core.config import EngineConfig
+from engine.serving.server import cli as serve_cli
+from engine.serving.server.engine_args import engine_config_from_args
+from engine.core.tokenization import load_chat_template
 
 TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}[assistant] {% endif %}")
@@ -34,7 +34,7 @@ def test_a_file_or_the_template_itself(tmp_path):
 
 
 def test_the_engine_renders_chats_with_it_and_its_hash_is_the_replicas(tiny_llama, tmp_path):
-    from engine.engine import LLMEngine
+    from engine.core.engine import LLMEngine
 
     path = tmp_path / "chat.jinja"
     path.write_text(TEMPLATE)

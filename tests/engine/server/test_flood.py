@@ -18,8 +18,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.server.app import build_app
-from engine.server.background import BackgroundServer
+from engine.serving.server.app import build_app
+from engine.serving.server.background import BackgroundServer
 
 MAX_QUEUE = 4  # beyond the live engine's max_num_seqs=8 running: 12 requests in flight at most
 FLOOD_REQUESTS, FLOOD_CONCURRENCY = 2000, 64

@@ -1,7 +1,7 @@
 """A replica answers no request before the request's telemetry record is in the journal on disk.
 
 The recorder here never flushes nor checkpoints on its own (an hour's interval), so only the
-server's barrier (engine/server/journal_barrier.py) can have written the journal by the time the
+server's barrier (engine/serving/server/journal_barrier.py) can have written the journal by the time the
 client holds the answer, full or streamed.
 """
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.async_engine import AsyncLLM
-from engine.config import EngineConfig
-from engine.server.app import build_app
-from engine.server.background import BackgroundServer
-from engine.server.journal_barrier import journaled
-from engine.server.model_info import ServedModel
+from engine.core.async_engine import AsyncLLM
+from engine.core.config import EngineConfig
+from engine.serving.server.app import build_app
+from engine.serving.server.background import BackgroundServer
+from engine.serving.server.journal_barrier import journaled
+from engine.serving.server.model_info import ServedModel
 from telemetry.replica_wiring import build_observer
 
 

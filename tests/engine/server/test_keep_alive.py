@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from engine.server.background import BackgroundServer
-from engine.server.keep_alive import KEEP_ALIVE_SECONDS
+from engine.serving.server.background import BackgroundServer
+from engine.serving.server.keep_alive import KEEP_ALIVE_SECONDS
 
 
 async def _ok(scope, receive, send):

@@ -18,9 +18,9 @@ import threading
 import httpx
 import pytest
 
-from engine.server.app import build_app
-from engine.server.background import BackgroundServer
-from engine.server.text_check import TOKENIZE_HEADROOM
+from engine.serving.server.app import build_app
+from engine.serving.server.background import BackgroundServer
+from engine.serving.server.text_check import TOKENIZE_HEADROOM
 from metrics_scrape import scraped_metric
 
 TORTURE = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from engine.outputs import RequestOutput, TokenLogprob
-from engine.server.choices import kept_choices
+from engine.core.outputs import RequestOutput, TokenLogprob
+from engine.serving.server.choices import kept_choices
 
 
 def _model(live) -> str:

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.server import cli as serve_cli
-from engine.server.preflight import PreflightError, _model_config, check_vocabulary, fit_context, preflight
+from engine.core.config import EngineConfig
+from engine.serving.server import cli as serve_cli
+from engine.serving.server.preflight import PreflightError, _model_config, check_vocabulary, fit_context, preflight
 
 # the tiny llama: 2 layers x 2 KV heads x head_dim 16, float32 -> 2*2*16*2*16*4 = 8192 bytes per block of 16
 

@@ -13,8 +13,8 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.server.app import build_app
-from engine.server.background import BackgroundServer
+from engine.serving.server.app import build_app
+from engine.serving.server.background import BackgroundServer
 from tests.engine.server.conftest import MAX_MODEL_LEN
 from tests.engine.server.test_flood import _metrics, _sum
 
@@ -225,7 +225,7 @@ def test_a_request_cancelled_while_the_engine_holds_it_is_one_row_the_engines(li
 def test_a_limit_of_the_engine_below_the_context_is_a_length_refusal_with_its_numbers():
     """Chunked prefill off with a 64-token batch budget refuses longer prompts as the engine words it (a plain
     400): the row is a length refusal with the prompt's length (its stratum) and the limit, as vLLM's are."""
-    from engine.server.rejections import refused_record
+    from engine.serving.server.rejections import refused_record
 
     message = ("the prompt has 70 tokens; without chunked prefill a prompt must fit in max_num_batched_tokens "
                "(64)")

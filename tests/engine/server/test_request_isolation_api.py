@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.fleet.models import REFERENCE_MODEL
+from engine.core.model_refs import REFERENCE_MODEL
 from tests.engine.server.metrics_scrape import scraped_metric
 from tests.engine.server.store_polling import stored_request
 
@@ -43,11 +43,11 @@ def replica(sidecar_url):
     """The reference model served as `infersight serve` serves it: metrics, and records into the sidecar."""
     import torch
 
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
-    from engine.server.model_info import ServedModel
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
+    from engine.serving.server.model_info import ServedModel
     from telemetry.replica_wiring import build_observer
 
     torch.set_num_threads(1)

@@ -18,11 +18,11 @@ def small_server(tiny_llama):
     """Its own engine with a 64-token context: generated requests stay short, and often hit the limits."""
     import torch
 
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
-    from engine.server.model_info import ServedModel
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
+    from engine.serving.server.model_info import ServedModel
 
     torch.set_num_threads(1)
     engine = AsyncLLM(EngineConfig(model=str(tiny_llama), max_model_len=64, num_kv_blocks=32, max_num_seqs=4))
@@ -63,8 +63,8 @@ def test_schemathesis_no_server_errors(small_server, mode):
 
 def test_api_key(live, tiny_llama):
     """A second app on the same engine, with a key: /v1/* needs it, /health and /metrics do not."""
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
 
     app = build_app(live.served, api_key="s3cret", metrics_registry=live.parts.registry, manage_engine=False)
     with BackgroundServer(app) as server:

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from engine.fleet.processes import free_port, infersight_command, process_ref, wait_healthy
+from engine.serving.processes import free_port, infersight_command, process_ref, wait_healthy
 
 
 def test_port_in_use_is_refused_before_the_model_loads(tmp_path):

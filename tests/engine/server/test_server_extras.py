@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
-from engine.server.server_log import StatsLogger, StepThroughput, redact_url, start_summary
+from engine.serving.server.server_log import StatsLogger, StepThroughput, redact_url, start_summary
 
 
 def test_version(client):
@@ -80,7 +80,7 @@ def test_redact_url():
 
 
 def test_start_summary_names_a_pinned_placement(live):
-    from engine.placement import Placement
+    from engine.core.placement import Placement
 
     pinned = Placement(cpu_affinity=[0, 1], cpu_numa_nodes=[0], mem_policy_nodes=[0], mem_policy="bind")
     text = "\n".join(start_summary(live.served.engine.engine, pinned, "/data/store"))

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from engine.fleet.processes import free_port, infersight_command, process_ref, wait_healthy
+from engine.serving.processes import free_port, infersight_command, process_ref, wait_healthy
 
 
 def _serve(model, store_url: str, replica: str, drain: float):
@@ -71,8 +71,8 @@ def test_sigterm_drains_in_flight_then_exits(tiny_llama, sidecar_url, store):
 def test_drain_is_bounded_and_cut_requests_free_their_blocks(live):
     """A second app on the live engine, draining for 0.1 s: a long request is cut, its KV blocks come back.
     (0.1 s, not 1 s: the tiny model writes 900 tokens in about a second on a fast host.)"""
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
 
     server = BackgroundServer(build_app(live.served, manage_engine=False), drain_timeout=0.1).start()
     body = {"model": live.served.name, "prompt": "endless", "max_tokens": 900, "ignore_eos": True}

@@ -10,8 +10,8 @@ import subprocess
 import httpx
 import pytest
 
-from engine.fleet.processes import free_port, infersight_command, process_ref, wait_healthy
-from engine.tokenization import Tokenizer
+from engine.serving.processes import free_port, infersight_command, process_ref, wait_healthy
+from engine.core.tokenization import Tokenizer
 from telemetry.contract.records import chat_messages_hash, text_sha256
 
 PROMPT = "Store me, if the operator allows it"

@@ -11,7 +11,7 @@ import httpx
 import jsonschema
 import pytest
 from store_polling import stored_request
-from engine.fleet.models import REFERENCE_MODEL as REFERENCE
+from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 10},
@@ -26,11 +26,11 @@ def ref():
     """The reference model served without telemetry: (client, served model name)."""
     import torch
 
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
-    from engine.server.model_info import ServedModel
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
+    from engine.serving.server.model_info import ServedModel
 
     torch.set_num_threads(1)
     engine = AsyncLLM(EngineConfig(model=str(REFERENCE), num_kv_blocks=64, max_num_seqs=8, replica_id="so-api"))

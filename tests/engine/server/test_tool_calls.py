@@ -18,14 +18,14 @@ import httpx
 import jsonschema
 import pytest
 
-from engine.server.admission import admit_chat
-from engine.server.errors import APIError
-from engine.server.model_info import ServedModel
-from engine.server.protocol import ChatCompletionRequest
-from engine.server.tool_calls import PARSER_KEY, ToolPlan, describe, tool_response
-from engine.server.tool_parsers import HermesParser
-from engine.server.tool_stream import ToolStream
-from engine.tokenization import Tokenizer
+from engine.serving.server.admission import admit_chat
+from engine.serving.server.errors import APIError
+from engine.serving.server.model_info import ServedModel
+from engine.serving.server.protocol import ChatCompletionRequest
+from engine.serving.server.tool_calls import PARSER_KEY, ToolPlan, describe, tool_response
+from engine.serving.server.tool_parsers import HermesParser
+from engine.serving.server.tool_stream import ToolStream
+from engine.core.tokenization import Tokenizer
 
 # Qwen2.5's tool template, cut down to what this tokenizer's role markers need
 HERMES_TEMPLATE = (
@@ -60,7 +60,7 @@ USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory):
-    from engine.tiny_model import build_bpe_tokenizer, build_random_model
+    from engine.core.tiny_model import build_bpe_tokenizer, build_random_model
 
     out = tmp_path_factory.mktemp("tool_model")
     build_bpe_tokenizer(out, chat_template=HERMES_TEMPLATE)
@@ -71,10 +71,10 @@ def tool_model(tmp_path_factory):
 def tool_server(tool_model):
     import torch
 
-    from engine.async_engine import AsyncLLM
-    from engine.config import EngineConfig
-    from engine.server.app import build_app
-    from engine.server.background import BackgroundServer
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
     from telemetry.replica_wiring import build_observer
 
     torch.set_num_threads(1)
@@ -314,7 +314,7 @@ def test_bad_tool_requests_are_400s(tool_server, body, param, words):
 
 
 def test_a_template_without_tools_is_a_400_that_says_so(tiny_llama):
-    tok = Tokenizer(tiny_llama)  # engine/tiny_model.py's template, which ignores `tools` (as the reference model's)
+    tok = Tokenizer(tiny_llama)  # engine/core/tiny_model.py's template, which ignores `tools` (as the reference model's)
     served = ServedModel(engine=None, name="tiny", replica_id="r0", max_model_len=256, vocab_size=tok.vocab_size,
                          tokenizer=tok)
     with pytest.raises(APIError) as e:
@@ -339,8 +339,8 @@ def test_function_and_format_names_follow_one_rule(name, ok):
     """OpenAI's name rule (protocol.FUNCTION_NAME) for a tool's function and a json_schema format alike."""
     from pydantic import ValidationError
 
-    from engine.server.protocol import JSONSchemaSpec
-    from engine.server.tool_calls import _check_tools
+    from engine.serving.server.protocol import JSONSchemaSpec
+    from engine.serving.server.tool_calls import _check_tools
 
     tool = [{"type": "function", "function": {"name": name}}]
     outcomes = []
@@ -374,7 +374,7 @@ def test_the_published_schema_takes_tools_where_the_template_renders_them(tool_s
 
 
 def test_the_published_schema_takes_no_tools_where_the_template_ignores_them(tiny_llama):
-    from engine.server.openapi import _served_keywords, fill_served_limits
+    from engine.serving.server.openapi import _served_keywords, fill_served_limits
 
     tok = Tokenizer(tiny_llama)
     served = ServedModel(engine=None, name="tiny", replica_id="r0", max_model_len=256, vocab_size=tok.vocab_size,
@@ -421,7 +421,7 @@ def test_the_request_record_keeps_the_tools_hash_and_choice(tool_server):
 def test_serve_takes_a_tool_call_parser_option():
     import argparse
 
-    from engine.server.cli import add_arguments
+    from engine.serving.server.cli import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -436,7 +436,7 @@ def test_serve_takes_a_tool_call_parser_option():
 def test_the_proxy_records_tool_requests_as_the_server_does(tool_model, tool_choice):
     """A mixed fleet pairs rows on sampling_params_json: the proxy's row of a tool request carries the
     same tools_hash, tool_choice and forced response_format as infersight's admission records."""
-    from engine.proxy.request_row import sampling_params_json
+    from engine.serving.proxy.request_row import sampling_params_json
 
     tok = Tokenizer(tool_model)
     served = ServedModel(engine=None, name="m", replica_id="r0", max_model_len=1024, vocab_size=tok.vocab_size,

@@ -33,7 +33,7 @@ def test_ping_answers_as_health_and_load_counts_the_requests_held(client, live):
     # its engine not started, its state set by hand: a live request is too quick to catch in flight)
     from fastapi.testclient import TestClient
 
-    from engine.server.app import build_app
+    from engine.serving.server.app import build_app
 
     app = build_app(live.served, manage_engine=False)
     with TestClient(app) as local:

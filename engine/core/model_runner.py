@@ -1,0 +1,260 @@
+"""Runs the model on a scheduled batch: owns the KV tensors, builds the step's inputs.
+
+Per step, the batch's new tokens lie end to end in one flat tensor (no padding): input ids, their
+positions, and for each token the KV slot it writes (`block_id * block_size + offset`). They are built
+in Python lists and turned into tensors once per step: a short list's `torch.tensor` costs about what
+an in-place bump of persistent tensors would, and a decode batch whose sequences and block tables are
+unchanged reuses the backend's plan from the last step (attention/torch_backend.py). The forward returns
+hidden states for all tokens; logits are computed only for the rows that need them: the last token of
+each sequence that samples, and every row of a prompt whose logprobs were asked for.
+
+Forward paths, each chosen per step (the measurements behind them: README, "Decode paths, measured"):
+- eager: every step the others do not take.
+- `compile_decode` (EngineConfig): pure decode steps (every row samples) run one torch.compile'd graph,
+  forward and logits, attention included when the backend is traceable (its plan is built by `prepare`,
+  outside the graph), because at batch 1 a step is ~180 small ops whose dispatch costs more than their
+  math. Each new decode shape compiles once; past dynamo's recompile limit a shape runs eager. Under it
+  the torch backend keeps a decode batch in one group in batch order, so length groups and row order add
+  no graphs, and on a CPU with inductor it attends the paged pool in place (attention/paged_decode.py).
+  The one-row projections are inductor's reduction or the BLAS's sgemv, whichever this CPU runs faster
+  (engine/core/models/gemv.py decides before the first compile); int8 matmuls stay opaque ops in the graph
+  (engine/core/opaque_matmul.py) so the ops between them still fuse.
+- `cuda_graphs` (EngineConfig, CUDA): pure decode steps replay a captured graph (engine/core/cuda_graph.py).
+- multi-step (engine/core/multi_step.py): `prepare_steps` builds a batch's K sub-steps at once and
+  `forward_steps` runs them back to back, each one forward + logits + greedy argmax + raw logprob
+  (`_argmax_step`, its own graph under compile_decode), its token the next one's input.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.core.attention.base import AttentionBackend, AttentionMetadata
+from engine.core.compile_cache import use_persistent_compile_cache
+from engine.core.cuda_graph import DecodeGraphs
+from engine.core.models.gemv import choose_compiled_rows
+from engine.core.sampler import sampled_logprobs
+from engine.core.scheduler import ScheduledBatch
+from engine.core.step_result import StepResult
+
+# compile_decode's torch.compile backend (tests trace with "eager": dynamo's graph, no inductor build)
+COMPILE_BACKEND = "inductor"
+
+
+@dataclass
+class ModelInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    metadata: AttentionMetadata
+    sample_rows: list[int]  # flat row of each sampling sequence's last token
+    # (batch index, first flat row, number of rows) of prompt chunks that want prompt logprobs
+    prompt_logprob_spans: list[tuple[int, int, int]]
+
+
+@dataclass
+class ModelOutputs:
+    sample_logits: torch.Tensor  # [num sampling seqs, V] float32
+    prompt_logits: dict[int, torch.Tensor]  # batch index -> [rows, V] float32
+    hidden: torch.Tensor  # [T, H] (speculative decoding reads more rows)
+
+
+class _EagerAttention:
+    """A backend that is not traceable (flashinfer), as a compiled forward sees it: its calls
+    stay eager (torch.compiler.disable); their Python planning would only break the graph or
+    recompile per batch shape."""
+
+    def __init__(self, backend: AttentionBackend):
+        self.name = backend.name
+        self.prepare = torch.compiler.disable(backend.prepare)
+        self.forward = torch.compiler.disable(backend.forward)
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 backend: AttentionBackend, block_size: int, device: torch.device,
+                 compile_decode: bool = False):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.backend = backend
+        self.block_size = block_size
+        self.device = device
+        # EngineConfig.compile_decode: pure decode steps run a torch.compile'd forward (dense
+        # parts compiled, attention eager between them). Off by default: see its comment there.
+        self.compile_decode = compile_decode
+        if compile_decode and backend.traceable:  # one decode group, the pool read in place (torch_backend.py)
+            backend.for_compiled_decode(kv_caches[0][0], COMPILE_BACKEND == "inductor")
+        self._compiled = None  # _decode_step, compiled
+        self._compiled_argmax = None  # _argmax_step, compiled (multi-step decode)
+        self._step_backend = None
+        self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs (use_cuda_graphs)
+
+    @classmethod
+    def from_config(cls, config, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                    backend: AttentionBackend) -> ModelRunner:
+        """The engine's runner: block size, device and compile_decode from the (resolved) EngineConfig."""
+        return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), config.compile_decode)
+
+    def use_cuda_graphs(self, max_batch: int, max_model_len: int, pad_block: int, capture: bool = True) -> None:
+        """Pure decode steps of up to `max_batch` rows replay CUDA graphs (engine/core/cuda_graph.py); `pad_block`
+        is a KV block the block manager never hands out. `capture=False`: the same static buffers, eager."""
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.block_size, max_batch,
+                                   max_model_len, pad_block, self.device, capture)
+
+    @staticmethod
+    def _pure_decode(num_rows: int, sample_rows: list[int], query_lens: list[int], spans) -> bool:
+        """Every row one new token that samples, no prompt logprobs: the steps compile_decode and CUDA graphs take."""
+        return num_rows == len(sample_rows) == len(query_lens) and not spans
+
+    def _graphed(self, num_rows: int, sample_rows: list[int], query_lens: list[int], spans) -> bool:
+        """Does this step replay a decode graph: a pure decode step of a captured batch size."""
+        return (self.graphs is not None and num_rows <= self.graphs.max_batch
+                and self._pure_decode(num_rows, sample_rows, query_lens, spans))
+
+    def prepare(self, batch: ScheduledBatch) -> ModelInputs:
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        context_lens: list[int] = []
+        block_tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        spans: list[tuple[int, int, int]] = []
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            start = seq.num_computed_tokens
+            end = start + n
+            table = seq.block_table
+            row = len(input_ids)
+            if n == 1:
+                input_ids.append(seq.token_ids[start])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                input_ids.extend(seq.token_ids[start:end])
+                positions.extend(range(start, end))
+                slots.extend([table[p // bs] * bs + p % bs for p in range(start, end)])
+            context_lens.append(end)
+            block_tables.append(table)
+            if batch.samples[i]:
+                sample_rows.append(row + n - 1)
+            if seq.wants_prompt_logprobs and start < seq.num_prompt_tokens - 1:
+                # rows whose next token is still a prompt token
+                last = min(end, seq.num_prompt_tokens - 1)
+                spans.append((i, row, last - start))
+        dev = self.device
+        metadata = AttentionMetadata(
+            query_lens=list(batch.num_new_tokens), context_lens=context_lens, block_tables=block_tables,
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), block_size=bs)
+        inputs = ModelInputs(torch.tensor(input_ids, dtype=torch.long, device=dev),
+                             torch.tensor(positions, dtype=torch.long, device=dev),
+                             metadata, sample_rows, spans)
+        if not self._graphed(len(input_ids), sample_rows, metadata.query_lens, spans):
+            self.backend.prepare(metadata)  # (a graph's attention reads the graph's buffers: no plan)
+        return inputs
+
+    def prepare_steps(self, batch: ScheduledBatch) -> list[ModelInputs]:
+        """The inputs of a multi-step batch's `batch.num_steps` decode sub-steps (engine/core/multi_step.py):
+        sub-step j reads one more cached position and writes the slot after it. Its input ids are the tokens
+        the sub-step before chose, so `forward_steps` fills them in."""
+        first = self.prepare(batch)
+        # multi-step sub-steps do not replay CUDA graphs: plan the first one too (prepare left it to the graph)
+        self.backend.prepare(first.metadata)
+        steps, bs, md = [first], self.block_size, first.metadata
+        for j in range(1, batch.num_steps):
+            slots = []
+            for seq in batch.seqs:
+                p = seq.num_computed_tokens + j
+                slots.append(seq.block_table[p // bs] * bs + p % bs)
+            sub = AttentionMetadata(query_lens=md.query_lens, context_lens=[n + j for n in md.context_lens],
+                                    block_tables=md.block_tables, block_size=bs,
+                                    slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device))
+            self.backend.prepare(sub)
+            # its own input buffer, made here outside inference mode: the compiled step guards on that
+            # (an argmax made under inference mode as the input recompiled the graph, 20 s)
+            ids = torch.empty_like(first.input_ids)
+            steps.append(ModelInputs(ids, first.positions + j, sub, first.sample_rows, []))
+        return steps
+
+    @torch.inference_mode()
+    def forward_steps(self, steps: list[ModelInputs]) -> StepResult:
+        """Run a multi-step batch: K tokens per sequence (each sub-step's greedy argmax, the next one's input),
+        their raw logprobs (the sampler's `sampled_logprobs`), and each sub-step's seconds (its argmax and
+        logprob are in the same call, so all of it is forward time)."""
+        tokens, logprobs, times = [], [], []
+        for j, step in enumerate(steps):
+            t0 = time.perf_counter()
+            ids = step.input_ids
+            if j:
+                ids.copy_(tokens[-1])
+            self.backend.activate(step.metadata)  # all K were prepared before the first ran
+            if self.compile_decode:
+                if self._compiled_argmax is None:
+                    self._compiled_argmax = self._compile(self._argmax_step)
+                chosen, logprob = self._compiled_argmax(ids, step.positions, step.metadata, self.kv_caches,
+                                                        self._step_backend)
+            else:
+                chosen, logprob = self._argmax_step(ids, step.positions, step.metadata, self.kv_caches, self.backend)
+            tokens.append(chosen)
+            logprobs.append(logprob)
+            times.append(time.perf_counter() - t0)
+        chosen = torch.stack(tokens, 1).tolist()
+        return StepResult(chosen, torch.stack(logprobs, 1).tolist(), [None] * len(chosen), forward_seconds=times)
+
+    def _decode_step(self, input_ids, positions, metadata, kv_caches, backend):
+        """A pure decode step's hidden states and logits (every row samples): what is compiled."""
+        hidden = self.model(input_ids, positions, metadata, kv_caches, backend)
+        return hidden, self.model.compute_logits(hidden)
+
+    def _argmax_step(self, input_ids, positions, metadata, kv_caches, backend):
+        """A multi-step sub-step: the forward, the logits, the greedy token and its raw logprob (what the
+        sampler computes for a greedy row) in one graph. The argmax and logprob ops outside the graph
+        cost ~40 us a sub-step at batch 1 on the reference model."""
+        logits = self.model.compute_logits(self.model(input_ids, positions, metadata, kv_caches, backend))
+        row_max, chosen = logits.max(dim=-1)
+        return chosen, sampled_logprobs(logits, chosen, row_max)
+
+    def _compile(self, fn):
+        """torch.compile of a decode function (`_decode_step`, `_argmax_step`): each has graphs of its own."""
+        if self._step_backend is None:
+            if COMPILE_BACKEND == "inductor":
+                use_persistent_compile_cache()  # a restart replays the built kernels (engine/core/compile_cache.py)
+            choose_compiled_rows()  # one-row projections: the reduction or the BLAS call (models/gemv.py)
+            # the pool never changes shape: static, or dynamo's duck sizing would take a batch of
+            # 2 (or 16, 32) for the cache's kv heads (block size, head dim) and compile per batch size
+            for k_cache, v_cache in self.kv_caches:
+                torch._dynamo.mark_static(k_cache)
+                torch._dynamo.mark_static(v_cache)
+            # a traceable backend's attention compiles with the rest: one graph per step
+            self._step_backend = self.backend if self.backend.traceable else _EagerAttention(self.backend)
+        # cpp_wrapper: the graph's kernels are called from C++, not from a Python wrapper
+        # (forward 0.71 -> 0.62 ms at batch 1; cold compile ~25 s either way)
+        options = {"cpp_wrapper": True} if COMPILE_BACKEND == "inductor" else None
+        return torch.compile(fn, dynamic=True, backend=COMPILE_BACKEND, options=options)
+
+    def _decode_forward(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._compiled is None:
+            self._compiled = self._compile(self._decode_step)
+        return self._compiled(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches,
+                              self._step_backend)
+
+    @torch.inference_mode()
+    def forward(self, inputs: ModelInputs) -> ModelOutputs:
+        rows = inputs.sample_rows
+        if self._graphed(len(inputs.input_ids), rows, inputs.metadata.query_lens, inputs.prompt_logprob_spans):
+            hidden, logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
+            return ModelOutputs(logits, {}, hidden)
+        if self.compile_decode and self._pure_decode(len(inputs.input_ids), rows, inputs.metadata.query_lens,
+                                                     inputs.prompt_logprob_spans):
+            hidden, logits = self._decode_forward(inputs)
+            return ModelOutputs(logits, {}, hidden)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches, self.backend)
+        if len(rows) == hidden.shape[0]:
+            sample_hidden = hidden
+        else:
+            sample_hidden = hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
+        sample_logits = self.model.compute_logits(sample_hidden)
+        prompt_logits = {i: self.model.compute_logits(hidden[row:row + n])
+                         for i, row, n in inputs.prompt_logprob_spans}
+        return ModelOutputs(sample_logits, prompt_logits, hidden)

@@ -1,0 +1,123 @@
+"""Float32 projections of many rows through oneDNN, the weight reordered once into its blocked layout.
+
+F.linear hands a float32 product to MKL's sgemm, which packs the weight into its own blocks on every
+call. For a few dozen rows (a decode batch) that repacking is a large part of the call: oneDNN's
+matmul over a weight reordered once (`mkldnn._reorder_linear_weight`, what vLLM's CPU build does for
+every dense layer) skips it. Measured one shape at a time on this repo's 2-core Xeon (median of 9,
+weights cycled out of cache, F.linear / packed):
+
+| weight (out x in)  | 2 rows | 8 rows | 34 rows | 512 rows |
+|--------------------|--------|--------|---------|----------|
+| 960 x 576 (qkv)    | 0.72x  | 1.11x  | 1.07x   | 0.99x    |
+| 3072 x 576 (gate/up) | 0.87x | 1.26x | 1.24x   | 1.00x    |
+| 576 x 1536 (down)  | 0.72x  | 0.82x  | 1.33x   | 1.01x    |
+| 49152 x 576 (lm_head) | 1.02x | 1.75x | 1.36x  | 0.98x    |
+
+The reference model's projections (at most 98K weights each, all 4 layers): 0.52x at 8 rows, 0.64x at 64,
+0.96x at 2048. All 30 layers of the 135M model at 34 rows: 74.9 -> 64.0 ms compiled, 79.1 -> 69.8 eager; 17 rows
+61.2 -> 48.6 compiled. More shapes at 2 / 3 / 4 / 8 rows (F.linear / packed): 960x576 0.99 / 0.84 / 1.25 / 1.08,
+3072x576 0.96 / 0.95 / 1.40 / 1.70, 576x1536 0.90 / 0.80 / 1.04 / 0.85 (1.74 at 16), 2048x2048 0.89 / 0.91 /
+1.60 / 1.78: MKL keeps 2-3 rows, packing pays from 4. The whole 135M model decoding (compile_decode, 8 scheduler
+steps, A/B in one process, medians of 3), threshold 16 -> 4: batch 4 61.2 -> 78.2 tok/s, 6 75.4 -> 99.0, 8 85.4
+-> 124.3, 12 99.9 -> 154.4 (1.28-1.55x); a threshold of 2 lost at batch 2 and 3 (0.81x, 0.86x). So the packed
+product is taken from `PACKED_MIN_ROWS` rows up and for weights of at least `PACKED_MIN_NUMEL` (below,
+oneDNN's ~25 us a call costs more than the repacking saves); fewer rows go to F.linear on the plain weight,
+one row to models/gemv.py as before.
+
+The row rule is decided inside the call, not by Python around it: under compile_decode a branch on the
+batch size would be one more guard, and a graph per side of it (a new one met mid-run costs 10-100 s).
+So a compiled graph calls one opaque op (`infersight::packed_linear`, engine/core/opaque_matmul.py, as the int8
+kernel does) and the op chooses at run time.
+
+Costs: a second copy of the weight (the plain one stays for one-row products, which sgemv does best,
+and for everything that reads `.weight`), so `EngineConfig.pack_weights` is off by default; the copies are
+made when it is turned on (not at a first large batch: a reorder of the 135M model's weights mid-request
+would be a stall a client sees). Results differ from sgemv's in the last bits (another summation
+order: ~1e-6 relative). A weight replaced or written in place is reordered again at its next call.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.core.models.gemv import linear
+from engine.core.opaque_matmul import OpaqueMatmul, tensor_version
+
+# from this many rows the packed product pays (the module docstring; it was 16, which left batches of 4-15 to MKL)
+PACKED_MIN_ROWS = 4
+# below this many weights (1 MiB of float32) oneDNN's fixed cost a call exceeds what the packing saves
+PACKED_MIN_NUMEL = 1 << 18
+# the batch size oneDNN is told to expect when it picks its blocking (32 and 256 measured alike)
+PACK_ROWS_HINT = 32
+
+_HAS_ONEDNN = hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and torch.backends.mkldnn.is_available()
+
+
+def can_pack(weight: torch.Tensor | None) -> bool:
+    """A float32 CPU weight large enough for the packed product to pay (see the module docstring)."""
+    return (_HAS_ONEDNN and weight is not None and weight.dim() == 2 and weight.dtype == torch.float32
+            and weight.device.type == "cpu" and weight.numel() >= PACKED_MIN_NUMEL)
+
+
+def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+
+
+class PackedMatmul(OpaqueMatmul, op="packed_linear"):
+    """y = x @ weight^T + bias: packed from PACKED_MIN_ROWS rows, F.linear below (see the module docstring)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.bias = weight, bias
+        self._packed_for: tuple | None = None  # (data_ptr, _version) of the weight the copy was made from
+        self._packed = self._pack()
+        super().__init__()
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def _key(self) -> tuple:
+        return self.weight.data_ptr(), tensor_version(self.weight)
+
+    def _pack(self) -> torch.Tensor:
+        self._packed_for = self._key()
+        with torch.no_grad():
+            return torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS_HINT)
+
+    def eager(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() < PACKED_MIN_ROWS * x.shape[-1]:
+            return F.linear(x, self.weight, self.bias)
+        if self._packed_for != self._key():  # the weight was written in place since
+            self._packed = self._pack()
+        return _packed_product(x, self._packed, self.bias)
+
+
+class PackedLinear(nn.Linear):
+    """An nn.Linear whose products of many rows are packed (`pack_linear` turns one into this in place:
+    same module, same parameters, so tied weights, names and the state dict stay as they were).
+    A subclass, so quantization still finds it; one row goes through models/gemv.py like any projection."""
+
+    _matmul: PackedMatmul | None = None  # made by `pack_linear`; again by `matmul` when a parameter is replaced
+
+    def matmul(self) -> PackedMatmul:
+        """The matmul over the current parameters (rebuilt when assignment or `.to()` replaced them)."""
+        mm = self._matmul
+        if mm is None or mm.weight is not self.weight or mm.bias is not self.bias:
+            mm = self._matmul = PackedMatmul(self.weight, self.bias)
+        return mm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1 or not can_pack(self.weight):
+            return linear(x, self.weight, self.bias)
+        return self.matmul()(x)
+
+
+def pack_linear(module: nn.Module) -> bool:
+    """Make a plain float32 nn.Linear a PackedLinear in place, where packing pays; whether it did."""
+    if type(module) is not nn.Linear or not can_pack(module.weight):
+        return False
+    module.__class__ = PackedLinear
+    module.matmul()
+    return True

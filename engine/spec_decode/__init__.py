@@ -1,8 +1,0 @@
-"""Speculative decoding: proposers (n-gram prompt lookup, draft model), verification
-by rejection sampling, and acceptance metrics in vLLM's conventions."""
-
-from engine.spec_decode.metrics import SpecDecodeStats
-from engine.spec_decode.ngram import NgramProposer
-from engine.spec_decode.rejection import VerifyResult, rejection_sample, verify_greedy
-
-__all__ = ["NgramProposer", "SpecDecodeStats", "VerifyResult", "rejection_sample", "verify_greedy"]

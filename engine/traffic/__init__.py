@@ -1,0 +1,1 @@
+"""Traffic sent to running replicas: the load generator, the prober, capacity calibration."""
