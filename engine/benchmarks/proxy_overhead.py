@@ -32,7 +32,7 @@ import httpx
 
 from engine.benchmarks.telemetry_overhead import DetachedSidecar, round_order
 from engine.benchmarks.vllm_overhead import GOAL_RATIO, REFERENCE, Round, prompts, ratio, session_cpu_seconds
-from engine.serving.processes import free_port
+from engine.util import free_port
 from engine.serving.vllm_adapter.launch import start_vllm_server
 from telemetry.store import open_store
 

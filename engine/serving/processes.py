@@ -1,4 +1,4 @@
-"""Start, watch and stop the fleet's processes.
+"""Start, watch and stop local processes (a fleet's sidecar and replicas, a test's or benchmark's server).
 
 Each process runs in its own session (its own process group), so it outlives
 `fleet up`, a terminal's Ctrl-C does not reach it, and stopping it stops
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -53,18 +52,6 @@ def alive(ref: ProcessRef) -> bool:
         pass
     stat = _stat(ref.pid)
     return stat is not None and stat[0] not in ("Z", "X") and (not ref.start_ticks or stat[1] == ref.start_ticks)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.2)
-        return s.connect_ex((host, port)) == 0
 
 
 def infersight_command(*args: str) -> list[str]:

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 
 import pytest
 import yaml
 from dashboard_process import wait_answering
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from engine.util import free_port
 
 
 @contextlib.contextmanager

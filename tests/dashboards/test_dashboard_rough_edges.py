@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboards import data, finding_views, settings
 from dashboards.promql import HERE as DASHBOARDS_DIR
-from engine.serving.processes import free_port
+from engine.util import free_port
 
 APP = str(DASHBOARDS_DIR / "app.py")
 URLLIB3_NOISE = ("HTTPConnectionPool", "Max retries", "query_id", "Retry(", "NewConnectionError", "Caused by")

@@ -16,7 +16,8 @@ from dashboard_process import running_dashboard
 
 from dashboards.console.demo import canary_port
 from dashboards.console.demo_fault import canary_fleet
-from engine.serving.processes import free_port, infersight_command
+from engine.serving.processes import infersight_command
+from engine.util import free_port
 
 
 def _processes_mentioning(text: str) -> list[int]:

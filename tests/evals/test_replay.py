@@ -20,7 +20,7 @@ import time
 import pytest
 
 from dashboards.console.cli import main
-from engine.serving.processes import free_port
+from engine.util import free_port
 from engine.traffic.loadgen.arrivals import parse_arrival
 from engine.traffic.loadgen.runner import run_load
 from engine.traffic.loadgen.workloads import make_workload

@@ -12,7 +12,7 @@ import uuid
 import httpx
 import pytest
 
-from engine.serving.processes import free_port
+from engine.util import free_port
 from telemetry.sidecar.process import start_sidecar
 from telemetry.store import open_store
 

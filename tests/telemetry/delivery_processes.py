@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.serving.processes import free_port, infersight_command, log_tail, process_ref, wait_healthy
+from engine.serving.processes import infersight_command, log_tail, process_ref, wait_healthy
+from engine.util import free_port
 from telemetry.store import StoreError, open_store
 
 COUNTER_PREFIX = "infersight_telemetry_rows_"

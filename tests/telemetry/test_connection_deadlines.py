@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hostile_clients import read_response, status_of
 
-from engine.serving.processes import free_port
+from engine.util import free_port
 from telemetry.connections import guarded_protocol
 
 HEADER_TIMEOUT, BODY_TIMEOUT = 2.0, 1.0

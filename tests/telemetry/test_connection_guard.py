@@ -22,7 +22,8 @@ import pytest
 from hostile_clients import open_idle_sockets, ready, request_head, send_and_read, status_of, \
     trickle_headers, wait_until_closed_by_server
 
-from engine.serving.processes import free_port, infersight_command, process_ref, wait_healthy
+from engine.serving.processes import infersight_command, process_ref, wait_healthy
+from engine.util import free_port
 
 pytestmark = pytest.mark.slow
 

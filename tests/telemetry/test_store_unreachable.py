@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from engine.serving.processes import free_port, infersight_command
+from engine.serving.processes import infersight_command
+from engine.util import free_port
 from telemetry.store import StoreUnavailableError
 from telemetry.store.remote import RemoteStore
 

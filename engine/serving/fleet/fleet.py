@@ -25,7 +25,8 @@ import httpx
 from engine.serving.fleet.config import FleetConfig, ProbeSpec, ReplicaSpec
 from engine.serving.fleet.cross_score_spec import CrossScoreSpec
 from engine.core.model_refs import resolve_model
-from engine.serving.processes import alive, free_port, infersight_command, port_in_use, spawn, stop, wait_healthy
+from engine.serving.processes import alive, infersight_command, spawn, stop, wait_healthy
+from engine.util import free_port, port_in_use
 from engine.serving.fleet.state import FleetState, ProcessState
 from engine.serving.fleet.vllm_replica import check_plugin, start_vllm_replica, vllm_python
 from engine.serving.server.engine_args import engine_cli_args

@@ -31,7 +31,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from engine.serving.processes import free_port, infersight_command, spawn
+from engine.serving.processes import infersight_command, spawn
+from engine.util import free_port
 from engine.serving.fleet.state import ProcessState
 from engine.core.placement import format_cpulist, numa_topology, parse_cpulist
 from engine.serving.proxy.extras import check_fraction

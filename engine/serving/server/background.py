@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from engine.serving.processes import free_port
+from engine.util import free_port
 from engine.serving.server.keep_alive import KEEP_ALIVE_SECONDS
 
 

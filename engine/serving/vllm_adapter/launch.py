@@ -23,7 +23,8 @@ from pathlib import Path
 
 import httpx
 
-from engine.serving.processes import free_port, log_tail
+from engine.serving.processes import log_tail
+from engine.util import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 VLLM_VENV = REPO / ".venv-vllm"

@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from engine.serving.processes import free_port, infersight_command, process_ref, wait_healthy
+from engine.serving.processes import infersight_command, process_ref, wait_healthy
+from engine.util import free_port
 
 
 def test_port_in_use_is_refused_before_the_model_loads(tmp_path):

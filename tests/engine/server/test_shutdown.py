@@ -10,7 +10,8 @@ import time
 import httpx
 import pytest
 
-from engine.serving.processes import free_port, infersight_command, process_ref, wait_healthy
+from engine.serving.processes import infersight_command, process_ref, wait_healthy
+from engine.util import free_port
 
 
 def _serve(model, store_url: str, replica: str, drain: float):

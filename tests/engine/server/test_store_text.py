@@ -10,7 +10,8 @@ import subprocess
 import httpx
 import pytest
 
-from engine.serving.processes import free_port, infersight_command, process_ref, wait_healthy
+from engine.serving.processes import infersight_command, process_ref, wait_healthy
+from engine.util import free_port
 from engine.core.tokenization import Tokenizer
 from telemetry.contract.records import chat_messages_hash, text_sha256
 
