@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.benchmarks.proxy_overhead import start_proxy
+from engine.benchmarks.proxy_process import start_proxy
 from engine.benchmarks.telemetry_overhead import DetachedSidecar
 from engine.benchmarks.vllm_overhead import REFERENCE, default_cpus, pooled_ratio_ci, prompts, wait_quiet
 from engine.serving.fleet.vllm_replica import DEFAULT_LOGPROBS_FRACTION

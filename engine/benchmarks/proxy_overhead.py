@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,9 +28,9 @@ from pathlib import Path
 
 import httpx
 
+from engine.benchmarks.proxy_process import start_proxy
 from engine.benchmarks.telemetry_overhead import DetachedSidecar, round_order
 from engine.benchmarks.vllm_overhead import GOAL_RATIO, REFERENCE, Round, prompts, ratio, session_cpu_seconds
-from engine.util import free_port
 from engine.serving.vllm_adapter.launch import start_vllm_server
 from telemetry.store import open_store
 
@@ -71,28 +69,6 @@ def run_round(mode: str, url: str, model: str, texts: list[str], max_tokens: int
             [r[1] for r in results])
 
 
-def start_proxy(upstream: str, store_url: str, work: Path, replica_id: str = REPLICA,
-                replica_row: bool = True, extra_args: tuple[str, ...] = (),
-                model_dir: str | Path = REFERENCE) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = open(work / "proxy.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "dashboards.console.cli", "proxy", "--upstream", upstream,
-                                "--store", store_url, "--port", str(port), "--replica-id", replica_id,
-                                "--model-dir", str(model_dir), "--spool-dir", str(work / "proxy-spool"),
-                                "--log-level", "warning", *([] if replica_row else ["--no-replica-row"]), *extra_args],
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"the proxy did not come up: see {work / 'proxy.log'}")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=str(REFERENCE))
@@ -112,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"starting vLLM on {args.model} (minutes on a small CPU) and the proxy ...", flush=True)
         server = start_vllm_server(args.model, plugin=False, threads=args.threads, log_path=work / "vllm.log")
-        proxy, proxy_url = start_proxy(server.url, sidecar.store_url, work, model_dir=args.model)
+        proxy, proxy_url = start_proxy(server.url, sidecar.store_url, work, replica_id=REPLICA, model_dir=args.model)
         urls = {"direct": server.url, "proxy": proxy_url}
         texts = prompts(args.requests, args.seed)
         for mode in urls:  # warm-up, untimed

@@ -51,6 +51,7 @@ from pathlib import Path
 import httpx
 
 from engine.benchmarks.peers.models import resolve
+from engine.benchmarks.proxy_process import start_proxy
 from engine.benchmarks.telemetry_overhead import DetachedSidecar, bootstrap_median_ci, round_order
 from engine.core.placement import format_cpulist, parse_cpulist
 from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
@@ -209,8 +210,6 @@ def run_instance(index: int, pairs: int, args, sidecar: DetachedSidecar, work: P
                     env={"INFERSIGHT_REQUEST_ROWS": "0"} if args.proxy else None)
         urls = {mode: server.url for mode, server in servers.items()}
         if args.proxy:
-            from engine.benchmarks.proxy_overhead import start_proxy  # it imports this module's helpers
-
             proxy, urls["on"] = start_proxy(servers["on"].url, sidecar.store_url, work, replica_id=REPLICA,
                                           replica_row=False, extra_args=tuple(args.proxy_args.split()),
                                           model_dir=args.model)
