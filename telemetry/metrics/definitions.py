@@ -20,6 +20,8 @@ from telemetry.metrics import buckets, vllm_buckets
 from telemetry.metrics.engine_histogram import EngineHistogram
 
 LABELS = ("replica", "model")
+# the `reason` label of request_success: the finish reasons an infersight engine gives
+FINISH_REASONS = ("stop", "length", "abort", "error")
 # `*_created` series would double the scrape and show up as extra gauge families in the
 # text format that dashboards and alerts must not depend on (vLLM turns them off too).
 disable_created_metrics()

@@ -30,11 +30,10 @@ from telemetry.contract.derived import decode_seconds, itl_gaps, ttft_split
 from telemetry.contract.hooks import EngineObserver
 from telemetry.contract.outcomes import ABORTED, REJECTED, SHED, engine_error_code, outcome_of
 from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
-from telemetry.metrics.definitions import engine_metrics
+from telemetry.metrics.definitions import FINISH_REASONS, engine_metrics
 
 log = logging.getLogger(__name__)
 
-FINISH_REASONS = ("stop", "length", "abort", "error")
 FOLD_EVERY = 64  # deferred records folded at once on the engine thread
 # the codes the engine writes on its own rows (counted in request_success by finish reason)
 ENGINE_ERROR_CODES = frozenset(engine_error_code(reason) for reason in FINISH_REASONS) - {""}

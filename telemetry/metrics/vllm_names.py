@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 
 from telemetry.metrics import vllm_buckets as vb
+from telemetry.metrics.definitions import FINISH_REASONS as OBSERVER_FINISH_REASONS
 from telemetry.metrics.definitions import EngineMetrics, engine_metrics
 from telemetry.metrics.engine_histogram import EngineHistogram, HistogramView
-from telemetry.metrics.observer import FINISH_REASONS as OBSERVER_FINISH_REASONS
 
 VLLM_LABELS = ("model_name", "engine")
 SOURCE_LABELS = ("replica", "model")  # the sources' children: keyed as the infersight families
