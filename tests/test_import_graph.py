@@ -1,12 +1,8 @@
 """The dependency direction, read from the AST of every module (every import, at any depth).
 
-    telemetry.contract  (records + engine hooks: stdlib only; everything may import it)
-    telemetry           (recorder, store, sidecar, metrics, tracing: never the engine)
-    engine              (the core imports nothing above telemetry.contract; server, fleet,
-                         loadgen and benchmarks wire the core with telemetry)
-    evals -> diagnostics -> dashboards (dashboards.console: the infersight CLI, the demo)
-
-Each package may import only packages before it in LAYERS.
+LAYERS is the README's table "Which way the imports go": each layer names the layers it may import
+(a name covers its sub-layers: "telemetry" includes "telemetry.contract"); a module belongs to the
+longest layer name it starts with, and may always import its own layer. Every module is in a layer.
 """
 
 from __future__ import annotations
@@ -18,16 +14,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("telemetry", "engine", "evals", "diagnostics", "dashboards")
-# engine modules that assemble running processes (they may use telemetry's stack); the rest is the core
-ENGINE_ASSEMBLY = ("engine.serving.server", "engine.serving.fleet", "engine.traffic.loadgen", "engine.benchmarks", "engine.core.cli_generate",
-                   # the recording proxy: forwards to any OpenAI server and records through telemetry's Recorder
-                   "engine.serving.proxy",
-                   # the prober: sends the probe suite with the loadgen's client, pins rounds into the store
-                   "engine.traffic.probe",
-                   # the vLLM stat-logger plugin: the engine's hashing and placement with telemetry's Recorder
-                   "engine.serving.vllm_adapter")
-CONTRACT = "telemetry.contract"
+LAYERS = {
+    "telemetry.contract": (),  # the records, the engine's hooks, derived quantities: stdlib only
+    "telemetry": ("telemetry.contract",),
+    "engine.util": (),  # small helpers (a free port, durations): stdlib only
+    "engine.core": ("engine.util", "telemetry.contract"),
+    "engine.serving": ("engine.core", "engine.util", "telemetry"),
+    "engine.traffic": ("engine.serving", "engine.core", "engine.util", "telemetry"),
+    "engine.benchmarks": ("engine.traffic", "engine.serving", "engine.core", "engine.util", "telemetry"),
+    "evals": ("engine", "telemetry"),
+    "diagnostics": ("evals", "engine", "telemetry"),
+    "dashboards": ("diagnostics", "evals", "engine", "telemetry"),
+}
+PACKAGES = sorted({layer.split(".")[0] for layer in LAYERS})
+STDLIB_ONLY = [layer for layer, allowed in LAYERS.items() if not allowed]
 
 
 def module_name(path: Path) -> str:
@@ -51,56 +51,114 @@ def within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-GRAPH = {module_name(p): imports_of(p) for layer in LAYERS for p in (ROOT / layer).rglob("*.py")}
+def layer_of(name: str) -> str | None:
+    matches = [layer for layer in LAYERS if within(name, layer)]
+    return max(matches, key=len) if matches else None
 
 
-def test_packages_import_only_the_layers_below_them():
-    upward = []
+GRAPH = {module_name(p): imports_of(p) for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+
+
+def test_every_module_is_in_a_layer():
+    # engine/__init__.py holds nothing but a docstring: importing it imports no layer
+    outside = [m for m in GRAPH if layer_of(m) is None and m not in PACKAGES]
+    assert not outside, f"modules in no layer of LAYERS: {sorted(outside)}"
+    assert not [m for m in PACKAGES if layer_of(m) is None and GRAPH.get(m)], "engine/__init__.py imports something"
+
+
+def test_layers_import_only_what_their_row_allows():
+    against = []
     for module, imported in GRAPH.items():
-        own = LAYERS.index(module.split(".")[0])
-        for name in imported:
-            top = name.split(".")[0]
-            if top in LAYERS and LAYERS.index(top) > own:
-                upward.append(f"{module} imports {name}")
-    assert not upward, "imports against the layer order:\n" + "\n".join(sorted(upward))
-
-
-def test_engine_core_imports_only_the_contract():
-    leaks = []
-    for module, imported in GRAPH.items():
-        if not within(module, "engine") or any(within(module, a) for a in ENGINE_ASSEMBLY):
+        own = layer_of(module)
+        if own is None:
             continue
         for name in imported:
-            if any(within(name, a) for a in ENGINE_ASSEMBLY):
-                leaks.append(f"{module} imports {name} (engine assembly)")
-            elif within(name, "telemetry") and not within(name, CONTRACT) and name != "telemetry":
-                leaks.append(f"{module} imports {name} (telemetry's stack)")
-    assert not leaks, "\n".join(sorted(leaks))
+            if name.split(".")[0] not in PACKAGES or name in PACKAGES:
+                continue
+            target = layer_of(name)
+            if target != own and not any(within(target or name, allowed) for allowed in LAYERS[own]):
+                against.append(f"{module} ({own}) imports {name} ({target})")
+    assert not against, "imports against the layer table:\n" + "\n".join(sorted(against))
 
 
-def test_contract_is_stdlib_only():
-    outside = []
-    for module, imported in GRAPH.items():
-        if not within(module, CONTRACT):
-            continue
-        for name in imported:
-            top = name.split(".")[0]
-            if top == "telemetry":
-                if not within(name, CONTRACT) and name != "telemetry":
-                    outside.append(f"{module} imports {name}")
-            elif top not in sys.stdlib_module_names and top != "__future__":
-                outside.append(f"{module} imports {name}")
+@pytest.mark.parametrize("layer", STDLIB_ONLY)
+def test_stdlib_only_layers_import_only_the_standard_library(layer):
+    outside = [f"{m} imports {n}" for m, imported in GRAPH.items() if layer_of(m) == layer for n in imported
+               if n.split(".")[0] not in sys.stdlib_module_names and n.split(".")[0] != "__future__"
+               and layer_of(n) != layer]
     assert not outside, "\n".join(sorted(outside))
 
 
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one member (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _engine_edges(group) -> dict[str, set[str]]:
+    """engine module -> the engine modules it imports, each name mapped through `group`."""
+    modules = {m for m in GRAPH if within(m, "engine")}
+    edges: dict[str, set[str]] = {}
+    for module in modules:
+        for name in GRAPH[module]:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            a, b = group(module), group(name) if name else None
+            if b and a != b and not within(a, b) and not within(b, a):  # a package's own __init__ is its inside
+                edges.setdefault(a, set()).add(b)
+    return edges
+
+
+def test_no_engine_modules_import_each_other():
+    found = _cycles(_engine_edges(lambda m: m))
+    assert not found, found
+
+
+def test_no_engine_packages_import_each_other():
+    # engine.serving.fleet and engine.serving.server: a package is a module's folder
+    folders = {module_name(p.parent / "__init__.py") for p in (ROOT / "engine").rglob("__init__.py")}
+
+    def package(m):
+        return m if m in folders else m.rpartition(".")[0]
+
+    found = _cycles(_engine_edges(package))
+    assert not found, found
+
+
 def test_no_dynamic_imports_hide_dependencies():
-    hidden = [m for p in ((ROOT / layer).rglob("*.py") for layer in LAYERS) for f in p
+    hidden = [m for p in ((ROOT / package).rglob("*.py") for package in PACKAGES) for f in p
               if "import_module(" in f.read_text() or "__import__(" in f.read_text()
               for m in [module_name(f)]]
     assert not hidden, hidden
 
 
-@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("layer", list(LAYERS))
 def test_every_layer_is_seen(layer):
-    # guards the walk itself: an empty graph would pass every test above
-    assert any(within(m, layer) for m in GRAPH)
+    # guards the walk itself: an empty layer would pass every test above
+    assert any(layer_of(m) == layer for m in GRAPH)
