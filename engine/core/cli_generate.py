@@ -15,20 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_CACHE = Path.home() / ".cache" / "infersight" / "models"
-
-
-def default_model(cache_dir: Path = DEFAULT_CACHE) -> Path:
-    from engine.core.tiny_model import build_random_model
-
-    path = cache_dir / "tiny-random-llama"
-    if not (path / "config.json").exists():
-        print(f"building a tiny random Llama in {path} (once)", file=sys.stderr)
-        path.mkdir(parents=True, exist_ok=True)
-        build_random_model(path, "llama")
-    return path
-
-
 def add_arguments(parser) -> None:
     parser.add_argument("--model", help="local Hugging Face model directory (default: a tiny random Llama)")
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
@@ -66,6 +52,7 @@ def run(args) -> int:
     import torch
 
     from engine.core.llm import LLM
+    from engine.core.model_refs import tiny_random_model
     from engine.core.models import ModelLoadError
     from engine.core.sampling_params import SamplingParams
 
@@ -80,7 +67,7 @@ def run(args) -> int:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 max_tokens=args.max_tokens, seed=args.seed, stop=args.stop,
                                 ignore_eos=args.ignore_eos, logprobs=args.logprobs)
-        model = args.model or default_model()
+        model = args.model or tiny_random_model("llama")
         llm = LLM(model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs)
         start = time.perf_counter()
         if args.chat:

@@ -1,7 +1,7 @@
 """Model references a fleet config (or the demo) may use besides a plain directory.
 
 - "reference": the shipped reference model (`evals/reference/models/target`),
-  or a tiny random Llama while the reference model is not there yet;
+  or a tiny random Llama in a copy of the code without it (an installed package);
 - "tiny-random:ARCH" (llama | qwen2 | qwen3): a small random-weight model of a
   real architecture, built once into the cache directory.
 """

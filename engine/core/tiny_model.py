@@ -1,7 +1,7 @@
 """Small random-weight models of real architectures, with a real trained tokenizer.
 
-Tests, benchmarks and (until the reference models exist) the demo need a model
-and the hubs are out of reach. This builds one with transformers' own model
+Tests and benchmarks need models of several architectures and sizes, and the
+hubs are out of reach. This builds one with transformers' own model
 classes, so the checkpoint is exactly what `save_pretrained` writes, and trains
 a small byte-level BPE tokenizer with `tokenizers` for it.
 """

@@ -3,26 +3,10 @@
 F.linear hands a float32 product to MKL's sgemm, which packs the weight into its own blocks on every
 call. For a few dozen rows (a decode batch) that repacking is a large part of the call: oneDNN's
 matmul over a weight reordered once (`mkldnn._reorder_linear_weight`, what vLLM's CPU build does for
-every dense layer) skips it. Measured one shape at a time on this repo's 2-core Xeon (median of 9,
-weights cycled out of cache, F.linear / packed):
-
-| weight (out x in)  | 2 rows | 8 rows | 34 rows | 512 rows |
-|--------------------|--------|--------|---------|----------|
-| 960 x 576 (qkv)    | 0.72x  | 1.11x  | 1.07x   | 0.99x    |
-| 3072 x 576 (gate/up) | 0.87x | 1.26x | 1.24x   | 1.00x    |
-| 576 x 1536 (down)  | 0.72x  | 0.82x  | 1.33x   | 1.01x    |
-| 49152 x 576 (lm_head) | 1.02x | 1.75x | 1.36x  | 0.98x    |
-
-The reference model's projections (at most 98K weights each, all 4 layers): 0.52x at 8 rows, 0.64x at 64,
-0.96x at 2048. All 30 layers of the 135M model at 34 rows: 74.9 -> 64.0 ms compiled, 79.1 -> 69.8 eager; 17 rows
-61.2 -> 48.6 compiled. More shapes at 2 / 3 / 4 / 8 rows (F.linear / packed): 960x576 0.99 / 0.84 / 1.25 / 1.08,
-3072x576 0.96 / 0.95 / 1.40 / 1.70, 576x1536 0.90 / 0.80 / 1.04 / 0.85 (1.74 at 16), 2048x2048 0.89 / 0.91 /
-1.60 / 1.78: MKL keeps 2-3 rows, packing pays from 4. The whole 135M model decoding (compile_decode, 8 scheduler
-steps, A/B in one process, medians of 3), threshold 16 -> 4: batch 4 61.2 -> 78.2 tok/s, 6 75.4 -> 99.0, 8 85.4
--> 124.3, 12 99.9 -> 154.4 (1.28-1.55x); a threshold of 2 lost at batch 2 and 3 (0.81x, 0.86x). So the packed
-product is taken from `PACKED_MIN_ROWS` rows up and for weights of at least `PACKED_MIN_NUMEL` (below,
-oneDNN's ~25 us a call costs more than the repacking saves); fewer rows go to F.linear on the plain weight,
-one row to models/gemv.py as before.
+every dense layer) skips it. MKL keeps 2-3 rows and packing pays from 4, so the packed product is taken
+from `PACKED_MIN_ROWS` rows up and for weights of at least `PACKED_MIN_NUMEL` (below, oneDNN's ~25 us a
+call costs more than the repacking saves); fewer rows go to F.linear on the plain weight, one row to
+models/gemv.py. The measurements behind both thresholds are in the README ("Measured choices").
 
 The row rule is decided inside the call, not by Python around it: under compile_decode a branch on the
 batch size would be one more guard, and a graph per side of it (a new one met mid-run costs 10-100 s).
