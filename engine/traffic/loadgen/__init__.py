@@ -1,1 +1,2 @@
-"""Load generation with the field's workloads (`infersight loadgen`) and capacity calibration (`infersight calibrate`)."""
+"""Load generation with the field's workloads (`infersight loadgen`); capacity calibration
+(`infersight calibrate`, engine/traffic/calibrate.py) drives it."""
