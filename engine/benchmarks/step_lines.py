@@ -19,14 +19,15 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ENGINE_DIR = Path(__file__).resolve().parents[1]
-# the step's modules, relative to engine/ (a file missing from a tree is simply not met)
+_ENGINE = Path(__file__).resolve().parents[1]
+ENGINE_DIR = _ENGINE / "core" if (_ENGINE / "core").is_dir() else _ENGINE  # trees before engine/core/ count too
+# the step's modules, relative to the engine's core (a file missing from a tree is simply not met)
 STEP_MODULES = ("engine.py", "scheduler.py", "model_runner.py", "sampler.py", "kv_cache.py", "multi_step.py",
                 "sequence.py", "outputs.py", "step_result.py", "phase_timer.py", "spec_decode/")
 
 
 def _counted(path: str) -> str | None:
-    """`path`'s name relative to engine/ when it is one of the step's modules."""
+    """`path`'s name relative to the core when it is one of the step's modules."""
     try:
         rel = Path(path).resolve().relative_to(ENGINE_DIR).as_posix()
     except ValueError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 # tokens per KV block where the attention backend has no better size for the step it runs
 # (AttentionBackend.default_block_size)
@@ -82,14 +82,6 @@ class EngineConfig:
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(repr(r) for r in ROLES)}, got {self.role!r}")
-
-    def resolved(self, kv_row_bytes: int) -> EngineConfig:
-        """This config with what it leaves open decided, once, for a model whose token takes `kv_row_bytes`
-        of keys and values per layer: the block size (the attention backend's choice). The engine runs this
-        one and the replica's identity records it."""
-        from engine.core.attention import block_size_for
-
-        return replace(self, block_size=block_size_for(self, kv_row_bytes)) if self.block_size is None else self
 
     def _document(self) -> dict:
         d = asdict(self)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from engine.core.attention import get_backend
+from engine.core.attention import get_backend, with_block_size
 from engine.core.config import EngineConfig
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.generation_defaults import generation_defaults
@@ -69,7 +69,7 @@ class LLMEngine:
 
         self.loaded = load_model(config.model, config.dtype, config.device)
         # what the config leaves open (the block size) decided once, for this model: the config the engine runs
-        self.config = config = config.resolved(kv_bytes_per_block(self.loaded, 1) // self.loaded.num_layers)
+        self.config = config = with_block_size(config, kv_bytes_per_block(self.loaded, 1) // self.loaded.num_layers)
         self.quantization = "none"
         if config.quantization not in ("none", "", None):
             from engine.core.quantization import quantize_model

@@ -12,7 +12,8 @@ import httpx
 import pytest
 from delivery_processes import Replica, Traffic, stored_request_ids, wait_for
 
-from engine.serving.processes import free_port, infersight_command, process_ref, wait_healthy
+from engine.serving.processes import infersight_command, process_ref, wait_healthy
+from engine.util import free_port
 from telemetry.sidecar.process import start_sidecar
 
 pytestmark = pytest.mark.slow

@@ -7,6 +7,8 @@ touches CUDA-only code.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engine.core.attention.base import AttentionBackend, AttentionMetadata
 
 BACKENDS = ("auto", "torch", "flashinfer")
@@ -61,5 +63,11 @@ def block_size_for(config, kv_row_bytes: int) -> int:
     return cls.default_block_size(kv_row_bytes, torch.device(config.device), compiled)
 
 
+def with_block_size(config, kv_row_bytes: int):
+    """`config` with its block size decided, once (`block_size_for`): the engine runs this config and the
+    replica's identity records it. Here, not on the config, so the config imports no backend."""
+    return config if config.block_size is not None else replace(config, block_size=block_size_for(config, kv_row_bytes))
+
+
 __all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "backend_class", "block_size_for", "get_backend",
-           "flashinfer_available"]
+           "flashinfer_available", "with_block_size"]

@@ -17,9 +17,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.traffic.probe.cross_scoring import DEFAULT_INTERVAL, DEFAULT_SHARE, DEFAULT_TOKEN_SHARE, CrossScoreSettings
-from engine.traffic.probe.cross_targets import CROSS_SCORE_FLAG
 from engine.util import parse_interval
+
+DEFAULT_SHARE = 0.05  # of each replica's finished requests
+DEFAULT_TOKEN_SHARE = 0.1  # rescore tokens (both scorers) per token served: a prefill token costs less than a served one
+DEFAULT_INTERVAL = 15.0  # seconds between passes
+SETTLE_SECONDS = 8.0  # a finished request's row reaches the store within the recorder's flush interval
+CROSS_SCORE_FLAG = "--cross-score"  # in a prober's command: that fleet cross-scores itself
+
+
+@dataclass(frozen=True)
+class CrossScoreSettings:
+    """What the scorer runs with (the prober's --cross-* options); defined beside the fleet's table so the
+    fleet, which starts the scorer, and the scorer, which imports serving, read one definition."""
+
+    share: float = DEFAULT_SHARE
+    token_share: float = DEFAULT_TOKEN_SHARE
+    interval: float = DEFAULT_INTERVAL
+    settle: float = SETTLE_SECONDS
+
+    def __post_init__(self) -> None:
+        if not 0 < self.share <= 1:
+            raise ValueError(f"cross-scoring share must be in (0, 1], got {self.share!r}")
+        if not 0 < self.token_share <= 1:
+            raise ValueError(f"cross-scoring token share must be in (0, 1], got {self.token_share!r}")
+        if not self.interval > 0:
+            raise ValueError(f"cross-scoring interval must be positive seconds, got {self.interval!r}")
+
 
 CROSS_SCORE_KEYS = {"enabled": bool, "share": float, "token_share": float, "interval": (str, float)}
 

@@ -33,16 +33,15 @@ from dataclasses import asdict, dataclass, field
 import httpx
 
 from engine.traffic.loadgen.runner import Endpoint
+from engine.serving.fleet.cross_score_spec import (
+    DEFAULT_INTERVAL, DEFAULT_SHARE, DEFAULT_TOKEN_SHARE, SETTLE_SECONDS, CrossScoreSettings,
+)
 from engine.traffic.probe.rescore import (
     MIN_OUTPUT_TOKENS, Pick, by_served_model, discover_replicas, picks_of, score_one,
 )
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL, RESCORE_ORIGINAL_SQL, RESCORE_WORKLOAD, round_id
 from telemetry.store import StoreError
 
-DEFAULT_SHARE = 0.05  # of each replica's finished requests
-DEFAULT_TOKEN_SHARE = 0.1  # rescore tokens (both scorers) per token served: a prefill token costs less than a served one
-DEFAULT_INTERVAL = 15.0  # seconds between passes
-SETTLE_SECONDS = 8.0  # a finished request's row reaches the store within the recorder's flush interval
 _PPM = 1_000_000
 _SALT = "cross-score"
 
@@ -66,22 +65,6 @@ WHERE model_name = {{model:String}} AND has({{replicas:Array(String)}}, replica_
   AND finish_time >= {{since:Float64}} AND finish_time < {{until:Float64}}
   AND workload NOT IN {ACTIVE_WORKLOADS_SQL}
 """
-
-
-@dataclass(frozen=True)
-class CrossScoreSettings:
-    share: float = DEFAULT_SHARE
-    token_share: float = DEFAULT_TOKEN_SHARE
-    interval: float = DEFAULT_INTERVAL
-    settle: float = SETTLE_SECONDS
-
-    def __post_init__(self) -> None:
-        if not 0 < self.share <= 1:
-            raise ValueError(f"cross-scoring share must be in (0, 1], got {self.share!r}")
-        if not 0 < self.token_share <= 1:
-            raise ValueError(f"cross-scoring token share must be in (0, 1], got {self.token_share!r}")
-        if not self.interval > 0:
-            raise ValueError(f"cross-scoring interval must be positive seconds, got {self.interval!r}")
 
 
 @dataclass

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.serving.fleet.cross_score_spec import CROSS_SCORE_FLAG
 from engine.serving.fleet.state import STATE_FILE, FleetState
 
-CROSS_SCORE_FLAG = "--cross-score"  # in a prober's command: that fleet cross-scores itself
 
 
 def runs_own_cross_scorer(state: FleetState) -> bool:
