@@ -14,7 +14,7 @@ from diagnostics import DIAGNOSTICS, agreement
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from tests.diagnostics.diag_records import replica
-from tests.diagnostics.test_cross_scores import NOISE, T0, above_info, scored, served
+from tests.diagnostics.test_rescore import NOISE, T0, above_info, scored, served
 
 
 def fleet(store, n: int, kl: dict[frozenset, float], replicas=("a", "b"), seed=0, sd=NOISE, n_tok=4, starts=None):
