@@ -11,9 +11,11 @@ info, with that said, only when every one of these holds:
 - its identity does not differ from its peers' (a smaller max_num_seqs, another config: a cause of its own);
 - the sequence-steps it was offered per second (the output tokens of the requests that arrived at it, each a
   slot held for one step, over the span of its arrivals) are at least HEAVIER times its peers' median;
-- its steps take no longer than its peers' at the same batch shape: the median step time in strata of
-  sequences and context tokens (powers of two, MIN_STEPS steps on each side) over the peers', a geometric
-  mean weighted by its steps, is under step_model.MIN_RATIO, the smallest slowdown of a step worth a finding.
+- its steps take no longer than its peers' at the same batch shape: the median step time in strata of phase,
+  sequences (powers of 2) and context tokens (powers of sqrt 2: a longer output is a longer context, and attention
+  reads it; in 2x buckets a healthy heavier-output canary read 1.07x, in sqrt 2 ones 1.03-1.05x), MIN_STEPS steps
+  on each side, over the peers', a geometric mean weighted by its steps, is under step_model.MIN_RATIO, the
+  smallest slowdown of a step worth a finding.
   A replica that is slower per step as well as sent more is slow, whatever else it was sent; with no batch
   shape in common nothing says it is not, and the finding stands.
 """
@@ -37,37 +39,39 @@ FROM {source}
 GROUP BY replica_id
 """
 _STEP_TIMES = """
-SELECT replica_id, toUInt8(floor(log2(greatest(num_seqs, 1)))) AS seqs,
-       toUInt8(floor(log2(greatest(context_tokens, 1)))) AS context, count() AS n,
+SELECT replica_id, phase, toUInt8(floor(log2(greatest(num_seqs, 1)))) AS seqs,
+       toUInt8(floor(2 * log2(greatest(context_tokens, 1)))) AS context, count() AS n,
        quantileExact(0.5)(duration) AS median
 FROM {source}
 WHERE phase != 'idle'
-GROUP BY replica_id, seqs, context
+GROUP BY replica_id, phase, seqs, context
 """
 
 
 def offered(store, scope: Scope, replicas: list[str]) -> dict[str, dict]:
     """replica -> {requests, sequence_steps, span_seconds, per_second}: every request that arrived at it in the
     window (probes too: they hold slots as well)."""
+    narrowed = scope.narrowed(replicas=tuple(replicas))
     source = requests_in("t.replica_id AS replica_id, t.output_tokens AS output_tokens, "
-                         "toUnixTimestamp64Micro(t.arrival_time) AS at", scope=scope.narrowed(replicas=tuple(replicas)))
+                         "toUnixTimestamp64Micro(t.arrival_time) AS at", scope=narrowed)
     out = {}
-    for r in store.query_arrow(_OFFERED.replace("{source}", source),
-                               scope.narrowed(replicas=tuple(replicas)).parameters()).to_pylist():
+    for r in store.query_arrow(_OFFERED.replace("{source}", source), narrowed.parameters()).to_pylist():
         span = max(float(r["span_seconds"] or 0.0), 1.0)
         out[r["replica_id"]] = {**r, "per_second": float(r["sequence_steps"] or 0) / span}
     return out
 
 
 def step_time_ratio(store, scope: Scope, replica: str, peers: list[str]) -> dict | None:
-    """The replica's median step time over its peers' pooled steps' in the same (sequences, context tokens)
-    strata, a geometric mean weighted by its steps; None without a stratum both sides have MIN_STEPS in."""
+    """The replica's median step time over its peers' (their medians weighted by their steps) in the same
+    (phase, sequences, context tokens) strata, a geometric mean weighted by its steps; None without a stratum
+    both sides have MIN_STEPS in."""
     narrowed = scope.narrowed(replicas=(replica, *peers))
     source = steps_in("t.replica_id AS replica_id, t.phase AS phase, t.num_seqs AS num_seqs, "
                       "t.num_context_tokens AS context_tokens, t.duration_seconds AS duration")
     mine, theirs = {}, {}
     for r in store.query_arrow(_STEP_TIMES.replace("{source}", source), narrowed.parameters()).to_pylist():
-        (mine if r["replica_id"] == replica else theirs).setdefault((r["seqs"], r["context"]), []).append(r)
+        key = (r["phase"], r["seqs"], r["context"])
+        (mine if r["replica_id"] == replica else theirs).setdefault(key, []).append(r)
     ratios, weights = [], []
     for key, (m,) in mine.items():
         others = [o for o in theirs.get(key, []) if o["n"] >= MIN_STEPS and o["median"] > 0]
