@@ -29,6 +29,9 @@ prefix-cache hit rate is `prefix_hit_gap`. A lagging replica's identity is compa
 (NUMA mismatch, CPU count, CPUs shared, config hash, version, tokenizer and template hashes ...), and
 its mechanism is looked for in the same window (diagnostics.mechanisms: preemptions, KV pressure, queue
 at max_num_seqs, CPU quota, prefix hits, host time against its peers'), or said not to be in the records.
+A lag whose only mechanism is its queue at max_num_seqs, filled by heavier work than its peers were sent
+(output tokens hold a slot a step each: the token count of offered load does not weigh them), on steps as
+fast as its peers', is kept at info as its own traffic (diagnostics.own_traffic).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from collections import Counter
 
 import numpy as np
 
-from diagnostics import config_keys, mechanisms, prefix_hits, request_strata, tail_latency, traffic_mix
+from diagnostics import config_keys, mechanisms, own_traffic, prefix_hits, request_strata, tail_latency, traffic_mix
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import replicas_in
@@ -319,5 +322,6 @@ def _verdicts(store, model, group, done, identity, skip, scope, limits) -> list[
                               "instead of prompt / output length"}
         severity = "critical" if ratio >= CRITICAL_RATIO else "warning"
         finding = Finding(KIND, severity, rid, summary, DIAGNOSTIC, scope, evidence)
-        findings.append(mechanisms.cite(store, scope, finding, identity))
+        # a queue its own heavier traffic fills, on steps as fast as its peers', is kept at info (own_traffic)
+        findings.append(own_traffic.kept_at_info(store, scope, mechanisms.cite(store, scope, finding, identity)))
     return findings
