@@ -19,7 +19,7 @@ never on a distribution difference.
 
 from __future__ import annotations
 
-from diagnostics.regression import PROMPT_BUCKET
+from diagnostics.request_strata import PROMPT_BUCKET
 
 HEADS = (64, 32, 16, 8)  # token IDs, longest first
 MIN_SHARED = 5  # requests (over all replicas) that share a head for it to name a family

@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from diagnostics import change_attribution, mechanisms
+from diagnostics.request_strata import PROMPT_BUCKET
 from diagnostics.findings import Finding, insufficient
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope, requests_in, steps_in
@@ -45,9 +46,6 @@ ALPHA = 0.01
 MIN_RATIO = 1.05  # a slowdown smaller than 5% is not worth a finding, however significant
 BLOCK_SECONDS = 10  # step metrics: one value (the median) per replica, stratum and block of this length
 
-PROMPT_BUCKET = ("multiIf(t.prompt_tokens < 64, 'prompt<64', t.prompt_tokens < 256, 'prompt 64-255', "
-                 "t.prompt_tokens < 1024, 'prompt 256-1023', t.prompt_tokens < 4096, 'prompt 1024-4095', "
-                 "'prompt>=4096')")
 BATCH_BUCKET = ("multiIf(t.num_tokens < 2, 'tokens 1', t.num_tokens < 8, 'tokens 2-7', t.num_tokens < 64, "
                 "'tokens 8-63', t.num_tokens < 512, 'tokens 64-511', 'tokens>=512')")
 

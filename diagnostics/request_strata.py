@@ -1,7 +1,7 @@
 """Requests put in strata of like with like, in ClickHouse, sampled per (model, replica, stratum).
 
 A stratum is (model, workload, prompt-length bucket, output-length bucket, offered load at arrival):
-- prompt length: diagnostics.regression.PROMPT_BUCKET (4x wide);
+- prompt length: PROMPT_BUCKET (4x wide);
 - output length: powers of sqrt(2) (floor(2 log2 n)), so e2e compares requests of near-equal length;
 - offered load at arrival: the tokens (prompt + output) of the requests that arrived at the same
   replica in the OFFERED_WINDOW seconds before it (a window function over its arrivals), bucketed
@@ -34,7 +34,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.compute as pc
 
-from diagnostics.regression import PROMPT_BUCKET
 from diagnostics.scope import Scope, requests_in
 from telemetry.contract import derived
 from telemetry.contract.probes import ACTIVE_WORKLOADS_SQL
@@ -95,6 +94,11 @@ FROM (
 GROUP BY model_name, replica_id, workload, pbucket, obucket, offered
 )
 """
+
+# every rule that compares like for like by prompt length uses these strata (4x wide)
+PROMPT_BUCKET = ("multiIf(t.prompt_tokens < 64, 'prompt<64', t.prompt_tokens < 256, 'prompt 64-255', "
+                 "t.prompt_tokens < 1024, 'prompt 256-1023', t.prompt_tokens < 4096, 'prompt 1024-4095', "
+                 "'prompt>=4096')")
 
 
 def _sql(scope: Scope) -> str:

@@ -11,7 +11,7 @@ import random
 import numpy as np
 
 from diagnostics import request_strata as rs
-from diagnostics.regression import PROMPT_BUCKET
+from diagnostics.request_strata import PROMPT_BUCKET
 from diagnostics.scope import Scope, requests_in
 from telemetry import synthetic
 from telemetry.contract import derived
