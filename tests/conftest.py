@@ -45,34 +45,15 @@ def tiny_llama(tiny_model_factory):
     return tiny_model_factory("llama")
 
 
-@pytest.fixture(scope="session")
-def migrated_store_template(tmp_path_factory):
-    """An embedded data directory migrated once per session, closed: each module's `store` starts as a
-    copy of it, the same tables as a fresh migration without running every migration's DDL again in
-    each of the ~50 modules that take one."""
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A migrated embedded store per test module (chdb holds one data directory per process at a
+    time, so a module's store is closed before the next module opens its own)."""
     from telemetry.schema import migrate
     from telemetry.store import open_store
 
-    path = tmp_path_factory.mktemp("store-template")
-    with open_store(path) as s:
-        migrate(s)
-    return path
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, migrated_store_template):
-    """A migrated embedded store per test module (chdb holds one data directory per process at a
-    time, so a module's store is closed before the next module opens its own)."""
-    import shutil
-
-    from telemetry.store import open_store
-    from telemetry.store.dir_lock import LOCK_NAME
-
-    path = tmp_path_factory.mktemp("store")
-    # symlinks kept: the database's metadata entry is a relative link into its own store/ directory
-    shutil.copytree(migrated_store_template, path, symlinks=True, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns(LOCK_NAME))
-    s = open_store(path)
+    s = open_store(tmp_path_factory.mktemp("store"))
+    migrate(s)
     yield s
     s.close()
 
