@@ -40,6 +40,7 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from engine.util import free_port
 from telemetry.recorder import DEFAULT_FLUSH_INTERVAL
 
 GOAL_LOSS = 0.02
@@ -108,7 +109,7 @@ class DetachedSidecar:
         from engine.serving import processes
 
         self._processes = processes
-        port = processes.free_port()
+        port = free_port()
         self.url = self.store_url = f"http://127.0.0.1:{port}"
         self._log = Path(data_dir).parent / f"{Path(data_dir).name}.sidecar.log"
         self._ref = processes.spawn(processes.infersight_command(

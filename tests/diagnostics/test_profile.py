@@ -14,20 +14,21 @@ from diagnostics.stack_groups import classify_stack, is_idle, parse_frame, parse
 from telemetry.store import open_store
 
 E = "/work/engine"  # any prefix: classification looks at the path's package part
+C, S = f"{E}/core", f"{E}/serving"
 
 STACKS = {
-    f"<module> (serve.py:1);_loop ({E}/async_engine.py:140);step ({E}/engine.py:199);prepare ({E}/model_runner.py:60);"
-    f"build ({E}/attention/torch_backend.py:30)": "input_preparation",
-    f"step ({E}/engine.py:201);forward ({E}/model_runner.py:90);forward ({E}/models/llama.py:80);"
+    f"<module> (serve.py:1);_loop ({C}/async_engine.py:140);step ({C}/engine.py:199);prepare ({C}/model_runner.py:60);"
+    f"build ({C}/attention/torch_backend.py:30)": "input_preparation",
+    f"step ({C}/engine.py:201);forward ({C}/model_runner.py:90);forward ({C}/models/llama.py:80);"
     f"_call_impl (/venv/torch/nn/modules/module.py:1700)": "forward",
-    f"step ({E}/engine.py:204);__call__ ({E}/sampler.py:45);_sample ({E}/sampler.py:60)": "sampling",
-    f"step ({E}/engine.py:185);schedule ({E}/scheduler.py:90);allocate ({E}/kv_cache.py:50)": "scheduler",
-    f"step ({E}/engine.py:216);_report_step ({E}/engine.py:380);on_step (/x/telemetry/recorder.py:90)": "telemetry",
+    f"step ({C}/engine.py:204);__call__ ({C}/sampler.py:45);_sample ({C}/sampler.py:60)": "sampling",
+    f"step ({C}/engine.py:185);schedule ({C}/scheduler.py:90);allocate ({C}/kv_cache.py:50)": "scheduler",
+    f"step ({C}/engine.py:216);_report_step ({C}/engine.py:380);on_step (/x/telemetry/recorder.py:90)": "telemetry",
     "run (/usr/lib/python3.11/threading.py:975);_flush (/x/telemetry/recorder.py:200);"
     "insert (/venv/clickhouse_connect/driver/client.py:10)": "telemetry",
-    f"step ({E}/engine.py:212);_postprocess ({E}/engine.py:240);step ({E}/detokenizer.py:30)": "other",
+    f"step ({C}/engine.py:212);_postprocess ({C}/engine.py:240);step ({C}/detokenizer.py:30)": "other",
     "run (/venv/uvicorn/server.py:60);app (/venv/starlette/routing.py:70);"
-    f"chat ({E}/server/app.py:120);encode ({E}/tokenization.py:90)": "server",
+    f"chat ({S}/server/app.py:120);encode ({C}/tokenization.py:90)": "server",
     "<module> (script.py:1);helper (script.py:5)": "other",
 }
 

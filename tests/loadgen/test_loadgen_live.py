@@ -112,7 +112,7 @@ def test_loadgen_cli_mixed_burst_writes_json(replica, tmp_path):
     assert len(data["requests"]) == 12 and all(x["ok"] for x in data["requests"])
     assert data["config"]["arrival"] == "burst:4@0.5"
     assert data["config"]["prompt_scale"] < 1.0  # full-size agent prompts do not fit 256 tokens: scaled down
-    assert "to fit the context" in r.stdout
+    assert "to fit the smallest context" in r.stdout
     assert data["summary"]["all"]["requests"] == 12
     assert set(data["summary"]["by_replica"]) == {"lg0"}
     workloads = {x["request_id"]: x["workload"] for x in data["requests"]}
