@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from engine.traffic.loadgen.runner import Endpoint
-from engine.traffic.probe.budget import Measured, filler_max_tokens, plan_round, send_cost
+from engine.traffic.probe.budget import FILLER_RUN_TOKENS, Measured, filler_max_tokens, filler_run_tokens, plan_round, send_cost
 from engine.util import parse_interval
 from engine.traffic.probe.runner import probe_replica
 from engine.traffic.probe.schedule import probe_every
@@ -85,6 +85,20 @@ def test_without_a_budget_everything_is_sent():
     assert plan.tokens_per_replica == expected and plan.tokens == 2 * expected
     batched = send_cost(SUITE[0], 10, "batched", 4, 20)
     assert batched == 10 + SUITE[0].max_tokens + 4 * (20 + filler_max_tokens(SUITE[0]))
+
+
+@pytest.mark.parametrize("max_model_len", [0, 64, 256, 100_000])
+def test_fillers_run_as_long_as_the_context_allows_and_never_shorter_than_planned(max_model_len):
+    # long, so that a filler is still decoding when its probe is admitted a round trip later (the runner
+    # stops it once the probe is answered); within the context, so that the replica accepts it
+    probe = SUITE[0]
+    tokens = filler_run_tokens(probe, 20, max_model_len)
+    assert tokens >= filler_max_tokens(probe)
+    assert tokens <= FILLER_RUN_TOKENS or tokens == filler_max_tokens(probe)
+    if max_model_len - 20 > filler_max_tokens(probe):
+        assert tokens == min(FILLER_RUN_TOKENS, max_model_len - 20)
+    if not max_model_len:
+        assert tokens == FILLER_RUN_TOKENS
 
 
 @pytest.mark.parametrize("budget", [1, 300, 1000, 5000])

@@ -1,7 +1,8 @@
 """Which probes a round sends: the suite in order, as far as the token budget and the context allow.
 
 A probe costs its prompt tokens plus its max_tokens; sent "batched" it also costs its fillers
-(each: the filler prompt plus the probe's max_tokens plus a few, so fillers outlast it). A round
+(each: the filler prompt plus the probe's max_tokens plus a few: the runner stops a filler once its probe
+is answered, so that is what one decodes on a replica that admits the probe promptly). A round
 sends the same plan to every replica (so every replica answers the same probes), so the plan's
 cost is its cost on one replica times the replicas. Under `token_budget` the suite is taken in
 order, first fit: a probe's solo send first, then its batched one (only if the solo one fits);
@@ -14,7 +15,11 @@ from dataclasses import dataclass, field
 
 from engine.traffic.probe.suite import Probe
 
-FILLER_EXTRA_TOKENS = 24  # fillers start first and decode longer than the probe: it never runs alone
+FILLER_EXTRA_TOKENS = 24  # what a filler decodes past its probe before the runner stops it (planned cost)
+# A filler may decode this many tokens (or what the context leaves): it must still be decoding when its
+# probe is admitted, one HTTP round trip and an admission after the filler's first token, which on a fast
+# model and a loaded host is hundreds of steps. The runner stops it once the probe is answered.
+FILLER_RUN_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,15 @@ class Plan:
 
 
 def filler_max_tokens(probe: Probe) -> int:
+    """A filler's planned length: its probe's, plus what it decodes before it is stopped."""
     return probe.max_tokens + FILLER_EXTRA_TOKENS
+
+
+def filler_run_tokens(probe: Probe, filler_prompt_tokens: int, max_model_len: int) -> int:
+    """The max_tokens a filler is sent with: FILLER_RUN_TOKENS, or what `max_model_len` (0: unknown)
+    leaves after its prompt, but never less than its planned length."""
+    room = max_model_len - filler_prompt_tokens if max_model_len else FILLER_RUN_TOKENS
+    return max(filler_max_tokens(probe), min(FILLER_RUN_TOKENS, room))
 
 
 def send_cost(probe: Probe, prompt_tokens: int, mode: str, batch_fillers: int, filler_prompt_tokens: int) -> int:

@@ -4,8 +4,9 @@ For each replica (found as the loadgen finds them: id from /health, model from /
 planned probe is sent in suite order, one at a time:
 - "solo": alone, so on an otherwise idle replica it runs at batch size 1;
 - "batched": `batch_fillers` filler requests at once, streamed (request ids probe.<round>.filler_<n>.
-  batched.<replica>, each FILLER_EXTRA_TOKENS longer than the probe), then, once each has streamed its
-  first token, the probe, so it shares every step with them (keep batch_fillers below the replica's max_num_seqs for all to fit in one batch).
+  batched.<replica>, long: budget.filler_run_tokens), then, once each has streamed its first token, the
+  probe, so it shares every step with them (keep batch_fillers below the replica's max_num_seqs for all to
+  fit in one batch); once the probe is answered the fillers' streams are closed, which aborts them.
 So at most 1 + batch_fillers probe requests are in flight on a replica at any time, and a round
 takes only a small, bounded slice of its capacity; the token budget (budget.py) bounds the rest.
 Replicas are probed in parallel. A replica that does not answer (/health, or any probe: connection
@@ -26,7 +27,7 @@ import httpx
 from engine.traffic.loadgen.client import RequestResult, send
 from engine.traffic.loadgen.runner import Endpoint, discover
 from engine.traffic.loadgen.workloads import RequestSpec
-from engine.traffic.probe.budget import Planned, Skipped, filler_max_tokens, plan_round
+from engine.traffic.probe.budget import Planned, Skipped, filler_run_tokens, plan_round
 from engine.traffic.probe.measure import measure_suite
 from engine.traffic.probe.results import ProbeResult, ProbeRound, ReplicaRound
 from engine.traffic.probe.suite import SUITE, check_suite, filler_body
@@ -41,14 +42,16 @@ def _result(planned: Planned, r: RequestResult) -> ProbeResult:
 
 
 async def _send_batched(client, endpoint: Endpoint, planned: Planned, request_id: str, filler_ids: list[str],
-                        api_key, timeout: float, spec: RequestSpec) -> tuple[RequestResult, list[RequestResult]]:
+                        filler_tokens: int, api_key, timeout: float, spec: RequestSpec
+                        ) -> tuple[RequestResult, list[RequestResult]]:
+    """The probe and the fillers that finished on their own (the others were stopped: not failures)."""
     # the fillers first, streamed, and the probe once each has its first token back: they are then
-    # decoding, and they run longer than the probe (filler_max_tokens), so the probe shares all of its
-    # steps with them. (A fixed pause instead let a loaded replica admit the probe first, and it ran alone.)
+    # decoding, and they are long enough to still be decoding when the probe is admitted, so the probe
+    # shares all of its steps with them; then they are stopped. (Fillers only a little longer than the
+    # probe were done before a fast model admitted it, one HTTP round trip later, and it ran alone.)
     started = [asyncio.Event() for _ in filler_ids]
     fillers = [asyncio.create_task(send(client, endpoint.url, endpoint.replica, endpoint.model,
-                                        RequestSpec(PROBE_WORKLOAD, "completions",
-                                                    filler_body(i, filler_max_tokens(planned.probe)), True),
+                                        RequestSpec(PROBE_WORKLOAD, "completions", filler_body(i, filler_tokens), True),
                                         fid, api_key, timeout, first_token=event))
                for i, (fid, event) in enumerate(zip(filler_ids, started))]
     try:  # bounded: a replica that queues the fillers still gets its probe
@@ -56,12 +59,15 @@ async def _send_batched(client, endpoint: Endpoint, planned: Planned, request_id
     except asyncio.TimeoutError:
         pass
     probe = await send(client, endpoint.url, endpoint.replica, endpoint.model, spec, request_id, api_key, timeout)
-    return probe, list(await asyncio.gather(*fillers))
+    for task in fillers:
+        task.cancel()  # closing its stream aborts it on the replica (a row with outcome "aborted")
+    finished = await asyncio.gather(*fillers, return_exceptions=True)
+    return probe, [f for f in finished if isinstance(f, RequestResult)]
 
 
 async def probe_replica(client: httpx.AsyncClient, endpoint: Endpoint, sends: list[Planned], round_: str, *,
-                        batch_fillers: int = 4, api_key: str | None = None, request_timeout: float = 60.0
-                        ) -> ReplicaRound:
+                        batch_fillers: int = 4, filler_prompt_tokens: int = 0, api_key: str | None = None,
+                        request_timeout: float = 60.0) -> ReplicaRound:
     out = ReplicaRound(endpoint.url, endpoint.replica, endpoint.model)
     filler_numbers = itertools.count()
     for planned in sends:
@@ -76,9 +82,10 @@ async def probe_replica(client: httpx.AsyncClient, endpoint: Endpoint, sends: li
         else:
             filler_ids = [probe_request_id(round_, f"{FILLER_PREFIX}{next(filler_numbers)}", "batched",
                                            endpoint.replica) for _ in range(batch_fillers)]
-            result, fillers = await _send_batched(client, endpoint, planned, request_id, filler_ids, api_key,
-                                                  request_timeout, spec)
-            out.fillers_sent += len(fillers)
+            filler_tokens = filler_run_tokens(planned.probe, filler_prompt_tokens, endpoint.max_model_len)
+            result, fillers = await _send_batched(client, endpoint, planned, request_id, filler_ids, filler_tokens,
+                                                  api_key, request_timeout, spec)
+            out.fillers_sent += len(filler_ids)
             out.fillers_failed += sum(not f.ok for f in fillers)
         out.results.append(_result(planned, result))
         if result.status == 0:  # no HTTP answer at all: the replica is gone (or hung) for this round
@@ -125,7 +132,8 @@ async def probe_round(urls: list[str], suite=None, *, modes=MODES, token_budget:
                               max_model_len=tightest.max_model_len)
             out.skipped, out.planned_tokens = plan.skipped, plan.tokens
             done = await asyncio.gather(*(probe_replica(client, e, plan.sends, out.round_id,
-                                                        batch_fillers=batch_fillers, api_key=api_key,
+                                                        batch_fillers=batch_fillers,
+                                                        filler_prompt_tokens=filler_tokens, api_key=api_key,
                                                         request_timeout=request_timeout) for e in endpoints))
             rounds.update({e.url: r for e, r in zip(endpoints, done)})
     out.replicas = [rounds[url] for url in urls]
