@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from engine.serving.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
-from engine.serving.fleet.cross_score_spec import CrossScoreSpec
+from engine.serving.fleet.cross_score_spec import CrossScoreSettings, CrossScoreSpec
 from engine.serving.fleet.fleet import fleet_down, fleet_up, prober_command
 from engine.core.model_refs import REFERENCE_MODEL
 from engine.traffic.loadgen.arrivals import Arrival
@@ -80,7 +80,8 @@ def main(argv=None) -> int:
     parser.add_argument("--share", type=float, default=DEFAULT_SHARE)
     parser.add_argument("--token-share", type=float, default=DEFAULT_TOKEN_SHARE)
     args = parser.parse_args(argv)
-    scorer = CrossScoreSpec(share=args.share, token_share=args.token_share, interval=PASS_SECONDS)
+    scorer = CrossScoreSpec(settings=CrossScoreSettings(share=args.share, token_share=args.token_share,
+                                                         interval=PASS_SECONDS))
     cpus = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="infersight-xcost-") as work:
         replicas = [ReplicaSpec(id=f"r{i}", model=str(REFERENCE_MODEL), cpus=str(cpus[i % len(cpus)]), threads=1,
