@@ -171,8 +171,9 @@ def name_subject(replicas: list[str], differs: set[frozenset], baseline, identit
     return subject
 
 
-def run(store, request: DiagnosticRequest) -> list[Finding]:
-    scope = request.scope
+def run_scored_models(store, request: DiagnosticRequest, model_findings) -> list[Finding]:
+    """The cross-score rules' driver: `model_findings(model, served, replicas, identity, baseline, scope, rng)`
+    once per model with scored requests, one seeded rng shared in model order (reproducible CIs)."""
     data, identity, baselines = scored_fleet(store, request)
     if not data:
         return []
@@ -180,14 +181,21 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
     findings: list[Finding] = []
     for model, served in sorted(data.items()):
         replicas = sorted(set(served) | {s for by in served.values() for s in by})
-        pairs = [compare_pair(served[r], s, r) for r in sorted(served) for s in replicas
-                 if s != r and s in served[r]]
-        decide(pairs, rng)
-        findings += _insufficient(model, [p for p in pairs if p["n"] < MIN_REQUESTS], scope)
-        findings += _model_findings(model, replicas, [p for p in pairs if "p_holm" in p], identity,
-                                    baselines.get(model), scope,
-                                    untested={frozenset((p["served"], p["scorer"])) for p in pairs if "p_holm" not in p})
+        findings += model_findings(model, served, replicas, identity, baselines.get(model), request.scope, rng)
     return findings
+
+
+def run(store, request: DiagnosticRequest) -> list[Finding]:
+    return run_scored_models(store, request, _scored_model)
+
+
+def _scored_model(model, served, replicas, identity, baseline, scope, rng) -> list[Finding]:
+    pairs = [compare_pair(served[r], s, r) for r in sorted(served) for s in replicas
+             if s != r and s in served[r]]
+    decide(pairs, rng)
+    return (_insufficient(model, [p for p in pairs if p["n"] < MIN_REQUESTS], scope)
+            + _model_findings(model, replicas, [p for p in pairs if "p_holm" in p], identity, baseline, scope,
+                              untested={frozenset((p["served"], p["scorer"])) for p in pairs if "p_holm" not in p}))
 
 
 def _insufficient(model: str, pairs: list[dict], scope) -> list[Finding]:
