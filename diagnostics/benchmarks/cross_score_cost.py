@@ -10,11 +10,6 @@ range, and what the scorer sent (requests, tokens) against what the fleet served
 
     python -m diagnostics.benchmarks.cross_score_cost [--pairs 3] [--seconds 30] [--clients 4]
                                                        [--share 0.05] [--token-share 0.1]
-
-Measured on a shared 2-core host (2026-12-06, load average ~40 from other work): 3 pairs of 25 s,
-on/off requests/s 1.19, 1.51, 0.72 (median 1.19): the host's noise is far above a few percent, so this
-run bounds nothing; the work it counted is 12 rescore requests (one prefill each, no decode) beside 339
-served requests, 1284 rescore tokens for 35575 served (3.6%).
 """
 
 from __future__ import annotations
