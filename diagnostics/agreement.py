@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from diagnostics.rescore import name_subject, scored_fleet
+from diagnostics.rescore import name_subject, run_scored_models
 from diagnostics.findings import Finding, insufficient
 from evals.stats import holm, mean_interval
 from diagnostics.replicas import differs_in, identity_differences
@@ -75,23 +75,18 @@ def decide_pairs(served: dict, replicas: list[str], rng) -> list[dict]:
 
 
 def run(store, request: DiagnosticRequest) -> list[Finding]:
-    scope = request.scope
-    data, identity, baselines = scored_fleet(store, request)
-    if not data:
-        return []
-    rng = np.random.default_rng(0)
-    findings: list[Finding] = []
-    for model, served in sorted(data.items()):
-        replicas = sorted(set(served) | {s for by in served.values() for s in by})
-        pairs = decide_pairs(served, replicas, rng)
-        findings += [insufficient(KIND, " vs ".join(p["pair"]), DIAGNOSTIC, scope,
-                                  f"{p['n']} requests of the pair cross-scored with their self-score; need >= "
-                                  f"{MIN_REQUESTS} ({MIN_REQUESTS - p['n']} more: continuous cross-scoring, "
-                                  f"[cross_score] share)", requests=p["n"], needed=MIN_REQUESTS, model_name=model)
-                     for p in pairs if p["n"] < MIN_REQUESTS]
-        findings += _model_findings(model, replicas, [p for p in pairs if "p_holm" in p], identity,
-                                    baselines.get(model), scope, untested=any(p["n"] < MIN_REQUESTS for p in pairs))
-    return findings
+    return run_scored_models(store, request, _scored_model)
+
+
+def _scored_model(model, served, replicas, identity, baseline, scope, rng) -> list[Finding]:
+    pairs = decide_pairs(served, replicas, rng)
+    findings = [insufficient(KIND, " vs ".join(p["pair"]), DIAGNOSTIC, scope,
+                             f"{p['n']} requests of the pair cross-scored with their self-score; need >= "
+                             f"{MIN_REQUESTS} ({MIN_REQUESTS - p['n']} more: continuous cross-scoring, "
+                             f"[cross_score] share)", requests=p["n"], needed=MIN_REQUESTS, model_name=model)
+                for p in pairs if p["n"] < MIN_REQUESTS]
+    return findings + _model_findings(model, replicas, [p for p in pairs if "p_holm" in p], identity, baseline, scope,
+                                      untested=any(p["n"] < MIN_REQUESTS for p in pairs))
 
 
 def _evidence(p: dict) -> dict:

@@ -66,22 +66,16 @@ KINDS: dict[str, tuple[frozenset, bool, tuple | None]] = {
 }
 LABELS = {"length": "refused for length", "rejected": "rejected", "shed": "shed", "failed": "failed"}
 
-def _sql(scope: Scope) -> str:
-    source = requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.workload AS workload, "
-                         "t.prompt_tokens AS prompt_tokens, t.error_code AS error_code, "
-                         "t.finish_reason AS finish_reason", scope=scope)
-    return (f"SELECT model_name, replica_id, workload, pbucket, outcome, error_code, count() AS n FROM ("
-            f"SELECT model_name, replica_id, workload, "
-            f"if(prompt_tokens = 0, -1, toInt32(floor(2 * log2(prompt_tokens)))) AS pbucket, "
-            f"{outcomes.outcome_sql()} AS outcome, error_code FROM {source}) "
-            f"WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL} "
-            f"GROUP BY model_name, replica_id, workload, pbucket, outcome, error_code")
-
-
-def counts(store, scope: Scope) -> list[dict]:
-    """Requests by (model, replica, workload, prompt-length bucket (-1: unknown), outcome, error code)."""
-    return store.query_arrow(_sql(scope), scope.parameters()).to_pylist()
-
+# requests by model, replica, workload, prompt-length bucket (-1: unknown), outcome and error code
+_COUNTS_COLUMNS = ("t.model_name AS model_name, t.replica_id AS replica_id, t.workload AS workload, "
+                   "t.prompt_tokens AS prompt_tokens, t.error_code AS error_code, "
+                   "t.finish_reason AS finish_reason")
+_COUNTS = (f"SELECT model_name, replica_id, workload, pbucket, outcome, error_code, count() AS n FROM ("
+           f"SELECT model_name, replica_id, workload, "
+           f"if(prompt_tokens = 0, -1, toInt32(floor(2 * log2(prompt_tokens)))) AS pbucket, "
+           f"{{outcome}} AS outcome, error_code FROM {{source}}) "
+           f"WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL} "
+           f"GROUP BY model_name, replica_id, workload, pbucket, outcome, error_code")
 
 _STATED_LIMITS = """
 SELECT replica_id, groupUniqArray(8)(JSONExtractInt(error_detail_json, 'max_model_len')) AS limits,
@@ -90,6 +84,26 @@ FROM requests AS t
 WHERE {window} AND error_code = 'context_length' AND has({ids:Array(String)}, replica_id) AND prompt_tokens > 0
 GROUP BY replica_id
 """
+
+_PER_REPLICA = """
+SELECT model_name, replica_id, count() AS requests, {counts},
+       {ttft} AS ttft, {e2e} AS e2e
+FROM {source}
+GROUP BY model_name, replica_id ORDER BY model_name, replica_id
+"""
+_PER_REPLICA_COLUMNS = ("t.model_name AS model_name, t.replica_id AS replica_id, t.error_code AS error_code, "
+                        "t.finish_reason AS finish_reason, t.ttft_seconds AS ttft_seconds, "
+                        "t.e2e_seconds AS e2e_seconds, t.output_tokens AS output_tokens")
+
+
+def _sql(scope: Scope) -> str:
+    return (_COUNTS.replace("{outcome}", outcomes.outcome_sql())
+            .replace("{source}", requests_in(_COUNTS_COLUMNS, scope=scope)))
+
+
+def counts(store, scope: Scope) -> list[dict]:
+    """Requests by (model, replica, workload, prompt-length bucket (-1: unknown), outcome, error code)."""
+    return store.query_arrow(_sql(scope), scope.parameters()).to_pylist()
 
 
 def stated_limits(store, scope: Scope, replicas: list[str]) -> dict[str, dict]:
@@ -100,20 +114,10 @@ def stated_limits(store, scope: Scope, replicas: list[str]) -> dict[str, dict]:
     return {r["replica_id"]: {"limits": sorted(x for x in r["limits"] if x), "shortest": r["shortest"]} for r in rows}
 
 
-_PER_REPLICA = """
-SELECT model_name, replica_id, count() AS requests, {counts},
-       {ttft} AS ttft, {e2e} AS e2e
-FROM {source}
-GROUP BY model_name, replica_id ORDER BY model_name, replica_id
-"""
-
-
 def replica_table(store, scope: Scope) -> str:
     """Each replica's availability (the share of its requests answered, rejected, shed, failed) beside its
     latency (TTFT over requests that produced a token, e2e over those its engine had): `diagnose` prints it."""
-    source = requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.error_code AS error_code, "
-                         "t.finish_reason AS finish_reason, t.ttft_seconds AS ttft_seconds, "
-                         "t.e2e_seconds AS e2e_seconds, t.output_tokens AS output_tokens", scope=scope)
+    source = requests_in(_PER_REPLICA_COLUMNS, scope=scope)
     sql = (_PER_REPLICA.replace("{counts}", outcomes.outcome_counts_sql()).replace("{source}", source)
            .replace("{ttft}", derived.TTFT_QUANTILES_SQL)
            .replace("{e2e}", derived.quantiles_sql("e2e_seconds", outcomes.ENGINE_HAD_SQL)))

@@ -38,7 +38,7 @@ MIN_PROMPTS = 10  # greedy prompts a replica shares with replicas of another con
 ALPHA = 0.05
 MAX_EXAMPLES = 3
 
-# -- eval runs --------------------------------------------------------------------------------------
+# -- SQL: eval runs, production greedy outputs ------------------------------------------------------
 
 _RUNS = """
 SELECT run_id, suite, start_time, config_hash, config_json, model_name, quantization, speculative_mode, git_sha,
@@ -54,6 +54,48 @@ _ITEMS = """
 SELECT run_id, item_id, task, score, output_token_ids, output_text, reference
 FROM eval_items WHERE has({runs:Array(String)}, run_id)
 """
+
+# the same request: prompt token IDs and sampling parameters (the seed left out: greedy ignores it)
+_KEY = "cityHash64(prompt_token_ids, replaceRegexpOne(sampling_params_json, '\"seed\": *[^,}]*,? *', ''))"
+# a sample of prompts chosen by a cheap fingerprint, so a prompt is in or out on every replica alike
+_SAMPLED = ("cityHash64(length(prompt_token_ids), prompt_token_ids[1], prompt_token_ids[2], prompt_token_ids[-1], "
+            "prompt_token_ids[-2]) % 1000 < {permille:UInt32}")
+
+# one output per (replica, request): the latest
+_GREEDY = f"""
+SELECT model_name, key, groupArray((replica_id, config_hash, out)) AS outputs
+FROM (
+    SELECT model_name, key, replica_id, any(config_hash) AS config_hash,
+           argMax(cityHash64(output_token_ids), arrival_time) AS out
+    FROM (
+        SELECT model_name, replica_id, config_hash, output_token_ids, arrival_time, {_KEY} AS key
+        FROM {{source}}
+        WHERE {_SAMPLED} AND finish_reason IN ('stop', 'length')
+          AND JSONExtractFloat(sampling_params_json, 'temperature') = 0
+    )
+    GROUP BY model_name, key, replica_id
+)
+GROUP BY model_name, key
+HAVING uniqExact(config_hash) > 1
+"""
+
+_EXAMPLE_OUTPUTS = f"""
+SELECT replica_id, key, argMax(prompt_token_ids, arrival_time) AS prompt_ids,
+       argMax(output_token_ids, arrival_time) AS ids
+FROM (SELECT replica_id, prompt_token_ids, output_token_ids, arrival_time, {_KEY} AS key
+      FROM requests
+      WHERE has({{replicas:Array(String)}}, replica_id)
+        AND arrival_time >= toDateTime64({{start:Float64}}, 6, 'UTC')
+        AND arrival_time < toDateTime64({{end:Float64}}, 6, 'UTC') AND {_SAMPLED})
+WHERE has({{keys:Array(UInt64)}}, key)
+GROUP BY replica_id, key
+"""
+
+_COUNT = "SELECT count() AS n FROM {source}"
+_SOURCE_COLUMNS = ("t.model_name AS model_name, t.replica_id AS replica_id, "
+                   "t.prompt_token_ids AS prompt_token_ids, "
+                   "t.output_token_ids AS output_token_ids, t.arrival_time AS arrival_time, "
+                   "t.sampling_params_json AS sampling_params_json, t.finish_reason AS finish_reason")
 
 
 def _runs(store, scope: Scope) -> list[dict]:
@@ -156,51 +198,11 @@ def _eval_finding(subject, scope, base, cand, b_items, c_items, ids, runs, sourc
 
 # -- production greedy outputs ----------------------------------------------------------------------
 
-# the same request: prompt token IDs and sampling parameters (the seed left out: greedy ignores it)
-_KEY = "cityHash64(prompt_token_ids, replaceRegexpOne(sampling_params_json, '\"seed\": *[^,}]*,? *', ''))"
-# a sample of prompts chosen by a cheap fingerprint, so a prompt is in or out on every replica alike
-_SAMPLED = ("cityHash64(length(prompt_token_ids), prompt_token_ids[1], prompt_token_ids[2], prompt_token_ids[-1], "
-            "prompt_token_ids[-2]) % 1000 < {permille:UInt32}")
-
-# one output per (replica, request): the latest
-_GREEDY = f"""
-SELECT model_name, key, groupArray((replica_id, config_hash, out)) AS outputs
-FROM (
-    SELECT model_name, key, replica_id, any(config_hash) AS config_hash,
-           argMax(cityHash64(output_token_ids), arrival_time) AS out
-    FROM (
-        SELECT model_name, replica_id, config_hash, output_token_ids, arrival_time, {_KEY} AS key
-        FROM {{source}}
-        WHERE {_SAMPLED} AND finish_reason IN ('stop', 'length')
-          AND JSONExtractFloat(sampling_params_json, 'temperature') = 0
-    )
-    GROUP BY model_name, key, replica_id
-)
-GROUP BY model_name, key
-HAVING uniqExact(config_hash) > 1
-"""
-
-_EXAMPLE_OUTPUTS = f"""
-SELECT replica_id, key, argMax(prompt_token_ids, arrival_time) AS prompt_ids,
-       argMax(output_token_ids, arrival_time) AS ids
-FROM (SELECT replica_id, prompt_token_ids, output_token_ids, arrival_time, {_KEY} AS key
-      FROM requests
-      WHERE has({{replicas:Array(String)}}, replica_id)
-        AND arrival_time >= toDateTime64({{start:Float64}}, 6, 'UTC')
-        AND arrival_time < toDateTime64({{end:Float64}}, 6, 'UTC') AND {_SAMPLED})
-WHERE has({{keys:Array(UInt64)}}, key)
-GROUP BY replica_id, key
-"""
-
-_COUNT = "SELECT count() AS n FROM {source}"
 SAMPLE_ROWS = 200_000  # requests whose prompts are hashed for the greedy comparison, at most
 
 
 def _source() -> str:
-    return requests_in("t.model_name AS model_name, t.replica_id AS replica_id, "
-                       "t.prompt_token_ids AS prompt_token_ids, "
-                       "t.output_token_ids AS output_token_ids, t.arrival_time AS arrival_time, "
-                       "t.sampling_params_json AS sampling_params_json, t.finish_reason AS finish_reason")
+    return requests_in(_SOURCE_COLUMNS)
 
 
 def reference(outputs: list[tuple], baseline: Baseline | None, identity: dict) -> tuple[int, str, str]:

@@ -58,6 +58,24 @@ HASHES = {"weights_hash": ("weights_mismatch", "critical", "other weights"),
 MAX_VALUE_CHARS = 500
 MAX_EXAMPLES = 3
 
+_RENDERED = f"""
+SELECT count() AS compared, countIf(differs) AS differing,
+       groupArrayIf({MAX_EXAMPLES})((prompt_text_hash, ref_replica, mine, theirs), differs) AS examples
+FROM (
+    SELECT prompt_text_hash,
+           argMaxIf(prompt_token_ids, arrival_time, replica_id = {{replica:String}}) AS mine,
+           argMaxIf(prompt_token_ids, arrival_time, replica_id != {{replica:String}}) AS theirs,
+           argMaxIf(replica_id, arrival_time, replica_id != {{replica:String}}) AS ref_replica,
+           argMaxIf(rendered_prompt_hash, arrival_time, replica_id = {{replica:String}})
+               != argMaxIf(rendered_prompt_hash, arrival_time, replica_id != {{replica:String}}) AS differs
+    FROM requests
+    WHERE {window_sql('arrival_time')} AND has({{ids:Array(String)}}, replica_id)
+      AND rendered_prompt_hash != '' AND prompt_text_hash != ''
+    GROUP BY prompt_text_hash
+    HAVING countIf(replica_id = {{replica:String}}) > 0 AND countIf(replica_id != {{replica:String}}) > 0
+)
+"""
+
 
 # -- reading an identity row ------------------------------------------------------------------------
 
@@ -230,25 +248,6 @@ def _template(source: TokenizerSource, r: dict):
     if tok is None or tok.chat_template_hash != r.get("chat_template_hash"):
         return tok, None
     return tok, tok.chat_template
-
-
-_RENDERED = f"""
-SELECT count() AS compared, countIf(differs) AS differing,
-       groupArrayIf({MAX_EXAMPLES})((prompt_text_hash, ref_replica, mine, theirs), differs) AS examples
-FROM (
-    SELECT prompt_text_hash,
-           argMaxIf(prompt_token_ids, arrival_time, replica_id = {{replica:String}}) AS mine,
-           argMaxIf(prompt_token_ids, arrival_time, replica_id != {{replica:String}}) AS theirs,
-           argMaxIf(replica_id, arrival_time, replica_id != {{replica:String}}) AS ref_replica,
-           argMaxIf(rendered_prompt_hash, arrival_time, replica_id = {{replica:String}})
-               != argMaxIf(rendered_prompt_hash, arrival_time, replica_id != {{replica:String}}) AS differs
-    FROM requests
-    WHERE {window_sql('arrival_time')} AND has({{ids:Array(String)}}, replica_id)
-      AND rendered_prompt_hash != '' AND prompt_text_hash != ''
-    GROUP BY prompt_text_hash
-    HAVING countIf(replica_id = {{replica:String}}) > 0 AND countIf(replica_id != {{replica:String}}) > 0
-)
-"""
 
 
 def rendered_divergence(store, scope: Scope, me: dict, refs: list[dict], source: TokenizerSource) -> dict:

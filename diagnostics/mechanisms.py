@@ -98,6 +98,7 @@ FROM (SELECT replica_id, max(cpu_periods) - min(cpu_periods) AS periods,
       FROM {source} GROUP BY replica_id)
 """
 MIN_THROTTLED_SHARE = 0.05  # of its periods, against peers that have no quota (no periods to compare)
+_REQUEST_COLUMNS = "t.preemptions AS preemptions"
 _REQUESTS = """
 SELECT count() AS requests, countIf(preemptions > 0) AS preempted, sum(preemptions) AS preemptions_total
 FROM {source}
@@ -131,7 +132,7 @@ def _totals(store, side: Side, ids: list[str], limits: list[int]) -> tuple[dict,
                                             params).to_pylist()[0]
     steps["host"] = {r["batch"]: r for r in store.query_arrow(_HOST.replace("{source}", steps_in(_STEP_COLUMNS)),
                                                                params).to_pylist()}
-    source = requests_in("t.preemptions AS preemptions", scope=side.scope)
+    source = requests_in(_REQUEST_COLUMNS, scope=side.scope)
     reqs = store.query_arrow(_REQUESTS.replace("{source}", source), side.scope.parameters()).to_pylist()[0]
     return steps, reqs
 

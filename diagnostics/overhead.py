@@ -29,11 +29,11 @@ ALPHA = 0.01
 PARTS = ("schedule", "prepare", "sample", "postprocess", "telemetry")
 
 
-def _source() -> str:
-    return steps_in("t.replica_id AS replica_id, t.phase AS phase, " + BATCH_BUCKET + " AS bucket, "
-                    "t.duration_seconds AS duration, t.forward_seconds AS forward, "
-                    + ", ".join(f"t.{p}_seconds AS {p}" for p in PARTS))
-
+# the steps every query reads, each host part a column of its own
+_SOURCE_COLUMNS = ("t.replica_id AS replica_id, t.phase AS phase, " + BATCH_BUCKET + " AS bucket, "
+                   "t.duration_seconds AS duration, t.forward_seconds AS forward, "
+                   + ", ".join(f"t.{p}_seconds AS {p}" for p in PARTS))
+_PART_TOTALS = ", ".join(f"sum({p}) AS {p}_total" for p in PARTS)
 
 _SHARES = """
 SELECT replica_id, any(model_name) AS model_name, count() AS steps, sum(duration) AS total,
@@ -72,8 +72,12 @@ WHERE has({ids:Array(String)}, profile_id) GROUP BY profile_id, `group`
 """
 
 
+def _source() -> str:
+    return steps_in(_SOURCE_COLUMNS)
+
+
 def shares(store, scope: Scope) -> list[dict]:
-    sql = (_SHARES.replace("{parts}", ", ".join(f"sum({p}) AS {p}_total" for p in PARTS))
+    sql = (_SHARES.replace("{parts}", _PART_TOTALS)
            .replace("{host_q}", derived.quantiles_sql("greatest(duration - forward, 0)"))
            .replace("{source}", _source()))
     rows = store.query_arrow(sql, scope.parameters()).to_pylist()

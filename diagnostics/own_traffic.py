@@ -32,12 +32,16 @@ SAME_SPEED = 1.10  # step time over the peers' at the same batch shape (diagnost
 SATURATION = "queue_at_max_num_seqs"
 SEVERITY = "info"
 
+_OFFERED_COLUMNS = ("t.replica_id AS replica_id, t.output_tokens AS output_tokens, "
+                    "toUnixTimestamp64Micro(t.arrival_time) AS at")
 _OFFERED = """
 SELECT replica_id, count() AS requests, sum(output_tokens) AS sequence_steps,
        (max(at) - min(at)) / 1e6 AS span_seconds
 FROM {source}
 GROUP BY replica_id
 """
+_STEP_TIMES_COLUMNS = ("t.replica_id AS replica_id, t.phase AS phase, t.num_seqs AS num_seqs, "
+                       "t.num_context_tokens AS context_tokens, t.duration_seconds AS duration")
 _STEP_TIMES = """
 SELECT replica_id, phase, toUInt8(floor(log2(greatest(num_seqs, 1)))) AS seqs,
        toUInt8(floor(2 * log2(greatest(context_tokens, 1)))) AS context, count() AS n,
@@ -52,8 +56,7 @@ def offered(store, scope: Scope, replicas: list[str]) -> dict[str, dict]:
     """replica -> {requests, sequence_steps, span_seconds, per_second}: every request that arrived at it in the
     window (probes too: they hold slots as well)."""
     narrowed = scope.narrowed(replicas=tuple(replicas))
-    source = requests_in("t.replica_id AS replica_id, t.output_tokens AS output_tokens, "
-                         "toUnixTimestamp64Micro(t.arrival_time) AS at", scope=narrowed)
+    source = requests_in(_OFFERED_COLUMNS, scope=narrowed)
     out = {}
     for r in store.query_arrow(_OFFERED.replace("{source}", source), narrowed.parameters()).to_pylist():
         span = max(float(r["span_seconds"] or 0.0), 1.0)
@@ -66,8 +69,7 @@ def step_time_ratio(store, scope: Scope, replica: str, peers: list[str]) -> dict
     (phase, sequences, context tokens) strata, a geometric mean weighted by its steps; None without a stratum
     both sides have MIN_STEPS in."""
     narrowed = scope.narrowed(replicas=(replica, *peers))
-    source = steps_in("t.replica_id AS replica_id, t.phase AS phase, t.num_seqs AS num_seqs, "
-                      "t.num_context_tokens AS context_tokens, t.duration_seconds AS duration")
+    source = steps_in(_STEP_TIMES_COLUMNS)
     mine, theirs = {}, {}
     for r in store.query_arrow(_STEP_TIMES.replace("{source}", source), narrowed.parameters()).to_pylist():
         key = (r["phase"], r["seqs"], r["context"])

@@ -50,6 +50,11 @@ FROM (SELECT *, sum(work) OVER (PARTITION BY replica_id ORDER BY at
 GROUP BY model_name, workload, stratum, replica_id
 ORDER BY model_name, workload, stratum, replica_id
 """
+_RATE = (derived.PREFIX_HIT_RATE_SQL.replace("cached_tokens", "t.cached_tokens")
+         .replace("prompt_tokens", "t.prompt_tokens"))
+_COLUMNS = (f"t.replica_id AS replica_id, {prompt_family.COLUMNS}, t.finish_reason AS finish_reason, "
+            f"t.cached_tokens AS cached_tokens, {_RATE} AS rate, toUnixTimestamp64Micro(t.arrival_time) AS at, "
+            f"toUInt64(t.prompt_tokens + t.output_tokens) AS work")
 _CLIENT = """
 (SELECT * FROM {source}
  WHERE finish_reason NOT IN ('abort', 'error') AND isFinite(rate) AND workload NOT IN {active})  -- client traffic
@@ -62,12 +67,7 @@ WHERE {window_sql('start_time')} AND {replica_filter_sql()} GROUP BY replica_id
 
 
 def _sql(scope: Scope) -> str:
-    rate = (derived.PREFIX_HIT_RATE_SQL.replace("cached_tokens", "t.cached_tokens")
-            .replace("prompt_tokens", "t.prompt_tokens"))
-    cols = (f"t.replica_id AS replica_id, {prompt_family.COLUMNS}, t.finish_reason AS finish_reason, "
-            f"t.cached_tokens AS cached_tokens, {rate} AS rate, toUnixTimestamp64Micro(t.arrival_time) AS at, "
-            f"toUInt64(t.prompt_tokens + t.output_tokens) AS work")
-    client = _CLIENT.replace("{active}", ACTIVE_WORKLOADS_SQL).replace("{source}", requests_in(cols, scope=scope))
+    client = _CLIENT.replace("{active}", ACTIVE_WORKLOADS_SQL).replace("{source}", requests_in(_COLUMNS, scope=scope))
     return (_SQL.replace("{families}", prompt_family.with_family(client)).replace("{sample}", str(SAMPLE))
             .replace("{offered}", request_strata.LOG2_BUCKET.format(x="arrived"))
             .replace("{window}", str(int(request_strata.OFFERED_WINDOW * 1e6))))

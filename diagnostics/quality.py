@@ -71,6 +71,11 @@ _STRATUM = f"""concat(workload, '|', family, '|T', multiIf(temp = 0, '0', temp <
         '<0.5'), '|k', multiIf(top_k <= 0, 'off', top_k < 20, '<20', '>=20'),
         '|n', multiIf(n_tok >= {K}, '{K}', n_tok >= 8, '8-{K - 1}', n_tok >= 4, '4-7', '{MIN_TOKENS}-3'))"""
 
+_QUERY_COLUMNS = (f"{prompt_family.COLUMNS}, t.replica_id AS replica_id, "
+                  "t.output_logprobs AS output_logprobs, t.sampling_params_json AS sampling_params_json, "
+                  "t.finish_reason AS finish_reason")
+_CLIENT = f"(SELECT * FROM {{source}} WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL})"
+
 _QUERY = f"""
 SELECT model_name, replica_id, stratum, count() AS n,
        groupArraySample({CAP}, 7)((mean_lp, low_share)) AS sample
@@ -94,6 +99,9 @@ ORDER BY model_name, replica_id, stratum
 """
 
 # per (model, replica): the client requests the rule could read, and those it measures (with logprobs)
+_COUNTS_COLUMNS = ("t.model_name AS model_name, t.replica_id AS replica_id, t.workload AS workload, "
+                   # the arrays' sizes only (a subcolumn), not their values
+                   "length(t.output_logprobs) AS n_logprobs, t.finish_reason AS finish_reason")
 _COUNTS = f"""
 SELECT model_name, replica_id, count() AS n, countIf(n_logprobs >= {MIN_TOKENS}) AS measured
 FROM {{source}} AS t
@@ -129,11 +137,9 @@ def requests_needed(pairs, delta: float) -> int:
 
 def per_replica_strata(store, scope: Scope) -> dict[str, dict[str, dict[str, np.ndarray]]]:
     """model -> replica -> stratum -> [n, 2] sample of (mean_logprob, low_prob_share) per request."""
-    client = requests_in(f"{prompt_family.COLUMNS}, t.replica_id AS replica_id, "
-                         "t.output_logprobs AS output_logprobs, t.sampling_params_json AS sampling_params_json, "
-                         "t.finish_reason AS finish_reason", scope=scope)
+    client = _CLIENT.replace("{source}", requests_in(_QUERY_COLUMNS, scope=scope))
     # like with like: a tenant's own system prompt or prompt lengths move how sure the model is
-    source = prompt_family.with_family(f"(SELECT * FROM {client} WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL})")
+    source = prompt_family.with_family(client)
     table = store.query_arrow(_QUERY.replace("{source}", source), scope.parameters())
     # the samples as one numpy block (list<struct> -> offsets + two value columns), not Python tuples
     samples = table.column("sample").combine_chunks()
@@ -324,9 +330,7 @@ def _finding(store, scope, model, subject, results, identity, baseline) -> Findi
 
 def request_counts(store, scope: Scope) -> dict[str, dict[str, tuple[int, int]]]:
     """model -> replica -> (client requests served, those measured: with >= MIN_TOKENS logprobs)."""
-    source = requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.workload AS workload, "
-                         # the arrays' sizes only (a subcolumn), not their values
-                         "length(t.output_logprobs) AS n_logprobs, t.finish_reason AS finish_reason", scope=scope)
+    source = requests_in(_COUNTS_COLUMNS, scope=scope)
     out: dict = {}
     for r in store.query_arrow(_COUNTS.replace("{source}", source), scope.parameters()).to_pylist():
         out.setdefault(r["model_name"], {})[r["replica_id"]] = (int(r["n"]), int(r["measured"]))

@@ -64,33 +64,90 @@ LABELS = {"ttft": "time to first token", "itl": "inter-token latency (mean per r
           "queue": "queue time", "step_host": "per-step host time (outside the forward pass)",
           "step_throughput": "step throughput (tokens/s)"}
 
+# -- SQL ------------------------------------------------------------------------------------------
+
+_REQUEST_METRICS = tuple(m for m, (table, _, _) in METRICS.items() if table == "requests")
+_STEP_METRICS = tuple(m for m, (table, _, _) in METRICS.items() if table == "steps")
+
+# per stratum of workload and prompt length: a sample of requests
+_REQUEST_COLUMNS = (f"t.model_name AS model_name, t.workload AS workload, {PROMPT_BUCKET} AS bucket, "
+                    f"t.finish_reason AS finish_reason, t.first_token_time AS first_token_time, "
+                    + ", ".join(f"{METRICS[m][1]} AS {m}" for m in _REQUEST_METRICS))
+_REQUEST_SAMPLES = (f"SELECT model_name, workload AS group_a, bucket AS group_b, count() AS n, "
+                    f"groupArraySample({SAMPLE_SIZE}, {SEED})(({', '.join(_REQUEST_METRICS)})) AS sample "
+                    f"FROM {{source}} WHERE finish_reason NOT IN ('abort', 'error') "
+                    f"AND first_token_time > toDateTime64(0, 6, 'UTC') "
+                    f"GROUP BY model_name, group_a, group_b")
+
+# per stratum of phase and batch size: a sample of block medians ({prefix}: the side's parameter prefix)
+_STEP_COLUMNS = (f"t.replica_id AS replica_id, t.start_time AS start_time, t.phase AS phase, "
+                 f"{BATCH_BUCKET} AS bucket, " + ", ".join(f"{METRICS[m][1]} AS {m}" for m in _STEP_METRICS))
+_STEP_BLOCKS = (f"SELECT model_name, phase, bucket, {', '.join(f'median({m}) AS block_{m}' for m in _STEP_METRICS)} "
+                f"FROM {{source}} WHERE phase != 'idle' "
+                f"GROUP BY model_name, phase, bucket, replica_id, "
+                f"intDiv(toUnixTimestamp64Milli(start_time), {{{{prefix}}block_ms:Int64}})")
+_STEP_SAMPLES = (f"SELECT model_name, phase AS group_a, bucket AS group_b, count() AS n, "
+                 f"groupArraySample({SAMPLE_SIZE}, {SEED})(({', '.join(f'block_{m}' for m in _STEP_METRICS)})) "
+                 f"AS sample FROM ({_STEP_BLOCKS}) GROUP BY model_name, group_a, group_b")
+
+# versions present in a scope
+_VERSIONS_COLUMNS = "t.model_name AS model_name, t.arrival_time AS arrival_time"
+_VERSIONS = """
+SELECT model_name, engine_version, min(arrival_time) AS first_seen, count() AS n
+FROM {source}
+GROUP BY model_name, engine_version
+ORDER BY model_name, first_seen
+"""
+
+# change points
+CREEP_METRICS = ("ttft", "itl", "e2e")
+_STRATUM = "concat(model_name, '|', workload, '|', bucket)"
+
+# one pass: each stratum's medians (per metric), its size and time span
+_STRATUM_MEDIANS = f"""
+SELECT {_STRATUM} AS stratum, count() AS n, min(arrival_time) AS lo, max(arrival_time) AS hi,
+       {", ".join(f"medianIf({m}, isFinite({m})) AS med_{m}" for m in CREEP_METRICS)}
+FROM {{source}}
+WHERE finish_reason NOT IN ('abort', 'error')
+GROUP BY stratum
+"""
+
+# one pass: per time bucket, each metric's median relative to its stratum's median over the placement
+# half (the series PELT segments), and a sample of the confirmation half (what tests the shift)
+_SERIES = f"""
+SELECT toUInt32(intDiv(toUnixTimestamp64Micro(arrival_time) - {{t0:Int64}}, {{width:Int64}})) AS bucket_index,
+       {", ".join(f"countIf(isFinite(rel_{m}) AND NOT confirm) AS n_{m}, "
+                  f"medianIf(rel_{m}, isFinite(rel_{m}) AND NOT confirm) AS level_{m}" for m in CREEP_METRICS)},
+       groupArraySampleIf(200, 1)(({", ".join(f"rel_{m}" for m in CREEP_METRICS)}), confirm) AS sample
+FROM (
+    SELECT arrival_time, indexOf({{keys:Array(String)}}, {_STRATUM}) AS i, cityHash64(request_id) % 2 = 1 AS confirm,
+           {", ".join(f"{m} / arrayElement({{med_{m}:Array(Float64)}}, i) AS rel_{m}" for m in CREEP_METRICS)}
+    FROM {{source}}
+    WHERE finish_reason NOT IN ('abort', 'error') AND has({{keys:Array(String)}}, {_STRATUM})
+)
+GROUP BY bucket_index
+ORDER BY bucket_index
+"""
+
+_CREEP_COLUMNS = (f"t.model_name AS model_name, t.workload AS workload, {PROMPT_BUCKET} AS bucket, "
+                  f"t.finish_reason AS finish_reason, t.arrival_time AS arrival_time, "
+                  f"t.request_id AS request_id, " + ", ".join(f"{METRICS[m][1]} AS {m}" for m in CREEP_METRICS))
+_CREEP_SOURCE = f"(SELECT * FROM {{source}} WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL})"
+# served traffic with each request's replica, stratum and one metric's {value}
+_ATTRIBUTION_COLUMNS = (f"t.replica_id AS replica_id, t.model_name AS model_name, t.workload AS workload, "
+                        f"{PROMPT_BUCKET} AS bucket, t.finish_reason AS finish_reason, "
+                        f"t.arrival_time AS arrival_time, {{value}} AS value")
+_ATTRIBUTION_SOURCE = (f"(SELECT replica_id, {_STRATUM} AS stratum, arrival_time, value FROM {{source}} "
+                       f"WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL} AND finish_reason NOT IN ('abort', 'error'))")
+
 
 def _request_sample_sql(prefix: str, scope: Scope) -> str:
-    names = [m for m, (table, _, _) in METRICS.items() if table == "requests"]
-    cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in names)
-    source = requests_in(f"t.model_name AS model_name, t.workload AS workload, {PROMPT_BUCKET} AS bucket, "
-                         f"t.finish_reason AS finish_reason, t.first_token_time AS first_token_time, {cols}",
-                         prefix, scope)
-    return (f"SELECT model_name, workload AS group_a, bucket AS group_b, count() AS n, "
-            f"groupArraySample({SAMPLE_SIZE}, {SEED})(({', '.join(names)})) AS sample "
-            f"FROM {source} WHERE finish_reason NOT IN ('abort', 'error') "
-            f"AND first_token_time > toDateTime64(0, 6, 'UTC') "
-            f"GROUP BY model_name, group_a, group_b")
+    return _REQUEST_SAMPLES.replace("{source}", requests_in(_REQUEST_COLUMNS, prefix, scope))
 
 
 def _step_sample_sql(prefix: str) -> str:
     """Per stratum: a sample of block medians (one per replica and BLOCK_SECONDS window), not of steps."""
-    names = [m for m, (table, _, _) in METRICS.items() if table == "steps"]
-    cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in names)
-    source = steps_in(f"t.replica_id AS replica_id, t.start_time AS start_time, t.phase AS phase, "
-                      f"{BATCH_BUCKET} AS bucket, {cols}", prefix)
-    medians = ", ".join(f"median({m}) AS block_{m}" for m in names)
-    blocks = (f"SELECT model_name, phase, bucket, {medians} FROM {source} WHERE phase != 'idle' "
-              f"GROUP BY model_name, phase, bucket, replica_id, "
-              f"intDiv(toUnixTimestamp64Milli(start_time), {{{prefix}block_ms:Int64}})")
-    return (f"SELECT model_name, phase AS group_a, bucket AS group_b, count() AS n, "
-            f"groupArraySample({SAMPLE_SIZE}, {SEED})(({', '.join(f'block_{m}' for m in names)})) AS sample "
-            f"FROM ({blocks}) GROUP BY model_name, group_a, group_b")
+    return _STEP_SAMPLES.replace("{prefix}", prefix).replace("{source}", steps_in(_STEP_COLUMNS, prefix))
 
 
 def _samples(store, scope: Scope, table: str) -> dict[tuple, dict]:
@@ -296,13 +353,6 @@ def compare_groups(store, *, baseline_replicas: list[str], candidate_replicas: l
 
 # -- versions present in a scope ------------------------------------------------------------------
 
-_VERSIONS = """
-SELECT model_name, engine_version, min(arrival_time) AS first_seen, count() AS n
-FROM {source}
-GROUP BY model_name, engine_version
-ORDER BY model_name, first_seen
-"""
-
 
 def _version_order(version: str) -> tuple:
     """PEP 440 versions in version order, then anything else in text order."""
@@ -323,7 +373,7 @@ def engine_of(version: str) -> str:
 def version_pairs(store, scope: Scope) -> list[tuple[Scope, Scope]]:
     """(previous, next) version scopes of each model and engine, in order of first appearance (then version
     order); two engines serving one model are not two versions of each other."""
-    sql = _VERSIONS.replace("{source}", requests_in("t.model_name AS model_name, t.arrival_time AS arrival_time"))
+    sql = _VERSIONS.replace("{source}", requests_in(_VERSIONS_COLUMNS))
     by_model: dict[tuple, list] = {}
     for r in store.query_arrow(sql, scope.parameters()).to_pylist():
         if r["engine_version"]:  # versions are ordered within one engine: vllm-0.32.0 does not follow 0.1.0
@@ -341,53 +391,17 @@ def version_pairs(store, scope: Scope) -> list[tuple[Scope, Scope]]:
 
 # -- change points ----------------------------------------------------------------------------------
 
-CREEP_METRICS = ("ttft", "itl", "e2e")
-_STRATUM = "concat(model_name, '|', workload, '|', bucket)"
-
-# one pass: each stratum's medians (per metric), its size and time span
-_STRATUM_MEDIANS = f"""
-SELECT {_STRATUM} AS stratum, count() AS n, min(arrival_time) AS lo, max(arrival_time) AS hi,
-       {", ".join(f"medianIf({m}, isFinite({m})) AS med_{m}" for m in CREEP_METRICS)}
-FROM {{source}}
-WHERE finish_reason NOT IN ('abort', 'error')
-GROUP BY stratum
-"""
-
-# one pass: per time bucket, each metric's median relative to its stratum's median over the placement
-# half (the series PELT segments), and a sample of the confirmation half (what tests the shift)
-_SERIES = f"""
-SELECT toUInt32(intDiv(toUnixTimestamp64Micro(arrival_time) - {{t0:Int64}}, {{width:Int64}})) AS bucket_index,
-       {", ".join(f"countIf(isFinite(rel_{m}) AND NOT confirm) AS n_{m}, "
-                  f"medianIf(rel_{m}, isFinite(rel_{m}) AND NOT confirm) AS level_{m}" for m in CREEP_METRICS)},
-       groupArraySampleIf(200, 1)(({", ".join(f"rel_{m}" for m in CREEP_METRICS)}), confirm) AS sample
-FROM (
-    SELECT arrival_time, indexOf({{keys:Array(String)}}, {_STRATUM}) AS i, cityHash64(request_id) % 2 = 1 AS confirm,
-           {", ".join(f"{m} / arrayElement({{med_{m}:Array(Float64)}}, i) AS rel_{m}" for m in CREEP_METRICS)}
-    FROM {{source}}
-    WHERE finish_reason NOT IN ('abort', 'error') AND has({{keys:Array(String)}}, {_STRATUM})
-)
-GROUP BY bucket_index
-ORDER BY bucket_index
-"""
-
 
 def _creep_source(scope: Scope) -> str:
     """Served traffic only: probes and rescores (telemetry.contract.probes.ACTIVE_WORKLOADS) come in rounds, alone
     or in a burst of fillers on purpose, so their latency level follows the prober, not the engine."""
-    cols = ", ".join(f"{METRICS[m][1]} AS {m}" for m in CREEP_METRICS)
-    source = requests_in(f"t.model_name AS model_name, t.workload AS workload, {PROMPT_BUCKET} AS bucket, "
-                         f"t.finish_reason AS finish_reason, t.arrival_time AS arrival_time, "
-                         f"t.request_id AS request_id, {cols}", scope=scope)
-    return f"(SELECT * FROM {source} WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL})"
+    return _CREEP_SOURCE.replace("{source}", requests_in(_CREEP_COLUMNS, scope=scope))
 
 
 def _attribution_source(scope: Scope, metric: str) -> str:
     """Served traffic with each request's replica, stratum and `metric` (change_attribution's source)."""
-    source = requests_in(f"t.replica_id AS replica_id, t.model_name AS model_name, t.workload AS workload, "
-                         f"{PROMPT_BUCKET} AS bucket, t.finish_reason AS finish_reason, "
-                         f"t.arrival_time AS arrival_time, {METRICS[metric][1]} AS value", scope=scope)
-    return (f"(SELECT replica_id, {_STRATUM} AS stratum, arrival_time, value FROM {source} "
-            f"WHERE workload NOT IN {ACTIVE_WORKLOADS_SQL} AND finish_reason NOT IN ('abort', 'error'))")
+    columns = _ATTRIBUTION_COLUMNS.replace("{value}", METRICS[metric][1])
+    return _ATTRIBUTION_SOURCE.replace("{source}", requests_in(columns, scope=scope))
 
 
 def _positive(x) -> float:

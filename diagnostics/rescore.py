@@ -50,6 +50,9 @@ MIN_EFFECT = 1e-3  # nats/token of mean cross d: well above fp32 batch / kernel 
 FLOOR_FACTOR = 10.0  # the CI's low end above 10x the self-rescoring mean of the same requests
 CRITICAL = 0.05  # nats/token, the CI's low end: a visibly different model
 
+_ORIGINAL_COLUMNS = ("t.model_name AS model_name, t.replica_id AS replica_id, t.request_id AS request_id, "
+                     "t.workload AS workload, t.output_logprobs AS output_logprobs, "
+                     "t.prompt_token_ids AS prompt_token_ids, t.output_token_ids AS output_token_ids")
 # the scorer rows (small: a few per served request) on the right of the join, the originals pruned
 # by IN before their arrays are read
 _QUERY = f"""
@@ -81,11 +84,7 @@ _SCORERS = (f"(SELECT replica_id, prompt_logprobs, prompt_token_ids, {RESCORE_OR
 
 def read_scores(store, scope) -> dict[str, dict[str, dict[str, dict[str, tuple[float, float]]]]]:
     """model -> served R -> scorer S -> request id -> (d, signed)."""
-    originals = requests_in("t.model_name AS model_name, t.replica_id AS replica_id, t.request_id AS request_id, "
-                            "t.workload AS workload, t.output_logprobs AS output_logprobs, "
-                            "t.prompt_token_ids AS prompt_token_ids, t.output_token_ids AS output_token_ids",
-                            scope=scope)
-    sql = _QUERY.replace("{originals}", originals).replace("{scorers}", _SCORERS)
+    sql = _QUERY.replace("{originals}", requests_in(_ORIGINAL_COLUMNS, scope=scope)).replace("{scorers}", _SCORERS)
     out: dict = {}
     for r in store.query_arrow(sql, scope.parameters()).to_pylist():
         out.setdefault(r["model_name"], {}).setdefault(r["served"], {}).setdefault(r["scorer"], {})[
@@ -171,8 +170,9 @@ def name_subject(replicas: list[str], differs: set[frozenset], baseline, identit
     return subject
 
 
-def run(store, request: DiagnosticRequest) -> list[Finding]:
-    scope = request.scope
+def run_scored_models(store, request: DiagnosticRequest, model_findings) -> list[Finding]:
+    """The cross-score rules' driver: `model_findings(model, served, replicas, identity, baseline, scope, rng)`
+    once per model with scored requests, one seeded rng shared in model order (reproducible CIs)."""
     data, identity, baselines = scored_fleet(store, request)
     if not data:
         return []
@@ -180,14 +180,21 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
     findings: list[Finding] = []
     for model, served in sorted(data.items()):
         replicas = sorted(set(served) | {s for by in served.values() for s in by})
-        pairs = [compare_pair(served[r], s, r) for r in sorted(served) for s in replicas
-                 if s != r and s in served[r]]
-        decide(pairs, rng)
-        findings += _insufficient(model, [p for p in pairs if p["n"] < MIN_REQUESTS], scope)
-        findings += _model_findings(model, replicas, [p for p in pairs if "p_holm" in p], identity,
-                                    baselines.get(model), scope,
-                                    untested={frozenset((p["served"], p["scorer"])) for p in pairs if "p_holm" not in p})
+        findings += model_findings(model, served, replicas, identity, baselines.get(model), request.scope, rng)
     return findings
+
+
+def run(store, request: DiagnosticRequest) -> list[Finding]:
+    return run_scored_models(store, request, _scored_model)
+
+
+def _scored_model(model, served, replicas, identity, baseline, scope, rng) -> list[Finding]:
+    pairs = [compare_pair(served[r], s, r) for r in sorted(served) for s in replicas
+             if s != r and s in served[r]]
+    decide(pairs, rng)
+    return (_insufficient(model, [p for p in pairs if p["n"] < MIN_REQUESTS], scope)
+            + _model_findings(model, replicas, [p for p in pairs if "p_holm" in p], identity, baseline, scope,
+                              untested={frozenset((p["served"], p["scorer"])) for p in pairs if "p_holm" not in p}))
 
 
 def _insufficient(model: str, pairs: list[dict], scope) -> list[Finding]:

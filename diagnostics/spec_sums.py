@@ -21,6 +21,10 @@ from evals.stats import ClusterSums
 BLOCK_SECONDS = 10
 
 _IDENTITY = "replica_id, model_name, engine_version, speculative_mode"
+_STEP_COLUMNS = ("t.replica_id AS replica_id, t.start_time AS start_time, t.spec_proposed AS spec_proposed, "
+                 "t.spec_accepted AS spec_accepted, t.spec_accepted_per_pos AS per_pos")
+_REQUEST_COLUMNS = ("t.replica_id AS replica_id, t.model_name AS model_name, t.workload AS workload, "
+                    "t.spec_proposed AS spec_proposed, t.spec_accepted AS spec_accepted")
 
 # per time block, then per replica: the blocks' sums of a, p, a^2, a p, p^2 (overall and per position)
 _BLOCKS = f"""
@@ -62,12 +66,10 @@ def acceptance(store, scope: Scope) -> list[dict]:
     """Per replica (and version): proposed, accepted, per-position accepted and rates, and the cluster
     sums: `blocks` (overall, time blocks), `positions` (per position, time blocks, trials = drafts)
     and `requests` (workload -> overall, requests)."""
-    steps = steps_in("t.replica_id AS replica_id, t.start_time AS start_time, t.spec_proposed AS spec_proposed, "
-                     "t.spec_accepted AS spec_accepted, t.spec_accepted_per_pos AS per_pos")
+    steps = steps_in(_STEP_COLUMNS)
     params = {**scope.parameters(), "block_ms": BLOCK_SECONDS * 1000}
     rows = store.query_arrow(_BLOCKS.replace("{source}", steps), params).to_pylist()
-    reqs = requests_in("t.replica_id AS replica_id, t.model_name AS model_name, t.workload AS workload, "
-                       "t.spec_proposed AS spec_proposed, t.spec_accepted AS spec_accepted")
+    reqs = requests_in(_REQUEST_COLUMNS)
     by_replica: dict[tuple, dict[str, ClusterSums]] = {}
     for r in store.query_arrow(_REQUESTS.replace("{source}", reqs), scope.parameters()).to_pylist():
         key = tuple(r[c] for c in ("replica_id", "model_name", "engine_version", "speculative_mode"))

@@ -101,47 +101,6 @@ _PAIRS = [(i, j) for i in range(_K) for j in range(i, _K)]
 _CPAIRS = [(i, j) for i in range(_C) for j in range(i, _C)]
 
 
-_STEP_COLUMNS = ("t.replica_id AS replica_id, t.start_time AS start_time, t.phase AS phase, "
-                 "t.num_tokens AS num_tokens, t.num_prefill_tokens AS prefill_tokens, "
-                 "t.num_decode_tokens AS decode_tokens, t.num_seqs AS seqs, t.num_context_tokens AS context_tokens, "
-                 "t.duration_seconds AS duration, t.forward_seconds AS forward_s, t.num_running AS num_running, "
-                 "t.step_id AS step_id")
-
-
-def _source(scope: Scope) -> str:
-    """The scope's steps. A scope that filters on no identity (version, config, model) skips the
-    identity join (a pass over the rows): each replica's model then comes from its latest start."""
-    if scope.versions or scope.config_hashes or scope.models:
-        return steps_in(_STEP_COLUMNS)
-    return (f"(SELECT {_STEP_COLUMNS}, '' AS model_name FROM steps AS t "
-            f"WHERE {window_sql('t.start_time')} AND {replica_filter_sql('t.replica_id')})")
-
-
-def _aggregate_sql(source: str) -> str:
-    # per phase, so the phase intercepts' products need no columns of their own (see _expand); the gap
-    # model's sums (prefix g) over the steps that follow a running step, in the same pass (step_id breaks
-    # ties of start_time in the engine's order)
-    cs = ("prefill_tokens", "decode_tokens", "seqs", "context_tokens")
-    ys = ("duration", "forward_s", "greatest(duration - forward_s, 0)")
-    inner = ", ".join([f"toFloat64({c}) AS c{i}" for i, c in enumerate(cs)]
-                      + [f"{y} AS y{t}" for t, y in enumerate(ys)]
-                      + ["greatest(toFloat64(start_time) - previous_end, 0) AS gy0", "duration AS gy1",
-                         f"previous_running > 0 AND toFloat64(start_time) - previous_end < {MAX_GAP_SECONDS} AS g"])
-    return f"""
-SELECT model_name, replica_id, intDiv(toUnixTimestamp64Micro(start_time), {{block_us:UInt64}}) AS block,
-       indexOf({{phases:Array(String)}}, phase) - 1 AS phase_index, count() AS n, {', '.join(_sums_sql(_T))},
-       countIf(g) AS gn, {', '.join(_sums_sql(_G, "g"))}
-FROM (SELECT model_name, replica_id, start_time, phase, {inner}
-      FROM (SELECT *, lagInFrame(toFloat64(start_time) + duration, 1, 0.) OVER w AS previous_end,
-                   lagInFrame(num_running, 1, 0) OVER w AS previous_running
-            FROM {source}
-            WINDOW w AS (PARTITION BY replica_id ORDER BY start_time, step_id
-                         ROWS BETWEEN 1 PRECEDING AND CURRENT ROW))
-      WHERE has({{phases:Array(String)}}, phase) AND num_tokens > 0)
-GROUP BY model_name, replica_id, block, phase
-"""
-
-
 def _summed(targets: int, prefix: str = "") -> list[tuple[str, str]]:
     """(column, expression summed) of the sufficient statistics over `targets` targets ({prefix}y0..), in the
     order _expand reads them after the count: the one owner of their names."""
@@ -154,6 +113,60 @@ def _summed(targets: int, prefix: str = "") -> list[tuple[str, str]]:
 def _sums_sql(targets: int, prefix: str = "") -> list[str]:
     """The sums of _summed; with a prefix, over the rows where that prefix's condition holds."""
     return [f"sumIf({e}, {prefix}) AS {c}" if prefix else f"sum({e}) AS {c}" for c, e in _summed(targets, prefix)]
+
+
+# -- SQL ----------------------------------------------------------------------------------------------
+
+_STEP_COLUMNS = ("t.replica_id AS replica_id, t.start_time AS start_time, t.phase AS phase, "
+                 "t.num_tokens AS num_tokens, t.num_prefill_tokens AS prefill_tokens, "
+                 "t.num_decode_tokens AS decode_tokens, t.num_seqs AS seqs, t.num_context_tokens AS context_tokens, "
+                 "t.duration_seconds AS duration, t.forward_seconds AS forward_s, t.num_running AS num_running, "
+                 "t.step_id AS step_id")
+# the scope's steps without the identity join; each replica's model then comes from its latest start
+_STEPS_WITHOUT_IDENTITY = (f"(SELECT {_STEP_COLUMNS}, '' AS model_name FROM steps AS t "
+                           f"WHERE {window_sql('t.start_time')} AND {replica_filter_sql('t.replica_id')})")
+
+# per phase, so the phase intercepts' products need no columns of their own (see _expand); the gap
+# model's sums (prefix g) over the steps that follow a running step, in the same pass (step_id breaks
+# ties of start_time in the engine's order)
+_AGGREGATED_COLUMNS = ("prefill_tokens", "decode_tokens", "seqs", "context_tokens")
+_AGGREGATED_TARGETS = ("duration", "forward_s", "greatest(duration - forward_s, 0)")
+_AGGREGATED_INNER = ", ".join([f"toFloat64({c}) AS c{i}" for i, c in enumerate(_AGGREGATED_COLUMNS)]
+                              + [f"{y} AS y{t}" for t, y in enumerate(_AGGREGATED_TARGETS)]
+                              + ["greatest(toFloat64(start_time) - previous_end, 0) AS gy0", "duration AS gy1",
+                                 f"previous_running > 0 AND toFloat64(start_time) - previous_end < {MAX_GAP_SECONDS} "
+                                 f"AS g"])
+_AGGREGATE = f"""
+SELECT model_name, replica_id, intDiv(toUnixTimestamp64Micro(start_time), {{block_us:UInt64}}) AS block,
+       indexOf({{phases:Array(String)}}, phase) - 1 AS phase_index, count() AS n, {', '.join(_sums_sql(_T))},
+       countIf(g) AS gn, {', '.join(_sums_sql(_G, "g"))}
+FROM (SELECT model_name, replica_id, start_time, phase, {_AGGREGATED_INNER}
+      FROM (SELECT *, lagInFrame(toFloat64(start_time) + duration, 1, 0.) OVER w AS previous_end,
+                   lagInFrame(num_running, 1, 0) OVER w AS previous_running
+            FROM {{source}}
+            WINDOW w AS (PARTITION BY replica_id ORDER BY start_time, step_id
+                         ROWS BETWEEN 1 PRECEDING AND CURRENT ROW))
+      WHERE has({{phases:Array(String)}}, phase) AND num_tokens > 0)
+GROUP BY model_name, replica_id, block, phase
+"""
+
+_SPAN_SQL = """
+SELECT toFloat64(min(start_time)) AS first, toFloat64(max(start_time)) AS last, count() AS n,
+       uniqExact(replica_id) AS replicas
+FROM steps WHERE {window} AND {replicas} AND num_tokens > 0
+"""
+
+
+def _source(scope: Scope) -> str:
+    """The scope's steps. A scope that filters on no identity (version, config, model) skips the
+    identity join (a pass over the rows): each replica's model then comes from its latest start."""
+    if scope.versions or scope.config_hashes or scope.models:
+        return steps_in(_STEP_COLUMNS)
+    return _STEPS_WITHOUT_IDENTITY
+
+
+def _aggregate_sql(source: str) -> str:
+    return _AGGREGATE.replace("{source}", source)
 
 
 # -- the statistics: per (replica, block) sums -> leave-one-out fits -> ratios ---------------------
@@ -267,13 +280,6 @@ def _without_feature(blocks: np.ndarray, k: int) -> np.ndarray:
 
 
 # -- the diagnostic --------------------------------------------------------------------------------
-
-_SPAN_SQL = """
-SELECT toFloat64(min(start_time)) AS first, toFloat64(max(start_time)) AS last, count() AS n,
-       uniqExact(replica_id) AS replicas
-FROM steps WHERE {window} AND {replicas} AND num_tokens > 0
-"""
-
 
 def block_length(store, scope: Scope) -> float:
     """Seconds per time block for the scope's steps (module doc, 4): about TARGET_BLOCKS over its span,

@@ -64,6 +64,8 @@ BLOCKS = 128  # request blocks per replica and workload for the covariance (fewe
 SHOWN = 5  # over- and under-represented IDs shown
 
 _COUNT = "SELECT count() AS n FROM {source}"
+_COUNT_COLUMNS = "t.request_id"
+_CUT_COLUMNS = "t.arrival_time AS arrival_time"
 _CUT = "SELECT quantile({level:Float64})(toFloat64(arrival_time)) AS cut FROM {source}"
 _PROMPTS = """
 SELECT model_name, workload, family, replica_id, prompt_token_ids
@@ -133,11 +135,11 @@ class PairTest(TestResult):
 
 def sample_scope(store, scope: Scope) -> tuple[Scope, int]:
     """The scope narrowed to its most recent SAMPLE_ROWS requests (or itself), and the requests in it."""
-    n = store.query_arrow(_COUNT.replace("{source}", requests_in("t.request_id", scope=scope)),
+    n = store.query_arrow(_COUNT.replace("{source}", requests_in(_COUNT_COLUMNS, scope=scope)),
                           scope.parameters()).to_pylist()[0]["n"]
     if n <= SAMPLE_ROWS:
         return scope, n
-    cut = store.query_arrow(_CUT.replace("{source}", requests_in("t.arrival_time AS arrival_time", scope=scope)),
+    cut = store.query_arrow(_CUT.replace("{source}", requests_in(_CUT_COLUMNS, scope=scope)),
                             {**scope.parameters(), "level": 1.0 - SAMPLE_ROWS / n}).to_pylist()[0]["cut"]
     return scope.narrowed(start=max(cut, scope.start or 0.0)), n
 

@@ -35,6 +35,10 @@ MIN_SHARE_DIFF = 0.2
 SAMPLE = 2000
 ENDING_KEYS = ("eos", "bos", "stop", "ignore_eos", "max_tokens", "generation.")
 
+_COLUMNS = (f"t.replica_id AS replica_id, t.model_name AS model_name, t.workload AS workload, "
+            f"t.finish_reason AS finish_reason, "
+            f"{derived.OUTPUT_FRACTION_SQL.replace('sampling_params_json', 't.sampling_params_json')} AS fraction, "
+            f"{derived.MAX_TOKENS_SQL.replace('sampling_params_json', 't.sampling_params_json')} AS max_tokens")
 _SQL = """
 SELECT model_name, workload, replica_id, count() AS n,
        countIf(finish_reason = 'length') AS length_n, countIf(finish_reason = 'stop') AS stop_n,
@@ -47,11 +51,8 @@ ORDER BY model_name, workload, replica_id
 
 
 def _sql(scope: Scope) -> str:
-    cols = (f"t.replica_id AS replica_id, t.model_name AS model_name, t.workload AS workload, "
-            f"t.finish_reason AS finish_reason, "
-            f"{derived.OUTPUT_FRACTION_SQL.replace('sampling_params_json', 't.sampling_params_json')} AS fraction, "
-            f"{derived.MAX_TOKENS_SQL.replace('sampling_params_json', 't.sampling_params_json')} AS max_tokens")
-    return _SQL.replace("{active}", ACTIVE_WORKLOADS_SQL).replace("{source}", requests_in(cols, scope=scope)).replace("{sample}", str(SAMPLE))
+    return (_SQL.replace("{active}", ACTIVE_WORKLOADS_SQL).replace("{source}", requests_in(_COLUMNS, scope=scope))
+            .replace("{sample}", str(SAMPLE)))
 
 
 def _wanted(key: str) -> bool:

@@ -24,21 +24,6 @@ Then, by request id, what was sent against what the store holds (the status, per
         [--steady 160] [--bursts 3] [--burst-size 30]
 
 `vllm` needs vLLM's CPU build with infersight's plugin: `INFERSIGHT_VLLM_PYTHON` or `<repo>/.venv-vllm`.
-
-Measured on a shared 2-core host (2026-12-06, long prompts then 80-300 words; 25-300 s a scenario): every
-scenario's requests sent == rows, status for status (340 or 430 each; the first `batched` run: 338 of 340,
-two burst requests the client saw cut off stored as client aborts); named exactly as expected: `three` r1
-length 37.7% vs 13.4% expected (Holm 1.9e-19, "max_model_len 96 vs unset"), r2 shed 21.4% vs 0.0% ("max_queue
-1 vs 32"); `length` either way round, together or staggered, 35.9% vs 12.4% (Holm 1.5e-15); `queue` 20-35%
-vs 0.0%; `batched` (after the engine's batch limit became a length refusal) 35.9-39.3% vs 10.4-12.4%,
-"max_num_batched_tokens 64 vs 2048"; `clean` (together, staggered) and `skew` (r0 not answering 27.2% against
-r1's 2.9%, all for the model's own limit) quiet. `vllm`: 340 sent = 340 rows (170 answered, 38 vLLM 400s,
-132 proxy 502s after the kill); v0 named failed 76.7% vs 0.0% (Holm 1.4e-57) but not for length: vLLM states
-"at least 97 input tokens", so its refusals fell in one stratum. With the proxy counting them (prompts 40-200
-words; 451 s, vLLM's start most of it): 340 = 340 rows (184 answered, 35 refused, 121 failed); v0 named failed
-72.0% vs 0.0% (Holm 2.3e-52) and refused for length 36.2% vs 17.0% (Holm 9.7e-3; "max_model_len 96 vs unset",
-"its refusals state a context of 96 tokens ..., its peers' 256"); `skew` at 40-200 words quiet again (r0 24.9%
-not answered, r1 1.8%).
 """
 
 from __future__ import annotations

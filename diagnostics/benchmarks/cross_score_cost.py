@@ -10,11 +10,6 @@ range, and what the scorer sent (requests, tokens) against what the fleet served
 
     python -m diagnostics.benchmarks.cross_score_cost [--pairs 3] [--seconds 30] [--clients 4]
                                                        [--share 0.05] [--token-share 0.1]
-
-Measured on a shared 2-core host (2026-12-06, load average ~40 from other work): 3 pairs of 25 s,
-on/off requests/s 1.19, 1.51, 0.72 (median 1.19): the host's noise is far above a few percent, so this
-run bounds nothing; the work it counted is 12 rescore requests (one prefill each, no decode) beside 339
-served requests, 1284 rescore tokens for 35575 served (3.6%).
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ import time
 from pathlib import Path
 
 from engine.serving.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
-from engine.serving.fleet.cross_score_spec import CrossScoreSpec
+from engine.serving.fleet.cross_score_spec import CrossScoreSettings, CrossScoreSpec
 from engine.serving.fleet.fleet import fleet_down, fleet_up, prober_command
 from engine.core.model_refs import REFERENCE_MODEL
 from engine.traffic.loadgen.arrivals import Arrival
@@ -80,7 +75,8 @@ def main(argv=None) -> int:
     parser.add_argument("--share", type=float, default=DEFAULT_SHARE)
     parser.add_argument("--token-share", type=float, default=DEFAULT_TOKEN_SHARE)
     args = parser.parse_args(argv)
-    scorer = CrossScoreSpec(share=args.share, token_share=args.token_share, interval=PASS_SECONDS)
+    scorer = CrossScoreSpec(settings=CrossScoreSettings(share=args.share, token_share=args.token_share,
+                                                         interval=PASS_SECONDS))
     cpus = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="infersight-xcost-") as work:
         replicas = [ReplicaSpec(id=f"r{i}", model=str(REFERENCE_MODEL), cpus=str(cpus[i % len(cpus)]), threads=1,

@@ -102,7 +102,7 @@ SHAPES = {"together": 1, "canary": 1, "three": 2}  # shape -> baseline replicas
 
 def _scorer_caught_up(after: float) -> None:
     """Wait for the cross-scorer's first pass whose window reaches `after` (it runs every interval)."""
-    time.sleep(SCORER.interval + SETTLE_SECONDS + 5.0)
+    time.sleep(SCORER.settings.interval + SETTLE_SECONDS + 5.0)
 
 
 def sampled_traffic(fault, shape, candidate, base, cand, requests, seed, checkpoints, log, probes, rate,

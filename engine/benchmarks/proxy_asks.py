@@ -38,7 +38,8 @@ import httpx
 
 from engine.benchmarks.proxy_process import start_proxy
 from engine.benchmarks.telemetry_overhead import DetachedSidecar
-from engine.benchmarks.vllm_overhead import REFERENCE, default_cpus, pooled_ratio_ci, prompts, wait_quiet
+from engine.benchmarks.intervals import pooled_ratio_ci
+from engine.benchmarks.vllm_overhead import REFERENCE, default_cpus, prompts, wait_quiet
 from engine.serving.fleet.vllm_replica import DEFAULT_LOGPROBS_FRACTION
 from engine.core.placement import parse_cpulist
 from engine.serving.vllm_adapter.launch import start_vllm_server

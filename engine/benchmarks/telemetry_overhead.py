@@ -40,6 +40,7 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from engine.benchmarks.intervals import bootstrap_median_ci
 from engine.util import free_port
 from telemetry.recorder import DEFAULT_FLUSH_INTERVAL
 
@@ -235,23 +236,6 @@ def compare(rounds: list[Round], value) -> dict:
                 off_stdev=statistics.stdev(off) / med_off if len(off) > 1 else 0.0,
                 pair_losses=pair_losses, median_pair_loss=statistics.median(pair_losses),
                 median_pair_loss_ci95=bootstrap_median_ci(pair_losses))
-
-
-def bootstrap_median_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of the median (how far the noise lets the pairwise loss wander)."""
-    import warnings
-
-    import numpy as np
-    from scipy import stats
-
-    if len(values) < 2:  # one pair: no spread to resample
-        return values[0], values[0]
-    with warnings.catch_warnings():  # identical losses give a degenerate (point) interval: that is fine
-        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-        res = stats.bootstrap((np.asarray(values),), np.median, n_resamples=resamples, method="percentile",
-                              rng=np.random.default_rng(seed))
-    low, high = res.confidence_interval
-    return float(low), float(high)
 
 
 def summarize(rounds: list[Round]) -> dict:

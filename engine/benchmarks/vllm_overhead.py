@@ -52,7 +52,8 @@ import httpx
 
 from engine.benchmarks.peers.models import resolve
 from engine.benchmarks.proxy_process import start_proxy
-from engine.benchmarks.telemetry_overhead import DetachedSidecar, bootstrap_median_ci, round_order
+from engine.benchmarks.intervals import bootstrap_median_ci, pooled_ratio, pooled_ratio_ci
+from engine.benchmarks.telemetry_overhead import DetachedSidecar, round_order
 from engine.core.placement import format_cpulist, parse_cpulist
 from engine.core.model_refs import REFERENCE_MODEL as REFERENCE
 from engine.serving.vllm_adapter.launch import start_vllm_server
@@ -142,35 +143,6 @@ def wait_quiet(session: int, busy: float = 0.05, window: float = 0.1, timeout: f
 
 def ratio(on: list[float], off: list[float]) -> float:
     return statistics.median(on) / statistics.median(off)
-
-
-def pooled_ratio(pairs) -> float:
-    """ON/OFF ratio of the median request latency over every request of the given (ON, OFF) round pairs."""
-    import numpy as np
-
-    return float(np.median(np.concatenate([p[0] for p in pairs])) / np.median(np.concatenate([p[1] for p in pairs])))
-
-
-def pooled_ratio_ci(instances: list[list[tuple[list[float], list[float]]]], resamples: int = 2000,
-                    seed: int = 0) -> tuple[float, tuple[float, float]]:
-    """The pooled ratio over every instance's round pairs, with a 95% two-stage bootstrap interval:
-    resample server instances, then round pairs within each drawn instance. A burst of other load hits
-    both rounds of a pair, so the pair is a unit; a server pair has a speed of its own, so the instance
-    is one above it. scipy's bootstrap resamples one level only, hence the loop; with one instance this
-    is the plain bootstrap over pairs."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    arrays = [[(np.asarray(on), np.asarray(off)) for on, off in pairs] for pairs in instances]
-    stats = []
-    for _ in range(resamples):
-        drawn = []
-        for k in rng.integers(len(arrays), size=len(arrays)):
-            pairs = arrays[k]
-            drawn += [pairs[i] for i in rng.integers(len(pairs), size=len(pairs))]
-        stats.append(pooled_ratio(drawn))
-    low, high = np.percentile(stats, [2.5, 97.5])
-    return pooled_ratio([p for pairs in arrays for p in pairs]), (float(low), float(high))
 
 
 def default_cpus() -> tuple[str, str]:

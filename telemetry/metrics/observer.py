@@ -8,10 +8,9 @@ Steps and finished requests are deferred: their hook only appends the record to 
 queue, folded into the metrics every FOLD_EVERY records (on the engine thread, in
 one warm loop) and before every collection (`FoldDeferred`, the registry's first
 collector), so a scrape misses nothing. Called once per step between forwards that
-evict the caches, the eager hooks cost ~10 us each where a fold costs ~1 us per
-record: in the telemetry-overhead benchmark this took the metrics' share of the
-engine thread from 0.17% + 0.07% to <0.05%. Queue time and TTFT stay immediate
-(alerts on them must not wait for a fold).
+evict the caches, an eager hook costs ~10 us where a fold costs ~1 us per record
+(`infersight bench telemetry-overhead` gives the metrics' share of the engine thread).
+Queue time and TTFT stay immediate (alerts on them must not wait for a fold).
 
 With `vllm_names` (the default) the registry also shows vLLM's names for the same data
 (vllm_names.py: views built at scrape time) and the few series only vLLM had, folded in the

@@ -5,7 +5,6 @@ with the tokenizer each replica recorded (no --model given)."""
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import subprocess
@@ -18,18 +17,7 @@ from dashboards.console.demo import canary_port
 from dashboards.console.demo_fault import canary_fleet
 from engine.serving.processes import infersight_command
 from engine.util import free_port
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
+from tests.fleet.test_fleet_live import processes_mentioning
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +45,7 @@ def test_short_demo_reports_per_replica_and_cleans_up(demo_run):
     subjects = [line.split()[3] for line in loud.splitlines() if re.match(r"^(warning|critical) ", line)]
     assert subjects and set(subjects) == {"canary"}, loud  # the healthy replicas are never the subject
     assert " dashboard --store " in out
-    assert _processes_mentioning(str(run_dir)) == []
+    assert processes_mentioning(str(run_dir)) == []
     assert not (run_dir / "state.json").exists()
 
 

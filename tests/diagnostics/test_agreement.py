@@ -14,24 +14,17 @@ from diagnostics import DIAGNOSTICS, agreement
 from diagnostics.request import DiagnosticRequest
 from diagnostics.scope import Scope
 from tests.diagnostics.diag_records import replica
-from tests.diagnostics.test_rescore import NOISE, T0, above_info, scored, served
+from tests.diagnostics.test_rescore import NOISE, T0, above_info, scored, scored_fleet, served
 
 
 def fleet(store, n: int, kl: dict[frozenset, float], replicas=("a", "b"), seed=0, sd=NOISE, n_tok=4, starts=None):
     """Every replica serves n requests, each scored by every replica. A pair in `kl` scores the other's
     tokens lower by that many nats/token on average (spread 0.5x); all scores carry N(0, sd) noise."""
-    rng = np.random.default_rng(seed)
-    store.insert_records("replicas", [replica(r, T0 - 100 + (starts or {}).get(r, k)) for k, r in enumerate(replicas)])
-    rows = []
-    for r in replicas:
-        for i in range(n):
-            orig = served(r, i, np.minimum(rng.normal(-0.4, 0.3, n_tok), -1e-3))
-            rows.append(orig)
-            for s in replicas:
-                shift = kl.get(frozenset((r, s)), 0.0) if s != r else 0.0
-                delta = rng.normal(0, sd, n_tok) - shift * rng.uniform(0.5, 1.5, n_tok)
-                rows.append(scored(orig, s, delta))
-    store.insert_records("requests", rows)
+    def delta(rng, r, s):
+        shift = kl.get(frozenset((r, s)), 0.0) if s != r else 0.0
+        return rng.normal(0, sd, n_tok) - shift * rng.uniform(0.5, 1.5, n_tok)
+
+    scored_fleet(store, n, replicas, seed, n_tok, starts, delta)
 
 
 def run(store):

@@ -39,10 +39,9 @@ def scored(orig, scorer: str, delta: np.ndarray, round_: str = "p1000"):
                    prompt_logprobs=head + [float(a + b) for a, b in zip(orig.output_logprobs, delta)])
 
 
-def fleet(store, n: int, damage: dict[frozenset, float], replicas=("a", "b"), seed=0, n_tok=4, starts=None,
-          noise=NOISE):
-    """Every replica serves n requests; each is rescored by every replica. A pair in `damage` moves
-    the cross scores by N(0, sd) per token; every other pair (self included) by NOISE."""
+def scored_fleet(store, n: int, replicas, seed: int, n_tok: int, starts, delta) -> None:
+    """Every replica serves n requests; each is rescored by every replica, `delta(rng, served, scorer)`
+    moving the scorer's logprobs of the output positions."""
     rng = np.random.default_rng(seed)
     store.insert_records("replicas", [replica(r, T0 - 100 + (starts or {}).get(r, k)) for k, r in enumerate(replicas)])
     rows = []
@@ -51,9 +50,18 @@ def fleet(store, n: int, damage: dict[frozenset, float], replicas=("a", "b"), se
             orig = served(r, i, np.minimum(rng.normal(-0.4, 0.3, n_tok), -1e-3))
             rows.append(orig)
             for s in replicas:
-                sd = damage.get(frozenset((r, s)), noise) if s != r else noise
-                rows.append(scored(orig, s, rng.normal(0, sd, n_tok)))
+                rows.append(scored(orig, s, delta(rng, r, s)))
     store.insert_records("requests", rows)
+
+
+def fleet(store, n: int, damage: dict[frozenset, float], replicas=("a", "b"), seed=0, n_tok=4, starts=None,
+          noise=NOISE):
+    """A pair in `damage` moves the cross scores by N(0, sd) per token; every other pair (self included)
+    by NOISE."""
+    def delta(rng, r, s):
+        return rng.normal(0, damage.get(frozenset((r, s)), noise) if s != r else noise, n_tok)
+
+    scored_fleet(store, n, replicas, seed, n_tok, starts, delta)
 
 
 def run(store):

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from engine.core.engine import LLMEngine
-from telemetry.contract.hooks import EngineObserver
 from engine.core.sampling_params import SamplingParams
+from tests.engine.test_engine_greedy import StepCollector
 
 MAX_TOKENS = 16
 K = 3
@@ -29,19 +29,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-class Collector(EngineObserver):
-    enabled = True
-
-    def __init__(self):
-        self.steps, self.requests = [], []
-
-    def on_step(self, record):
-        self.steps.append(record)
-
-    def on_request_finished(self, record):
-        self.requests.append(record)
 
 
 def make_prompts(n, seed, shared_prefix=()):
@@ -117,7 +104,7 @@ def spec_config(mode, target, draft):
 @pytest.mark.parametrize("max_num_seqs", [1, 4])
 def test_greedy_output_identical_to_plain_decoding(target, draft, reference, mode, max_num_seqs):
     prompts, expected = reference
-    obs = Collector()
+    obs = StepCollector()
     engine = LLMEngine(target, obs, block_size=4, num_kv_blocks=512, enable_prefix_caching=True,
                        max_num_seqs=max_num_seqs, num_speculative_tokens=K, **spec_config(mode, target, draft))
     outs = generate(engine, prompts, GREEDY, check_each_step=True)
@@ -169,7 +156,7 @@ def test_sampling_distribution_kept_at_temperature(target):
     params = [SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True, seed=s) for s in range(n)]
     common = dict(block_size=4, num_kv_blocks=1024, max_num_seqs=128)
     plain = generate(LLMEngine(target, **common), [prompt] * n, params)
-    obs = Collector()
+    obs = StepCollector()
     spec = generate(LLMEngine(target, obs, speculative_mode="draft", draft_model=str(target),
                               num_speculative_tokens=2, **common), [prompt] * n, params)
     assert sum(s.spec_proposed for s in obs.steps) >= n  # speculation really ran for every request

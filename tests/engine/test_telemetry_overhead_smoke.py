@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.benchmarks.telemetry_overhead import bootstrap_median_ci, measure, round_order
+from engine.benchmarks.intervals import bootstrap_median_ci
+from engine.benchmarks.telemetry_overhead import measure, round_order
 
 
 def test_rounds_alternate_abba_so_drift_hits_both_sides():

@@ -38,7 +38,7 @@ def test_shipped_canary_cross_scores_beside_its_probe_rounds(tmp_path):
     cmd = prober_command(tmp_path, config.probe, config.cross_score)
     tail = cmd[cmd.index("probe"):]
     assert tail[:3] == ["probe", "--fleet", str(tmp_path)] and "--cross-score" in tail and "--every" in tail
-    assert tail[tail.index("--cross-share") + 1] == f"{config.cross_score.share:g}"
+    assert tail[tail.index("--cross-share") + 1] == f"{config.cross_score.settings.share:g}"
 
 
 def test_cross_scoring_alone_is_a_prober_without_rounds(tmp_path):

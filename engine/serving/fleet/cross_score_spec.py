@@ -15,7 +15,7 @@ store's owner.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.util import parse_interval
 
@@ -48,17 +48,18 @@ class CrossScoreSettings:
 CROSS_SCORE_KEYS = {"enabled": bool, "share": float, "token_share": float, "interval": (str, float)}
 
 
-@dataclass
+@dataclass(frozen=True)
 class CrossScoreSpec:
+    """The fleet's table: whether `fleet up` starts the scorer, and what it runs with."""
+
     enabled: bool = True
-    share: float = DEFAULT_SHARE
-    token_share: float = DEFAULT_TOKEN_SHARE
-    interval: float = DEFAULT_INTERVAL
+    settings: CrossScoreSettings = field(default_factory=CrossScoreSettings)
 
     def arguments(self) -> list[str]:
         """The prober's options that run it."""
-        return [CROSS_SCORE_FLAG, "--cross-share", f"{self.share:g}", "--cross-token-share", f"{self.token_share:g}",
-                "--cross-interval", f"{self.interval:g}s"]
+        s = self.settings
+        return [CROSS_SCORE_FLAG, "--cross-share", f"{s.share:g}", "--cross-token-share", f"{s.token_share:g}",
+                "--cross-interval", f"{s.interval:g}s"]
 
     def wanted(self, owns_store: bool, replicas: int) -> bool:
         return self.enabled and (owns_store or replicas >= 2)
@@ -71,15 +72,15 @@ def parse_cross_score(table, check_keys) -> CrossScoreSpec:
     check_keys(table, CROSS_SCORE_KEYS, "[cross_score]")
     if "enabled" in table and not isinstance(table["enabled"], bool):
         raise ValueError(f"[cross_score]: enabled must be true or false, got {table['enabled']!r}")
-    spec = CrossScoreSpec(enabled=table.get("enabled", True))
     try:
-        spec.interval = parse_interval(table.get("interval", DEFAULT_INTERVAL))
-        for key in ("share", "token_share"):
-            value = table.get(key, getattr(spec, key))
+        interval = parse_interval(table.get("interval", DEFAULT_INTERVAL))
+        shares = {}
+        for key, default in (("share", DEFAULT_SHARE), ("token_share", DEFAULT_TOKEN_SHARE)):
+            value = table.get(key, default)
             if isinstance(value, bool):
                 raise ValueError(f"{key} must be a number in (0, 1], got {value!r}")
-            setattr(spec, key, float(value))
-        CrossScoreSettings(spec.share, spec.token_share, spec.interval)  # the same checks as the scorer's
+            shares[key] = float(value)
+        settings = CrossScoreSettings(interval=interval, **shares)  # the scorer's own checks
     except ValueError as e:
         raise ValueError(f"[cross_score]: {e}") from None
-    return spec
+    return CrossScoreSpec(enabled=table.get("enabled", True), settings=settings)

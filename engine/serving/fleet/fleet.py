@@ -176,7 +176,7 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
             state.prober = ProcessState("prober", ref.pid, ref.start_ticks, "", 0, cmd, str(logs / "prober.log"))
             state.save()
             what = ([f"probing every {probe.interval:g} s"] if probe else []) + (
-                [f"cross-scoring {cross.share:g} of each replica's requests"] if cross else [])
+                [f"cross-scoring {cross.settings.share:g} of each replica's requests"] if cross else [])
             progress(f"{' and '.join(what)} (log {state.prober.log})")
         return state
     except BaseException:

@@ -2,7 +2,7 @@
 
 import random
 
-from engine.benchmarks.vllm_overhead import pooled_ratio, pooled_ratio_ci
+from engine.benchmarks.intervals import pooled_ratio, pooled_ratio_ci
 
 
 def instance(bias: float, pairs: int, rng: random.Random):
