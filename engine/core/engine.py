@@ -248,11 +248,7 @@ class LLMEngine:
         try:
             result, context_lens = self._compute(batch, sampling, timer)
         except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep serving the others
-            log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
-            if self.speculator is not None:
-                self.speculator.discard(batch)  # unverified drafts must not become output tokens
-            self.step_id += 1
-            return self._fail(batch.seqs, error_text(e))
+            return self._fail_step(batch, e)
         outputs, finished = self._postprocess(batch, sampling, result)
         timer.lap("postprocess")
         if self.observer.enabled:
@@ -296,11 +292,8 @@ class LLMEngine:
             if seq.num_computed_tokens // kv.block_size > seq.num_registered_blocks:
                 kv.cache_full_blocks(seq)
         outputs: list[RequestOutput] = []
-        for i, logits in result.prompt_logits.items():
-            try:
-                self._add_prompt_logprobs(batch.seqs[i], batch.num_new_tokens[i], logits)
-            except Exception as e:  # noqa: BLE001 - this request fails alone (and samples nothing below)
-                self._fail_alone(batch.seqs[i], error_text(e), outputs)
+        if result.prompt_logits:  # only requests that asked for prompt logprobs
+            self._add_prompt_logprobs(batch, result.prompt_logits, outputs)
         finished: list[tuple[Sequence, RequestOutput]] = []
         now = time.time()
         for i, seq in enumerate(sampling):
@@ -363,6 +356,14 @@ class LLMEngine:
         if seq.stream:
             outputs.append(self._stream_output(seq))
 
+    def _fail_step(self, batch: ScheduledBatch, error: Exception) -> list[RequestOutput]:
+        """The step itself failed (the forward pass): its requests fail, the engine goes on serving."""
+        log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
+        if self.speculator is not None:
+            self.speculator.discard(batch)  # unverified drafts must not become output tokens
+        self.step_id += 1
+        return self._fail(batch.seqs, error_text(error))
+
     def _fail_alone(self, seq: Sequence, error: str, outputs: list[RequestOutput]) -> None:
         """A request failed on its own (its parameters, grammar, processors, detokenization): end it with
         finish reason "error" and its blocks freed; the rest of the batch goes on."""
@@ -390,7 +391,17 @@ class LLMEngine:
         self.scheduler.remove_finished()
         return outputs
 
-    def _add_prompt_logprobs(self, seq: Sequence, num_new: int, logits: torch.Tensor) -> None:
+    def _add_prompt_logprobs(self, batch: ScheduledBatch, prompt_logits: dict[int, torch.Tensor],
+                             outputs: list[RequestOutput]) -> None:
+        """Each asking prompt chunk's logprobs into its sequence; one that cannot be made fails its request
+        alone (which then samples nothing this step)."""
+        for i, logits in prompt_logits.items():
+            try:
+                self._add_chunk_prompt_logprobs(batch.seqs[i], batch.num_new_tokens[i], logits)
+            except Exception as e:  # noqa: BLE001
+                self._fail_alone(batch.seqs[i], error_text(e), outputs)
+
+    def _add_chunk_prompt_logprobs(self, seq: Sequence, num_new: int, logits: torch.Tensor) -> None:
         # rows predict the tokens after each computed position; the chunk started at
         # num_computed - num_new (already advanced above)
         start = seq.num_computed_tokens - num_new

@@ -31,24 +31,13 @@ import torch
 
 from engine.core.logits_processors import uses_processors
 from engine.core.outputs import error_text
-from engine.core.sampler import Sampler, apply_top_k_top_p, sampled_logprobs, token_logprobs
+from engine.core.sampler import Sampler, sampled_logprobs, sampling_probs, token_logprobs
 from engine.core.spec_decode.metrics import SpecDecodeStats
 from engine.core.spec_decode.ngram import NgramProposer
 from engine.core.spec_decode.rejection import rejection_sample, verify_greedy
 from engine.core.step_result import StepResult
 
 MODES = ("none", "ngram", "draft")
-
-
-def target_probs(logits: torch.Tensor, params) -> torch.Tensor:
-    """The sampler's distribution for rows of one request: temperature, then top-k / top-p."""
-    x = logits / params.temperature
-    if params.top_k > 0 or params.top_p < 1.0:
-        rows, vocab = x.shape
-        top_k = torch.full((rows,), params.top_k if params.top_k > 0 else vocab, device=x.device)
-        top_p = torch.full((rows,), params.top_p if params.top_p < 1.0 else 2.0, device=x.device, dtype=x.dtype)
-        x = apply_top_k_top_p(x, top_k, top_p)
-    return torch.softmax(x, dim=-1)
 
 
 class Speculator:
@@ -161,7 +150,6 @@ class Speculator:
                 result.token_ids[j], result.raw_logprobs[j], result.logprobs[j] = self._verify(seq, drafts, logits)
             except Exception as e:  # noqa: BLE001
                 result.errors[j] = error_text(e)
-        self.total_stats.merge(self.step_stats)
         return result
 
     def _verify(self, seq, drafts: list[int], logits: torch.Tensor):
@@ -173,7 +161,8 @@ class Speculator:
             result = verify_greedy(logits, drafts)
         else:
             generator = seq.generator if seq.generator is not None else self.sampler.generator
-            result = rejection_sample(target_probs(logits, params), drafts, None, generator)
+            # the sampler's own distribution for this request, at each of the rows
+            result = rejection_sample(sampling_probs(logits, [params] * len(logits)), drafts, None, generator)
         # raw logprobs of the accepted drafts and the correction / bonus token: the target's
         # logits at those positions (row i scores the token after draft i - 1)
         n = len(result.token_ids)
@@ -182,7 +171,8 @@ class Speculator:
         logprobs = token_logprobs(logits[:n], emitted, [params.logprobs] * n) if params.logprobs is not None else None
         seq.spec_proposed += len(drafts)
         seq.spec_accepted += result.num_accepted
-        self.step_stats.observe(len(drafts), result.num_accepted)
+        for stats in (self.step_stats, self.total_stats):
+            stats.observe(len(drafts), result.num_accepted)
         return result.token_ids, raw, logprobs
 
     def discard(self, batch) -> None:
