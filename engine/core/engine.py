@@ -274,7 +274,7 @@ class LLMEngine:
         out = self.runner.forward(inputs)
         timer.lap("forward")
         if self.speculator is not None and sampling:
-            result = self.speculator.sample(batch, sampling, out, self.loaded.model)
+            result = self.speculator.sample(batch, sampling, out.sample_logits)
         elif sampling:
             result = self.sampler(out.sample_logits, sampling).as_step_result()
         else:
