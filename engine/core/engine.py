@@ -14,7 +14,7 @@ Every path of a step (one forward and the sampler, speculative decoding, multi-s
 `_postprocess` one StepResult (engine/core/step_result.py), the one place tokens and logprobs go into a
 sequence. Each step is timed in five phases (engine/core/phase_timer.py) and, when an observer listens,
 reported as one StepRecord per forward; a finished request is reported as one RequestRecord
-(engine/core/engine_telemetry.py). With nobody listening no record is built at all.
+(EngineTelemetry, engine/core/engine_records.py). With nobody listening no record is built at all.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from engine.core.attention import get_backend, with_block_size
 from engine.core.config import EngineConfig
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.generation_defaults import generation_defaults
-from engine.core.engine_records import build_replica_record, identity_sections
-from engine.core.engine_telemetry import EngineTelemetry
+from engine.core.engine_records import EngineTelemetry, build_replica_record, identity_sections
 from engine.core.kv_cache import KVCacheManager, kv_pool_blocks
 from engine.core.model_runner import ModelRunner
 from engine.core.models import allocate_kv_cache, kv_bytes_per_block, load_model
@@ -64,7 +63,7 @@ class LLMEngine:
         config = make_config(config, config_overrides)
         if config.deploy_time is None:  # deployed now, before the model loads (a label: not in the config hash)
             config = dataclasses.replace(config, deploy_time=time.time())
-        self.observer = guarded(observer)
+        observer = guarded(observer)
         self.device = torch.device(config.device)
 
         self.loaded = load_model(config.model, config.dtype, config.device)
@@ -82,7 +81,7 @@ class LLMEngine:
             if pack is None:
                 raise ValueError(f"pack_weights: {type(self.loaded.model).__name__} has no packed projections")
             log.info("pack_weights: %d projections take oneDNN's packed weights for %d+ rows", pack(), PACKED_MIN_ROWS)
-        self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, self.observer)
+        self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, observer)
         if config.chat_template is not None:
             self.tokenizer.use_chat_template(load_chat_template(config.chat_template))
         self.model_name = config.served_model_name or self.loaded.model_name
@@ -128,7 +127,7 @@ class LLMEngine:
 
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
         self.step_id = 0
-        self.telemetry = EngineTelemetry(self.observer, config.replica_id, self.model_name, self.kv_cache,
+        self.telemetry = EngineTelemetry(observer, config.replica_id, self.model_name, self.kv_cache,
                                          self.scheduler)
         self.replica_record = build_replica_record(
             config, model_name=self.model_name, weights_hash=self.loaded.weights_hash,
@@ -137,6 +136,15 @@ class LLMEngine:
             sections=identity_sections(config, self.generation_identity()))
         if self.observer.enabled:
             self.telemetry.notify("on_replica_start", self.replica_record)
+
+    @property
+    def observer(self) -> EngineObserver:
+        """Who listens (a guarded EngineObserver; `enabled` False: nobody, and no record is built)."""
+        return self.telemetry.observer
+
+    @observer.setter
+    def observer(self, observer: EngineObserver) -> None:
+        self.telemetry.observer = observer
 
     # --- requests --------------------------------------------------------------
 

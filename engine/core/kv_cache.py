@@ -213,7 +213,10 @@ class KVCacheManager:
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Return the blocks of `seq` past its first `num_tokens` tokens (speculative rollback)."""
         keep = self.blocks_for(num_tokens)
-        self._release(seq.block_table[keep:])
+        rolled_back = seq.block_table[keep:]
+        assert all(self.blocks[b].ref_count == 1 and self.blocks[b].block_hash is None for b in rolled_back), \
+            f"rolled back into a shared block of {seq}"
+        self._release(rolled_back)
         del seq.block_table[keep:]
 
     def _release(self, block_ids: list[int]) -> None:

@@ -74,31 +74,17 @@ class Speculator:
         """
         self.step_stats = SpecDecodeStats()
         self._drafts = {}
-        bs = self.kv_cache.block_size
-        wanted = []  # (batch index, seq, k)
+        wanted = []  # (batch index, seq, how many drafts it may take)
         for i, seq in enumerate(batch.seqs):
-            if not (batch.samples[i] and batch.num_new_tokens[i] == 1 and seq.num_output_tokens > 0):
-                continue
-            if uses_processors(seq.sampling_params):  # verification scores raw logits: such a request gets no draft
-                continue
-            n = len(seq.token_ids)
-            k = min(self.k,
-                    len(seq.block_table) * bs - n,  # reserved slots: positions n-1 .. n-1+k must exist
-                    seq.sampling_params.max_tokens - seq.num_output_tokens - 1,  # emits up to k + 1
-                    self.max_seq_len - n - 1)
+            k = self._room(batch, i, seq)
             if k >= 1:
                 wanted.append((i, seq, k))
         if not wanted:
             return 0.0
-        draft_seconds = 0.0
         if self.ngram is not None:
-            proposals = [self.ngram.propose(seq.token_ids, k) for _, seq, k in wanted]
+            proposals, draft_seconds = [self.ngram.propose(seq.token_ids, k) for _, seq, k in wanted], 0.0
         else:
-            if live_request_ids is not None:
-                self.draft.retain(live_request_ids)
-            t = time.perf_counter()
-            proposals = self.draft.propose([(seq.request_id, seq.token_ids, k) for _, seq, k in wanted])
-            draft_seconds = time.perf_counter() - t
+            proposals, draft_seconds = self._draft_model_proposals(wanted, live_request_ids)
         for (i, seq, _), drafts in zip(wanted, proposals, strict=True):
             # a draft model with a larger vocabulary may propose ids the target does not have
             drafts = drafts[:next((j for j, t in enumerate(drafts) if t >= self.vocab_size), len(drafts))]
@@ -110,6 +96,27 @@ class Speculator:
             batch.samples[i] += len(drafts)  # every draft's row is verified, and the row after the last
             batch.num_decode_tokens += len(drafts)
         return draft_seconds
+
+    def _room(self, batch, i: int, seq) -> int:
+        """How many drafts batch sequence `i` may take: none unless it is a decode whose request verification
+        can score (it scores raw logits: no logits processors); at most k, and no more than the KV slots the
+        scheduler reserved for it, its remaining max_tokens (it emits up to k + 1) and the longest a
+        sequence may grow allow."""
+        if not (batch.samples[i] and batch.num_new_tokens[i] == 1 and seq.num_output_tokens > 0) \
+                or uses_processors(seq.sampling_params):
+            return 0
+        n = len(seq.token_ids)
+        return min(self.k, len(seq.block_table) * self.kv_cache.block_size - n,  # positions n-1 .. n-1+k
+                   seq.sampling_params.max_tokens - seq.num_output_tokens - 1, self.max_seq_len - n - 1)
+
+    def _draft_model_proposals(self, wanted: list, live_request_ids) -> tuple[list[list[int]], float]:
+        """The draft model's drafts for `wanted` and the seconds its forwards took (after dropping the
+        caches of requests no longer live)."""
+        if live_request_ids is not None:
+            self.draft.retain(live_request_ids)
+        t = time.perf_counter()
+        proposals = self.draft.propose([(seq.request_id, seq.token_ids, k) for _, seq, k in wanted])
+        return proposals, time.perf_counter() - t
 
     # -- 2. after the forward ----------------------------------------------------------
 
