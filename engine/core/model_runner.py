@@ -137,8 +137,10 @@ class ModelRunner:
                 slots.extend([table[p // bs] * bs + p % bs for p in range(start, end)])
             context_lens.append(end)
             block_tables.append(table)
-            # its last row, or with speculative drafts every draft's row and the last
-            sample_rows.extend(range(row + n - batch.samples[i], row + n))
+            if batch.samples[i] == 1:  # its last row
+                sample_rows.append(row + n - 1)
+            elif batch.samples[i]:  # speculative drafts: every draft's row and the last
+                sample_rows.extend(range(row + n - batch.samples[i], row + n))
             if seq.wants_prompt_logprobs and start < seq.num_prompt_tokens - 1:
                 # rows whose next token is still a prompt token
                 last = min(end, seq.num_prompt_tokens - 1)

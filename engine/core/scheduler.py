@@ -74,7 +74,7 @@ class ScheduledBatch:
         decode = num_new_tokens == 1 and seq.num_output_tokens > 0 and seq.num_uncomputed_tokens == 1
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new_tokens)
-        self.samples.append(int(seq.num_computed_tokens + num_new_tokens == len(seq.token_ids)))
+        self.samples.append(seq.num_computed_tokens + num_new_tokens == len(seq.token_ids))  # a bool: 1 or 0
         if decode:
             self.num_decode_seqs += 1
             self.num_decode_tokens += 1
