@@ -13,8 +13,8 @@ step itself (the forward pass) fails the step's requests.
 Every path of a step (one forward and the sampler, speculative decoding, multi-step decode) hands
 `_postprocess` one StepResult (engine/core/step_result.py), the one place tokens and logprobs go into a
 sequence. Each step is timed in five phases (engine/core/phase_timer.py) and, when an observer listens,
-reported as one StepRecord per forward; a finished request is reported as one RequestRecord. With
-nobody listening no record is built at all.
+reported as one StepRecord per forward; a finished request is reported as one RequestRecord
+(EngineTelemetry, engine/core/engine_records.py). With nobody listening no record is built at all.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from engine.core.attention import get_backend, with_block_size
 from engine.core.config import EngineConfig
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.generation_defaults import generation_defaults
-from engine.core.engine_records import build_replica_record, build_request_record, build_step_record, identity_sections
+from engine.core.engine_records import EngineTelemetry, build_replica_record, identity_sections
 from engine.core.kv_cache import KVCacheManager, kv_pool_blocks
 from engine.core.model_runner import ModelRunner
 from engine.core.models import allocate_kv_cache, kv_bytes_per_block, load_model
@@ -49,7 +49,6 @@ from telemetry.contract import derived
 from telemetry.contract.hooks import EngineObserver, guarded
 
 log = logging.getLogger(__name__)
-perf_counter = time.perf_counter
 
 
 def make_config(config: EngineConfig | str | Path, overrides: dict) -> EngineConfig:
@@ -64,7 +63,7 @@ class LLMEngine:
         config = make_config(config, config_overrides)
         if config.deploy_time is None:  # deployed now, before the model loads (a label: not in the config hash)
             config = dataclasses.replace(config, deploy_time=time.time())
-        self.observer = guarded(observer)
+        observer = guarded(observer)
         self.device = torch.device(config.device)
 
         self.loaded = load_model(config.model, config.dtype, config.device)
@@ -82,7 +81,7 @@ class LLMEngine:
             if pack is None:
                 raise ValueError(f"pack_weights: {type(self.loaded.model).__name__} has no packed projections")
             log.info("pack_weights: %d projections take oneDNN's packed weights for %d+ rows", pack(), PACKED_MIN_ROWS)
-        self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, self.observer)
+        self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, observer)
         if config.chat_template is not None:
             self.tokenizer.use_chat_template(load_chat_template(config.chat_template))
         self.model_name = config.served_model_name or self.loaded.model_name
@@ -128,15 +127,24 @@ class LLMEngine:
 
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
         self.step_id = 0
-        self._telemetry_seconds = 0.0  # observer time since the last step record
-        self._last_evictions = 0
+        self.telemetry = EngineTelemetry(observer, config.replica_id, self.model_name, self.kv_cache,
+                                         self.scheduler)
         self.replica_record = build_replica_record(
             config, model_name=self.model_name, weights_hash=self.loaded.weights_hash,
             tokenizer_hash=self.tokenizer.tokenizer_hash, chat_template_hash=self.tokenizer.chat_template_hash,
             quantization=self.quantization, attention_backend=self.backend.name,
             sections=identity_sections(config, self.generation_identity()))
         if self.observer.enabled:
-            self._notify("on_replica_start", self.replica_record)
+            self.telemetry.notify("on_replica_start", self.replica_record)
+
+    @property
+    def observer(self) -> EngineObserver:
+        """Who listens (a guarded EngineObserver; `enabled` False: nobody, and no record is built)."""
+        return self.telemetry.observer
+
+    @observer.setter
+    def observer(self, observer: EngineObserver) -> None:
+        self.telemetry.observer = observer
 
     # --- requests --------------------------------------------------------------
 
@@ -197,7 +205,7 @@ class LLMEngine:
         self.scheduler.add(seq)
         self.requests[seq.request_id] = seq
         if self.observer.enabled:
-            self._notify("on_request_arrival", seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
+            self.telemetry.notify("on_request_arrival", seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
                          seq.workload, seq.trace_context)
 
     def add_request(self, request_id: str, prompt: str | list[int] | Prompt,
@@ -218,9 +226,7 @@ class LLMEngine:
         self.scheduler.remove_finished()
         out = self._finished_output(seq)
         if self.observer.enabled:
-            t = perf_counter()
-            self._report_finished(seq, out.text)
-            self._telemetry_seconds += perf_counter() - t
+            self.telemetry.request_finished(seq, out.text)
         return out
 
     def has_unfinished(self) -> bool:
@@ -243,22 +249,18 @@ class LLMEngine:
         for seq in batch.newly_scheduled:
             seq.scheduled_time = now
             if self.observer.enabled:
-                self._notify("on_request_scheduled", seq.request_id, now)
+                self.telemetry.notify("on_request_scheduled", seq.request_id, now)
         sampling = [s for s, samples in zip(batch.seqs, batch.samples) if samples]
         try:
             result, context_lens = self._compute(batch, sampling, timer)
         except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep serving the others
-            log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
-            if self.speculator is not None:
-                self.speculator.discard(batch)  # unverified drafts must not become output tokens
-            self.step_id += 1
-            return self._fail(batch.seqs, error_text(e))
+            return self._fail_step(batch, e)
         outputs, finished = self._postprocess(batch, sampling, result)
         timer.lap("postprocess")
         if self.observer.enabled:
-            self._report_steps(batch, timer, result, finished, context_lens)
-        else:
-            self.step_id += len(result.forward_seconds) or 1
+            spec_fields = self.speculator.step_record_fields if self.speculator is not None else {}
+            self.telemetry.steps(self.step_id, batch, timer, result, finished, context_lens, spec_fields)
+        self.step_id += len(result.forward_seconds) or 1  # one per forward
         return outputs
 
     def _compute(self, batch: ScheduledBatch, sampling: list[Sequence],
@@ -278,7 +280,7 @@ class LLMEngine:
         out = self.runner.forward(inputs)
         timer.lap("forward")
         if self.speculator is not None and sampling:
-            result = self.speculator.sample(batch, sampling, out, self.loaded.model)
+            result = self.speculator.sample(batch, sampling, out.sample_logits)
         elif sampling:
             result = self.sampler(out.sample_logits, sampling).as_step_result()
         else:
@@ -296,11 +298,8 @@ class LLMEngine:
             if seq.num_computed_tokens // kv.block_size > seq.num_registered_blocks:
                 kv.cache_full_blocks(seq)
         outputs: list[RequestOutput] = []
-        for i, logits in result.prompt_logits.items():
-            try:
-                self._add_prompt_logprobs(batch.seqs[i], batch.num_new_tokens[i], logits)
-            except Exception as e:  # noqa: BLE001 - this request fails alone (and samples nothing below)
-                self._fail_alone(batch.seqs[i], error_text(e), outputs)
+        if result.prompt_logits:  # only requests that asked for prompt logprobs
+            self._add_prompt_logprobs(batch, result.prompt_logits, outputs)
         finished: list[tuple[Sequence, RequestOutput]] = []
         now = time.time()
         for i, seq in enumerate(sampling):
@@ -337,7 +336,7 @@ class LLMEngine:
             if seq.first_token_time == 0.0:
                 seq.first_token_time = now
                 if self.observer.enabled:
-                    self._notify("on_first_token", seq.request_id, now)
+                    self.telemetry.notify("on_first_token", seq.request_id, now)
             # under a grammar EOS is allowed only once the JSON is complete: it ends the request, ignore_eos or not
             stop_token = (token in eos and (not params.ignore_eos or seq.grammar is not None)) \
                 or token in params.stop_token_ids
@@ -363,6 +362,14 @@ class LLMEngine:
         if seq.stream:
             outputs.append(self._stream_output(seq))
 
+    def _fail_step(self, batch: ScheduledBatch, error: Exception) -> list[RequestOutput]:
+        """The step itself failed (the forward pass): its requests fail, the engine goes on serving."""
+        log.exception("step %d failed; failing its %d requests", self.step_id, len(batch.seqs))
+        if self.speculator is not None:
+            self.speculator.discard(batch)  # unverified drafts must not become output tokens
+        self.step_id += 1
+        return self._fail(batch.seqs, error_text(error))
+
     def _fail_alone(self, seq: Sequence, error: str, outputs: list[RequestOutput]) -> None:
         """A request failed on its own (its parameters, grammar, processors, detokenization): end it with
         finish reason "error" and its blocks freed; the rest of the batch goes on."""
@@ -384,13 +391,21 @@ class LLMEngine:
                                     finished=True, finish_reason="error", error=error, metrics=self._metrics(seq))
             outputs.append(out)
             if self.observer.enabled:
-                t = perf_counter()
-                self._report_finished(seq, out.text)
-                self._telemetry_seconds += perf_counter() - t
+                self.telemetry.request_finished(seq, out.text)
         self.scheduler.remove_finished()
         return outputs
 
-    def _add_prompt_logprobs(self, seq: Sequence, num_new: int, logits: torch.Tensor) -> None:
+    def _add_prompt_logprobs(self, batch: ScheduledBatch, prompt_logits: dict[int, torch.Tensor],
+                             outputs: list[RequestOutput]) -> None:
+        """Each asking prompt chunk's logprobs into its sequence; one that cannot be made fails its request
+        alone (which then samples nothing this step)."""
+        for i, logits in prompt_logits.items():
+            try:
+                self._add_chunk_prompt_logprobs(batch.seqs[i], batch.num_new_tokens[i], logits)
+            except Exception as e:  # noqa: BLE001
+                self._fail_alone(batch.seqs[i], error_text(e), outputs)
+
+    def _add_chunk_prompt_logprobs(self, seq: Sequence, num_new: int, logits: torch.Tensor) -> None:
         # rows predict the tokens after each computed position; the chunk started at
         # num_computed - num_new (already advanced above)
         start = seq.num_computed_tokens - num_new
@@ -445,46 +460,6 @@ class LLMEngine:
             mean_itl_seconds=derived.mean_itl(seq.token_times, empty=0.0),
             cached_tokens=seq.num_cached_tokens, preemptions=seq.num_preemptions,
             spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted)
-
-    # --- telemetry (only when an observer listens) --------------------------------------
-
-    def _notify(self, hook: str, *args) -> None:
-        t = perf_counter()
-        getattr(self.observer, hook)(*args)
-        self._telemetry_seconds += perf_counter() - t
-
-    def _report_finished(self, seq: Sequence, text: str) -> None:
-        try:  # one request's record that cannot be built must not end the step of the others
-            record = build_request_record(seq, replica_id=self.config.replica_id, model_name=self.model_name,
-                                          output_text=text)
-        except Exception:  # noqa: BLE001
-            log.exception("the record of request %s could not be built", seq.request_id)
-            return
-        self.observer.on_request_finished(record)
-
-    def _report_steps(self, batch: ScheduledBatch, timer: PhaseTimer, result: StepResult, finished: list,
-                      context_lens: list[int]) -> None:
-        """One StepRecord per forward: a multi-step batch's sub-steps (engine/core/multi_step.py) each have their own,
-        sub-step j counting the sequences that kept a j-th token and reading one more position. A record
-        carries the observer time measured before it; its own cost goes to the next one."""
-        splits = timer.splits(result.forward_seconds)
-        start, last = timer.start_wall, len(splits) - 1
-        for j, split in enumerate(splits):
-            t = perf_counter()
-            telemetry_seconds, self._telemetry_seconds = self._telemetry_seconds, 0.0
-            for seq, out in finished if j == last else ():
-                self._report_finished(seq, out.text)
-            generated = sum(1 for n in result.kept if n > j) if last else sum(result.kept)
-            record = build_step_record(
-                self.config.replica_id, self.step_id, batch, start, split, generated, telemetry_seconds,
-                self.kv_cache, self.kv_cache.evictions - self._last_evictions, self.scheduler,
-                self.speculator.step_record_fields if self.speculator is not None else {},
-                [n + j for n in context_lens])
-            self._last_evictions = self.kv_cache.evictions
-            self.observer.on_step(record)
-            self.step_id += 1
-            start += sum(split)
-            self._telemetry_seconds += perf_counter() - t
 
     def close(self) -> None:
         """Flush the observers (the engine holds no other resource worth releasing)."""

@@ -206,8 +206,23 @@ class KVCacheManager:
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references; its hashed blocks stay reusable until evicted."""
-        # last block first, so that a prefix's tail is evicted before its head
-        for block_id in reversed(seq.block_table):
+        self._release(seq.block_table)
+        seq.block_table = []
+        seq.num_registered_blocks = 0
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Return the blocks of `seq` past its first `num_tokens` tokens (speculative rollback)."""
+        keep = self.blocks_for(num_tokens)
+        rolled_back = seq.block_table[keep:]
+        assert all(self.blocks[b].ref_count == 1 and self.blocks[b].block_hash is None for b in rolled_back), \
+            f"rolled back into a shared block of {seq}"
+        self._release(rolled_back)
+        del seq.block_table[keep:]
+
+    def _release(self, block_ids: list[int]) -> None:
+        """One reference fewer on each block; a block nobody holds goes back to the free lists, a hashed one as
+        cached. Last block first, so that a prefix's tail is evicted before its head."""
+        for block_id in reversed(block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"double free of {block}"
@@ -216,18 +231,6 @@ class KVCacheManager:
                     self._free_cached[block_id] = None
                 else:
                     self._free_uncached.append(block_id)
-        seq.block_table = []
-        seq.num_registered_blocks = 0
-
-    def truncate(self, seq: Sequence, num_tokens: int) -> None:
-        """Return the blocks of `seq` past its first `num_tokens` tokens (speculative rollback)."""
-        keep = self.blocks_for(num_tokens)
-        for block_id in reversed(seq.block_table[keep:]):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count == 0 and block.block_hash is None, f"rolled back into a shared block {block}"
-            self._free_uncached.append(block_id)
-        del seq.block_table[keep:]
 
     def _take(self, block_id: int) -> None:
         """Add a reference to a cached block (reviving it from the free list if needed)."""
@@ -240,10 +243,7 @@ class KVCacheManager:
         if self._free_uncached:
             block_id = self._free_uncached.popleft()
         else:  # evict the least recently used cached block
-            block_id, _ = self._free_cached.popitem(last=False)
-            block = self.blocks[block_id]
-            del self._hash_to_block[block.block_hash]
-            block.block_hash, block.parent_hash, block.token_ids = None, None, ()
+            block_id = self._forget_oldest_cached()
             self.evictions += 1
         self.blocks[block_id].ref_count = 1
         return block_id
@@ -252,12 +252,16 @@ class KVCacheManager:
         """Forget every cached (free) prefix; returns how many blocks were dropped."""
         dropped = len(self._free_cached)
         while self._free_cached:
-            block_id, _ = self._free_cached.popitem(last=False)
-            block = self.blocks[block_id]
-            del self._hash_to_block[block.block_hash]
-            block.block_hash, block.parent_hash, block.token_ids = None, None, ()
-            self._free_uncached.append(block_id)
+            self._free_uncached.append(self._forget_oldest_cached())
         return dropped
+
+    def _forget_oldest_cached(self) -> int:
+        """Take the least recently used cached block off the cached list and forget its prefix; its id."""
+        block_id, _ = self._free_cached.popitem(last=False)
+        block = self.blocks[block_id]
+        del self._hash_to_block[block.block_hash]
+        block.block_hash, block.parent_hash, block.token_ids = None, None, ()
+        return block_id
 
     def check_invariants(self) -> None:
         """Assert the bookkeeping is consistent (tests and debugging)."""

@@ -6,7 +6,8 @@ in Python lists and turned into tensors once per step: a short list's `torch.ten
 an in-place bump of persistent tensors would, and a decode batch whose sequences and block tables are
 unchanged reuses the backend's plan from the last step (attention/torch_backend.py). The forward returns
 hidden states for all tokens; logits are computed only for the rows that need them: the last token of
-each sequence that samples, and every row of a prompt whose logprobs were asked for.
+each sequence that samples (every row of one with speculative drafts to verify), and every row of a
+prompt whose logprobs were asked for.
 
 Forward paths, each chosen per step (the measurements behind them: README, "Decode paths, measured"):
 - eager: every step the others do not take.
@@ -49,16 +50,15 @@ class ModelInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     metadata: AttentionMetadata
-    sample_rows: list[int]  # flat row of each sampling sequence's last token
+    sample_rows: list[int]  # flat rows whose logits are sampled (ScheduledBatch.samples: per sequence, in order)
     # (batch index, first flat row, number of rows) of prompt chunks that want prompt logprobs
     prompt_logprob_spans: list[tuple[int, int, int]]
 
 
 @dataclass
 class ModelOutputs:
-    sample_logits: torch.Tensor  # [num sampling seqs, V] float32
+    sample_logits: torch.Tensor  # [len(sample_rows), V] float32
     prompt_logits: dict[int, torch.Tensor]  # batch index -> [rows, V] float32
-    hidden: torch.Tensor  # [T, H] (speculative decoding reads more rows)
 
 
 class _EagerAttention:
@@ -137,8 +137,10 @@ class ModelRunner:
                 slots.extend([table[p // bs] * bs + p % bs for p in range(start, end)])
             context_lens.append(end)
             block_tables.append(table)
-            if batch.samples[i]:
+            if batch.samples[i] == 1:  # its last row
                 sample_rows.append(row + n - 1)
+            elif batch.samples[i]:  # speculative drafts: every draft's row and the last
+                sample_rows.extend(range(row + n - batch.samples[i], row + n))
             if seq.wants_prompt_logprobs and start < seq.num_prompt_tokens - 1:
                 # rows whose next token is still a prompt token
                 last = min(end, seq.num_prompt_tokens - 1)
@@ -244,11 +246,11 @@ class ModelRunner:
         rows = inputs.sample_rows
         if self._graphed(len(inputs.input_ids), rows, inputs.metadata.query_lens, inputs.prompt_logprob_spans):
             hidden, logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
-            return ModelOutputs(logits, {}, hidden)
+            return ModelOutputs(logits, {})
         if self.compile_decode and self._pure_decode(len(inputs.input_ids), rows, inputs.metadata.query_lens,
                                                      inputs.prompt_logprob_spans):
             hidden, logits = self._decode_forward(inputs)
-            return ModelOutputs(logits, {}, hidden)
+            return ModelOutputs(logits, {})
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches, self.backend)
         if len(rows) == hidden.shape[0]:
             sample_hidden = hidden
@@ -257,4 +259,4 @@ class ModelRunner:
         sample_logits = self.model.compute_logits(sample_hidden)
         prompt_logits = {i: self.model.compute_logits(hidden[row:row + n])
                          for i, row, n in inputs.prompt_logprob_spans}
-        return ModelOutputs(sample_logits, prompt_logits, hidden)
+        return ModelOutputs(sample_logits, prompt_logits)

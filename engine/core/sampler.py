@@ -72,8 +72,13 @@ class Sampler:
         try:
             return self._sample_batch(logits, seqs)
         except Exception as e:  # noqa: BLE001 - find the rows that fail on their own
-            if len(seqs) == 1:
-                return SamplerOutput([-1], [None], [float("nan")], {0: error_text(e)})
+            return self._sample_rows_alone(logits, seqs, e)
+
+    def _sample_rows_alone(self, logits: torch.Tensor, seqs: list[Sequence], error: Exception) -> SamplerOutput:
+        """The batched pass raised `error`: each row sampled alone, the rows that raise alone named in `errors`
+        (the rare path, kept out of the step's own)."""
+        if len(seqs) == 1:
+            return SamplerOutput([-1], [None], [float("nan")], {0: error_text(error)})
         token_ids, logprobs, raw, errors = [], [], [], {}
         for i, seq in enumerate(seqs):
             try:
@@ -113,36 +118,45 @@ class Sampler:
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """`logits`: after the raw processors (the greedy rows' argmax is theirs too)."""
         params = [s.sampling_params for s in seqs]
-        n, vocab = logits.shape
-        device = logits.device
-        greedy = torch.tensor([p.greedy for p in params], device=device)
-        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device, dtype=logits.dtype)
-        x = logits / temps[:, None]
-        if any(p.min_p > 0.0 for p in params):
-            x = apply_min_p(x, torch.tensor([p.min_p for p in params], device=device, dtype=logits.dtype))
-
-        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-            # 2.0 for "off": a cumulative sum that rounds up to 1.0 must not cut the tail
-            top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], device=device,
-                                 dtype=logits.dtype)
-            x = apply_top_k_top_p(x, top_k, top_p)
-        probs = torch.softmax(x, dim=-1)
-
+        probs = sampling_probs(logits, params)
         noise = torch.empty_like(probs)
-        unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
-        if len(unseeded) == n:
+        if all(s.generator is None for s in seqs):
             noise.exponential_(generator=self.generator)
         else:
-            if unseeded:
-                idx = torch.tensor(unseeded, device=device)
-                noise[idx] = torch.empty(len(unseeded), vocab, device=device,
-                                         dtype=probs.dtype).exponential_(generator=self.generator)
-            for i, s in enumerate(seqs):
-                if s.generator is not None:
-                    noise[i].exponential_(generator=s.generator)
+            self._seeded_noise(noise, seqs)
         sampled = (probs / noise).argmax(dim=-1)
+        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
         return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+    def _seeded_noise(self, noise: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Fill `noise` row by row where a request has its own generator (a full vocabulary row per step,
+        whatever else is in the batch); the other rows from the sampler's."""
+        unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
+        if unseeded:
+            idx = torch.tensor(unseeded, device=noise.device)
+            noise[idx] = torch.empty(len(unseeded), noise.shape[1], device=noise.device,
+                                     dtype=noise.dtype).exponential_(generator=self.generator)
+        for i, s in enumerate(seqs):
+            if s.generator is not None:
+                noise[i].exponential_(generator=s.generator)
+
+
+def sampling_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
+    """Each row's sampling distribution under its request's `params`: temperature (1.0 for a greedy row,
+    whose argmax is taken apart), then min_p, then top-k / top-p. Speculative verification scores drafts
+    against the same distribution."""
+    vocab, device = logits.shape[-1], logits.device
+    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device, dtype=logits.dtype)
+    x = logits / temps[:, None]
+    if any(p.min_p > 0.0 for p in params):
+        x = apply_min_p(x, torch.tensor([p.min_p for p in params], device=device, dtype=logits.dtype))
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+        # 2.0 for "off": a cumulative sum that rounds up to 1.0 must not cut the tail
+        top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], device=device,
+                             dtype=logits.dtype)
+        x = apply_top_k_top_p(x, top_k, top_p)
+    return torch.softmax(x, dim=-1)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -39,8 +39,9 @@ from engine.core.sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)  # tokens to compute per sequence
-    # per sequence: does it reach its last token this step (so it samples one)?
-    samples: list[bool] = field(default_factory=list)
+    # per sequence: how many of its rows are sampled - 1 when it reaches its last token this step, else 0
+    # (a speculator adds the rows of the drafts it verifies)
+    samples: list[int] = field(default_factory=list)
     num_prefill_seqs: int = 0
     num_decode_seqs: int = 0
     num_prefill_tokens: int = 0
@@ -73,7 +74,7 @@ class ScheduledBatch:
         decode = num_new_tokens == 1 and seq.num_output_tokens > 0 and seq.num_uncomputed_tokens == 1
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new_tokens)
-        self.samples.append(seq.num_computed_tokens + num_new_tokens == len(seq.token_ids))
+        self.samples.append(seq.num_computed_tokens + num_new_tokens == len(seq.token_ids))  # a bool: 1 or 0
         if decode:
             self.num_decode_seqs += 1
             self.num_decode_tokens += 1

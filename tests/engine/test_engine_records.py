@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-import engine.core.engine as engine_module
+import engine.core.engine_records as engine_records
 from engine.core.config import EngineConfig
 from engine.core.engine import LLMEngine
 from engine.core.engine_records import identity_sections
@@ -151,8 +151,9 @@ def test_no_records_are_built_when_nobody_listens(tiny_llama, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a record was built with no observer listening")
 
-    monkeypatch.setattr(engine_module, "build_step_record", forbidden)
-    monkeypatch.setattr(engine_module, "build_request_record", forbidden)
+    # the engine's telemetry (EngineTelemetry) builds them, beside the builders
+    monkeypatch.setattr(engine_records, "build_step_record", forbidden)
+    monkeypatch.setattr(engine_records, "build_request_record", forbidden)
     engine = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64)
     drive(engine, ["hello", [5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     assert engine.step_id > 0

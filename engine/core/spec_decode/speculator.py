@@ -7,12 +7,13 @@ Per step, around the target model's one forward:
    slots the scheduler reserved for it (`Scheduler.num_lookahead_tokens`), by
    its remaining `max_tokens` and by the longest a sequence may grow. The
    drafts are appended to the sequence's tokens for the runner, which then
-   computes 1 + k tokens for it: query_len = 1 + k, one forward for the batch.
-2. `sample(batch, sampling, outputs)` - after the forward. Drafts are removed
+   computes 1 + k tokens for it: query_len = 1 + k, one forward for the batch,
+   and the logits of all 1 + k rows (`ScheduledBatch.samples`).
+2. `sample(batch, sampling, logits)` - after the forward. Drafts are removed
    from the sequences again and verified against the target's logits at all
    1 + k rows (greedy: accept while the argmax agrees; otherwise rejection
-   sampling, which keeps the target's distribution). Sequences without a draft
-   are sampled by the engine's sampler as usual. Every sequence gets a list
+   sampling from the sampler's own distribution, which keeps it). Sequences
+   without a draft are sampled by the engine's sampler as usual. Every sequence gets a list
    of tokens (the engine's StepResult): accepted drafts, then one correction or
    bonus token, each with its raw logprob under the target.
 3. The engine appends those tokens; for a sequence that goes on, the KV cache
@@ -31,24 +32,13 @@ import torch
 
 from engine.core.logits_processors import uses_processors
 from engine.core.outputs import error_text
-from engine.core.sampler import Sampler, apply_top_k_top_p, sampled_logprobs, token_logprobs
+from engine.core.sampler import Sampler, sampled_logprobs, sampling_probs, token_logprobs
 from engine.core.spec_decode.metrics import SpecDecodeStats
 from engine.core.spec_decode.ngram import NgramProposer
 from engine.core.spec_decode.rejection import rejection_sample, verify_greedy
 from engine.core.step_result import StepResult
 
 MODES = ("none", "ngram", "draft")
-
-
-def target_probs(logits: torch.Tensor, params) -> torch.Tensor:
-    """The sampler's distribution for rows of one request: temperature, then top-k / top-p."""
-    x = logits / params.temperature
-    if params.top_k > 0 or params.top_p < 1.0:
-        rows, vocab = x.shape
-        top_k = torch.full((rows,), params.top_k if params.top_k > 0 else vocab, device=x.device)
-        top_p = torch.full((rows,), params.top_p if params.top_p < 1.0 else 2.0, device=x.device, dtype=x.dtype)
-        x = apply_top_k_top_p(x, top_k, top_p)
-    return torch.softmax(x, dim=-1)
 
 
 class Speculator:
@@ -73,8 +63,7 @@ class Speculator:
             self.draft = _build_draft_proposer(config, target, kv_cache)
         self.step_stats = SpecDecodeStats()  # this step's drafts (reset by `propose`)
         self.total_stats = SpecDecodeStats()  # since the engine started
-        self._drafts: dict[int, list[int]] = {}  # batch index -> this step's draft tokens
-        self._in_sequence: set[int] = set()  # batch indices whose drafts still sit in seq.token_ids
+        self._drafts: dict[int, list[int]] = {}  # batch index -> this step's drafts, while in seq.token_ids
 
     # -- 1. before the forward ---------------------------------------------------------
 
@@ -85,84 +74,90 @@ class Speculator:
         """
         self.step_stats = SpecDecodeStats()
         self._drafts = {}
-        self._in_sequence = set()
-        bs = self.kv_cache.block_size
-        wanted = []  # (batch index, seq, k)
+        wanted = []  # (batch index, seq, how many drafts it may take)
         for i, seq in enumerate(batch.seqs):
-            if not (batch.samples[i] and batch.num_new_tokens[i] == 1 and seq.num_output_tokens > 0):
-                continue
-            if uses_processors(seq.sampling_params):  # verification scores raw logits: such a request gets no draft
-                continue
-            n = len(seq.token_ids)
-            k = min(self.k,
-                    len(seq.block_table) * bs - n,  # reserved slots: positions n-1 .. n-1+k must exist
-                    seq.sampling_params.max_tokens - seq.num_output_tokens - 1,  # emits up to k + 1
-                    self.max_seq_len - n - 1)
+            k = self._room(batch, i, seq)
             if k >= 1:
                 wanted.append((i, seq, k))
         if not wanted:
             return 0.0
-        draft_seconds = 0.0
         if self.ngram is not None:
-            proposals = [self.ngram.propose(seq.token_ids, k) for _, seq, k in wanted]
+            proposals, draft_seconds = [self.ngram.propose(seq.token_ids, k) for _, seq, k in wanted], 0.0
         else:
-            if live_request_ids is not None:
-                self.draft.retain(live_request_ids)
-            t = time.perf_counter()
-            proposals = self.draft.propose([(seq.request_id, seq.token_ids, k) for _, seq, k in wanted])
-            draft_seconds = time.perf_counter() - t
+            proposals, draft_seconds = self._draft_model_proposals(wanted, live_request_ids)
         for (i, seq, _), drafts in zip(wanted, proposals, strict=True):
             # a draft model with a larger vocabulary may propose ids the target does not have
             drafts = drafts[:next((j for j, t in enumerate(drafts) if t >= self.vocab_size), len(drafts))]
             if not drafts:
                 continue
             self._drafts[i] = drafts
-            self._in_sequence.add(i)
             seq.token_ids.extend(drafts)
             batch.num_new_tokens[i] += len(drafts)
+            batch.samples[i] += len(drafts)  # every draft's row is verified, and the row after the last
             batch.num_decode_tokens += len(drafts)
         return draft_seconds
+
+    def _room(self, batch, i: int, seq) -> int:
+        """How many drafts batch sequence `i` may take: none unless it is a decode whose request verification
+        can score (it scores raw logits: no logits processors); at most k, and no more than the KV slots the
+        scheduler reserved for it, its remaining max_tokens (it emits up to k + 1) and the longest a
+        sequence may grow allow."""
+        if not (batch.samples[i] and batch.num_new_tokens[i] == 1 and seq.num_output_tokens > 0) \
+                or uses_processors(seq.sampling_params):
+            return 0
+        n = len(seq.token_ids)
+        return min(self.k, len(seq.block_table) * self.kv_cache.block_size - n,  # positions n-1 .. n-1+k
+                   seq.sampling_params.max_tokens - seq.num_output_tokens - 1, self.max_seq_len - n - 1)
+
+    def _draft_model_proposals(self, wanted: list, live_request_ids) -> tuple[list[list[int]], float]:
+        """The draft model's drafts for `wanted` and the seconds its forwards took (after dropping the
+        caches of requests no longer live)."""
+        if live_request_ids is not None:
+            self.draft.retain(live_request_ids)
+        t = time.perf_counter()
+        proposals = self.draft.propose([(seq.request_id, seq.token_ids, k) for _, seq, k in wanted])
+        return proposals, time.perf_counter() - t
 
     # -- 2. after the forward ----------------------------------------------------------
 
     @torch.inference_mode()
-    def sample(self, batch, sampling: list, outputs, model) -> StepResult:
-        """Tokens for every sampling sequence (`sampling` in batch order, as the runner's
-        `sample_logits` rows are); `outputs` is the runner's ModelOutputs."""
-        spec_index = {id(batch.seqs[i]): i for i in self._drafts}
-        plain = [j for j, seq in enumerate(sampling) if id(seq) not in spec_index]
-        if len(plain) == len(sampling):
-            return self.sampler(outputs.sample_logits, sampling).as_step_result()
+    def sample(self, batch, sampling: list, logits: torch.Tensor) -> StepResult:
+        """Tokens for every sampling sequence (`sampling` in batch order); `logits`: the runner's sample
+        logits, one row per sequence without a draft, 1 + its drafts' rows for one with drafts."""
+        drafted = self._take_back(batch)
+        if not drafted:
+            return self.sampler(logits, sampling).as_step_result()
+        drafts = [drafted.get(i, []) for i, rows in enumerate(batch.samples) if rows]  # per sampling sequence
+        first = [0]  # each sampling sequence's first logits row
+        for d in drafts:
+            first.append(first[-1] + len(d) + 1)
         result = StepResult([[] for _ in sampling], [[] for _ in sampling], [None] * len(sampling))
-        if plain:
-            rows = torch.tensor(plain, device=outputs.sample_logits.device)
-            part = self.sampler(outputs.sample_logits[rows], [sampling[j] for j in plain]).as_step_result()
+        plain = [j for j, d in enumerate(drafts) if not d]
+        if plain:  # the sampler's, in one batch
+            part = self.sampler(logits[[first[j] for j in plain]], [sampling[j] for j in plain]).as_step_result()
             for row, j in enumerate(plain):
                 result.token_ids[j], result.raw_logprobs[j] = part.token_ids[row], part.raw_logprobs[row]
                 result.logprobs[j] = part.logprobs[row]
                 if row in part.errors:
                     result.errors[j] = part.errors[row]
-        starts = [0]
-        for n in batch.num_new_tokens:
-            starts.append(starts[-1] + n)
-        # all verification rows of all drafted sequences: one lm_head matmul
-        spans = [(j, spec_index[id(seq)]) for j, seq in enumerate(sampling) if id(seq) in spec_index]
-        row_ids = [r for _, i in spans for r in range(starts[i], starts[i + 1])]
-        all_logits = model.compute_logits(outputs.hidden[torch.tensor(row_ids, device=outputs.hidden.device)])
-        offset = 0
-        for j, i in spans:
-            seq, drafts = sampling[j], self._drafts[i]
-            logits = all_logits[offset:offset + len(drafts) + 1]
-            offset += len(drafts) + 1
-            del seq.token_ids[-len(drafts):]  # drafts leave the sequence; accepted ones come back
-            self._in_sequence.discard(i)
-            batch.num_new_tokens[i] = 1  # the engine counts the committed token, and the accepted drafts
+        for j, d in enumerate(drafts):
+            if not d:
+                continue
             try:  # a failure here is this request's alone (the engine ends it, the batch goes on)
-                result.token_ids[j], result.raw_logprobs[j], result.logprobs[j] = self._verify(seq, drafts, logits)
+                result.token_ids[j], result.raw_logprobs[j], result.logprobs[j] = self._verify(
+                    sampling[j], d, logits[first[j]:first[j + 1]])
             except Exception as e:  # noqa: BLE001
                 result.errors[j] = error_text(e)
-        self.total_stats.merge(self.step_stats)
         return result
+
+    def _take_back(self, batch) -> dict[int, list[int]]:
+        """This step's drafts leave their sequences (the accepted ones come back as output tokens), each
+        sequence counted as computing its one committed token; the drafts, by batch index."""
+        drafts, self._drafts = self._drafts, {}
+        for i, d in drafts.items():
+            del batch.seqs[i].token_ids[-len(d):]
+            batch.num_new_tokens[i] = batch.samples[i] = 1
+        return drafts
 
     def _verify(self, seq, drafts: list[int], logits: torch.Tensor):
         """One drafted sequence's tokens (the accepted drafts and a correction or bonus token), their raw
@@ -173,7 +168,8 @@ class Speculator:
             result = verify_greedy(logits, drafts)
         else:
             generator = seq.generator if seq.generator is not None else self.sampler.generator
-            result = rejection_sample(target_probs(logits, params), drafts, None, generator)
+            # the sampler's own distribution for this request, at each of the rows
+            result = rejection_sample(sampling_probs(logits, [params] * len(logits)), drafts, None, generator)
         # raw logprobs of the accepted drafts and the correction / bonus token: the target's
         # logits at those positions (row i scores the token after draft i - 1)
         n = len(result.token_ids)
@@ -182,15 +178,14 @@ class Speculator:
         logprobs = token_logprobs(logits[:n], emitted, [params.logprobs] * n) if params.logprobs is not None else None
         seq.spec_proposed += len(drafts)
         seq.spec_accepted += result.num_accepted
-        self.step_stats.observe(len(drafts), result.num_accepted)
+        for stats in (self.step_stats, self.total_stats):
+            stats.observe(len(drafts), result.num_accepted)
         return result.token_ids, raw, logprobs
 
     def discard(self, batch) -> None:
-        """The step failed between `propose` and `sample`: take the drafts back out of the
-        sequences, so that they never show up as output tokens."""
-        for i in self._in_sequence:
-            del batch.seqs[i].token_ids[-len(self._drafts[i]):]
-        self._in_sequence = set()
+        """The step failed between `propose` and `sample`: take the drafts back out of the sequences,
+        so that they never show up as output tokens."""
+        self._take_back(batch)
 
     @property
     def step_record_fields(self) -> dict:
