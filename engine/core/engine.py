@@ -224,7 +224,7 @@ class LLMEngine:
         self.scheduler.abort(seq)
         seq.finish_time = time.time()
         self.scheduler.remove_finished()
-        out = self._finished_output(seq)
+        out = self._output(seq)
         if self.observer.enabled:
             self.telemetry.request_finished(seq, out.text)
         return out
@@ -243,7 +243,7 @@ class LLMEngine:
         timer = PhaseTimer()
         batch = self.scheduler.schedule()
         timer.lap("schedule")
-        if batch.is_empty:
+        if not batch.seqs:
             return []
         now = time.time()
         for seq in batch.newly_scheduled:
@@ -340,9 +340,7 @@ class LLMEngine:
             # under a grammar EOS is allowed only once the JSON is complete: it ends the request, ignore_eos or not
             stop_token = (token in eos and (not params.ignore_eos or seq.grammar is not None)) \
                 or token in params.stop_token_ids
-            if stop_token:
-                reason = "stop"
-            elif seq.detokenizer is not None and seq.detokenizer.add_tokens([token]) is not None:
+            if stop_token or (seq.detokenizer is not None and seq.detokenizer.add_tokens([token]) is not None):
                 reason = "stop"
             elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.scheduler.max_seq_len:
                 reason = "length"
@@ -350,7 +348,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, reason)
                 seq.finish_time = now
                 del self.requests[seq.request_id]
-                out = self._finished_output(seq, stop_token)
+                out = self._output(seq, stop_token)
                 outputs.append(out)
                 finished.append((seq, out))
                 return
@@ -360,7 +358,7 @@ class LLMEngine:
             self.kv_cache.truncate(seq, seq.num_computed_tokens)
             self.kv_cache.cache_full_blocks(seq)
         if seq.stream:
-            outputs.append(self._stream_output(seq))
+            outputs.append(self._output(seq))
 
     def _fail_step(self, batch: ScheduledBatch, error: Exception) -> list[RequestOutput]:
         """The step itself failed (the forward pass): its requests fail, the engine goes on serving."""
@@ -385,7 +383,7 @@ class LLMEngine:
             seq.error, seq.finish_time = error, now
             self.requests.pop(seq.request_id, None)
             try:
-                out = self._finished_output(seq)
+                out = self._output(seq)
             except Exception:  # noqa: BLE001 - its text cannot be made (the failure may be the detokenizer's)
                 out = RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, "",
                                     finished=True, finish_reason="error", error=error, metrics=self._metrics(seq))
@@ -421,28 +419,24 @@ class LLMEngine:
 
     # --- outputs -------------------------------------------------------------------
 
-    def _stream_output(self, seq: Sequence) -> RequestOutput:
-        new_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_streamed_tokens:]
-        seq.num_streamed_tokens = seq.num_output_tokens
-        detok = seq.detokenizer
-        new_text = detok.take_new_text(final=False)
-        return RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids,
-                             detok.text[:detok.num_emitted_chars], new_token_ids=new_ids, new_text=new_text,
-                             logprobs=list(seq.logprobs) if seq.logprobs is not None else None)
-
-    def _finished_output(self, seq: Sequence, stop_token: bool = False) -> RequestOutput:
-        detok = seq.detokenizer
+    def _output(self, seq: Sequence, stop_token: bool = False) -> RequestOutput:
+        """The request's output: its tokens and text since the last one it was handed and, once it has finished,
+        everything (`stop_token`: its last token is the stop token, whose text is not output)."""
+        detok, finished = seq.detokenizer, seq.is_finished
         if detok is not None:
-            if seq.finish_reason not in ("abort", "error"):
+            if finished and seq.finish_reason not in ("abort", "error"):
                 detok.finish()
-            new_text = detok.take_new_text(final=True)
+            new_text = detok.take_new_text(final=finished)
             text = detok.text[:detok.num_emitted_chars]
-        else:
+        else:  # a request that neither streams nor has stop strings: output once, finished
             ids = seq.output_token_ids
-            text = self.tokenizer.decode(ids[:-1] if stop_token else ids)
-            new_text = text
+            text = new_text = self.tokenizer.decode(ids[:-1] if stop_token else ids)
         new_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_streamed_tokens:]
         seq.num_streamed_tokens = seq.num_output_tokens
+        if not finished:
+            return RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, text,
+                                 new_token_ids=new_ids, new_text=new_text,
+                                 logprobs=list(seq.logprobs) if seq.logprobs is not None else None)
         return RequestOutput(
             seq.request_id, seq.prompt_token_ids, seq.output_token_ids, text, new_token_ids=new_ids,
             new_text=new_text, finished=True, finish_reason=seq.finish_reason, error=seq.error,

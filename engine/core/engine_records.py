@@ -160,6 +160,15 @@ def build_request_record(seq: Sequence, *, replica_id: str, model_name: str, out
     )
 
 
+def step_phase(batch) -> str:
+    """A step's phase as the StepRecord names it: idle, prefill, decode, or mixed (both)."""
+    if not batch.seqs:
+        return "idle"
+    if batch.num_decode_seqs == 0:
+        return "prefill"
+    return "decode" if batch.num_prefill_seqs == 0 else "mixed"
+
+
 def build_step_record(replica_id: str, step_id: int, batch, start_wall: float, split: tuple, num_generated: int,
                       telemetry_seconds: float, kv, evictions: int, scheduler, spec_fields: dict,
                       context_lens: list[int] = ()) -> StepRecord:
@@ -174,9 +183,9 @@ def build_step_record(replica_id: str, step_id: int, batch, start_wall: float, s
     schedule_s, prepare_s, forward_s, sample_s, post_s = split
     return StepRecord(
         replica_id=replica_id, step_id=step_id, start_time=start_wall,
-        duration_seconds=sum(split), phase=batch.phase, num_seqs=len(batch.seqs),
+        duration_seconds=sum(split), phase=step_phase(batch), num_seqs=len(batch.seqs),
         num_prefill_seqs=batch.num_prefill_seqs, num_decode_seqs=batch.num_decode_seqs,
-        num_tokens=batch.num_tokens, num_prefill_tokens=batch.num_prefill_tokens,
+        num_tokens=batch.num_prefill_tokens + batch.num_decode_tokens, num_prefill_tokens=batch.num_prefill_tokens,
         num_decode_tokens=batch.num_decode_tokens, num_generated_tokens=num_generated,
         schedule_seconds=schedule_s, prepare_seconds=prepare_s, forward_seconds=forward_s,
         sample_seconds=sample_s, postprocess_seconds=post_s, telemetry_seconds=telemetry_seconds,

@@ -16,7 +16,8 @@ out before cached ones.
 
 Counts (exact at any moment): used = referenced by at least one sequence;
 free = not referenced (includes cached); cached = free and still holding a
-reusable prefix. Counters: prefix query/hit tokens, evictions (cumulative).
+reusable prefix. Counter: evictions (cumulative). A step's prefix queries and hits are counted on
+its batch (ScheduledBatch.prefix_query_tokens / prefix_hit_tokens), which admits the sequences.
 """
 
 from __future__ import annotations
@@ -87,10 +88,7 @@ class KVCacheManager:
         self._free_uncached: deque[int] = deque(range(num_blocks))
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU order: oldest first
         self._hash_to_block: dict[BlockHash, int] = {}
-        # cumulative counters (the engine reports per-step differences)
-        self.prefix_query_tokens = 0
-        self.prefix_hit_tokens = 0
-        self.evictions = 0
+        self.evictions = 0  # cumulative (the engine reports per-step differences)
 
     # --- counts --------------------------------------------------------------
 
@@ -198,11 +196,6 @@ class KVCacheManager:
         for _ in range(needed):
             seq.block_table.append(self._pop_free())
         return True
-
-    def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
-        if self.enable_prefix_caching:
-            self.prefix_query_tokens += num_query_tokens
-            self.prefix_hit_tokens += num_hit_tokens
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references; its hashed blocks stay reusable until evicted."""

@@ -53,6 +53,9 @@ class ModelInputs:
     sample_rows: list[int]  # flat rows whose logits are sampled (ScheduledBatch.samples: per sequence, in order)
     # (batch index, first flat row, number of rows) of prompt chunks that want prompt logprobs
     prompt_logprob_spans: list[tuple[int, int, int]]
+    # the forward `prepare` chose: "graph" (a CUDA graph replay) or "compiled" (compile_decode) for a pure decode
+    # step (every row one new token that samples, no prompt logprobs), else "eager"
+    path: str = "eager"
 
 
 @dataclass
@@ -103,16 +106,6 @@ class ModelRunner:
         self.graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, self.block_size, max_batch,
                                    max_model_len, pad_block, self.device, capture)
 
-    @staticmethod
-    def _pure_decode(num_rows: int, sample_rows: list[int], query_lens: list[int], spans) -> bool:
-        """Every row one new token that samples, no prompt logprobs: the steps compile_decode and CUDA graphs take."""
-        return num_rows == len(sample_rows) == len(query_lens) and not spans
-
-    def _graphed(self, num_rows: int, sample_rows: list[int], query_lens: list[int], spans) -> bool:
-        """Does this step replay a decode graph: a pure decode step of a captured batch size."""
-        return (self.graphs is not None and num_rows <= self.graphs.max_batch
-                and self._pure_decode(num_rows, sample_rows, query_lens, spans))
-
     def prepare(self, batch: ScheduledBatch) -> ModelInputs:
         bs = self.block_size
         input_ids: list[int] = []
@@ -149,12 +142,14 @@ class ModelRunner:
         metadata = AttentionMetadata(
             query_lens=list(batch.num_new_tokens), context_lens=context_lens, block_tables=block_tables,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), block_size=bs)
-        inputs = ModelInputs(torch.tensor(input_ids, dtype=torch.long, device=dev),
-                             torch.tensor(positions, dtype=torch.long, device=dev),
-                             metadata, sample_rows, spans)
-        if not self._graphed(len(input_ids), sample_rows, metadata.query_lens, spans):
-            self.backend.prepare(metadata)  # (a graph's attention reads the graph's buffers: no plan)
-        return inputs
+        pure_decode = len(input_ids) == len(sample_rows) == len(batch.seqs) and not spans
+        if pure_decode and self.graphs is not None and len(input_ids) <= self.graphs.max_batch:
+            path = "graph"  # (a graph's attention reads the graph's buffers: no plan)
+        else:
+            path = "compiled" if pure_decode and self.compile_decode else "eager"
+            self.backend.prepare(metadata)
+        return ModelInputs(torch.tensor(input_ids, dtype=torch.long, device=dev),
+                           torch.tensor(positions, dtype=torch.long, device=dev), metadata, sample_rows, spans, path)
 
     def prepare_steps(self, batch: ScheduledBatch) -> list[ModelInputs]:
         """The inputs of a multi-step batch's `batch.num_steps` decode sub-steps (engine/core/multi_step.py):
@@ -244,11 +239,10 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
         rows = inputs.sample_rows
-        if self._graphed(len(inputs.input_ids), rows, inputs.metadata.query_lens, inputs.prompt_logprob_spans):
+        if inputs.path == "graph":
             hidden, logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
             return ModelOutputs(logits, {})
-        if self.compile_decode and self._pure_decode(len(inputs.input_ids), rows, inputs.metadata.query_lens,
-                                                     inputs.prompt_logprob_spans):
+        if inputs.path == "compiled":
             hidden, logits = self._decode_forward(inputs)
             return ModelOutputs(logits, {})
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches, self.backend)

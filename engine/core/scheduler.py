@@ -48,26 +48,12 @@ class ScheduledBatch:
     num_decode_tokens: int = 0
     preempted: list[Sequence] = field(default_factory=list)
     newly_scheduled: list[Sequence] = field(default_factory=list)  # first time ever scheduled
+    # the step's admissions: prompt tokens looked up in the prefix cache, and those it served (their one count:
+    # totals are sums over steps)
     prefix_query_tokens: int = 0
     prefix_hit_tokens: int = 0
     num_steps: int = 1  # decode steps this batch runs (multi-step decode: engine/core/multi_step.py)
     stepped: bool = False  # greedy decodes the runner chooses on its own (multi-step), one step or more
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.seqs
-
-    @property
-    def phase(self) -> str:
-        if not self.seqs:
-            return "idle"
-        if self.num_decode_seqs == 0:
-            return "prefill"
-        return "decode" if self.num_prefill_seqs == 0 else "mixed"
 
     def add(self, seq: Sequence, num_new_tokens: int) -> None:
         # a decode computes exactly the one token sampled last step
@@ -196,7 +182,6 @@ class Scheduler:
                 if not kv.allocate(seq, num_new, hit):
                     break
                 self.waiting.popleft()
-                kv.record_prefix_query(len(seq.token_ids), computed)
                 batch.prefix_query_tokens += len(seq.token_ids) if kv.enable_prefix_caching else 0
                 batch.prefix_hit_tokens += computed
                 if seq.scheduled_time == 0.0:
@@ -270,12 +255,6 @@ def _next_block_filling(kv: KVCacheManager, seq: Sequence, num_hit_blocks: int, 
     this step are filling?"""
     if seq.wants_prompt_logprobs:  # it never takes a cache hit: nothing to wait for
         return False
-    hashes = kv.prefix_block_hashes(seq, len(seq.token_ids))
-    shared = 0
-    for h in hashes[num_hit_blocks:]:
-        if h not in filling:
-            break
-        shared += kv.block_size
-        if shared >= MIN_SHARED_TOKENS_TO_WAIT:
-            return True
-    return False
+    wait_blocks = kv.blocks_for(MIN_SHARED_TOKENS_TO_WAIT)
+    ahead = kv.prefix_block_hashes(seq, len(seq.token_ids))[num_hit_blocks:num_hit_blocks + wait_blocks]
+    return len(ahead) == wait_blocks and all(h in filling for h in ahead)

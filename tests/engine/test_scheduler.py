@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.core.engine_records import step_phase
 from engine.core.kv_cache import KVCacheManager
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
@@ -40,10 +41,10 @@ def test_fcfs_within_the_sequence_budget():
         sched.add(seq(str(i), 5))
     batch = run_step(sched)
     assert [s.request_id for s in batch.seqs] == ["0", "1"]
-    assert batch.phase == "prefill" and batch.num_prefill_tokens == 10
+    assert step_phase(batch) == "prefill" and batch.num_prefill_tokens == 10
     assert [s.request_id for s in sched.waiting] == ["2"]
     batch = run_step(sched)
-    assert batch.phase == "decode" and batch.num_decode_tokens == 2
+    assert step_phase(batch) == "decode" and batch.num_decode_tokens == 2
 
 
 def test_chunked_prefill_splits_a_prompt_across_steps_under_the_token_budget():
@@ -65,7 +66,7 @@ def test_a_decode_and_a_prefill_chunk_share_a_step():
     run_step(sched)
     sched.add(seq("b", 10, start=100))
     batch = run_step(sched)
-    assert batch.phase == "mixed"
+    assert step_phase(batch) == "mixed"
     assert batch.num_new_tokens == [1, 5] and batch.samples == [True, False]
 
 
