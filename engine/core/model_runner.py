@@ -112,7 +112,6 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         context_lens: list[int] = []
-        block_tables: list[list[int]] = []
         sample_rows: list[int] = []
         spans: list[tuple[int, int, int]] = []
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
@@ -129,7 +128,6 @@ class ModelRunner:
                 positions.extend(range(start, end))
                 slots.extend([table[p // bs] * bs + p % bs for p in range(start, end)])
             context_lens.append(end)
-            block_tables.append(table)
             if batch.samples[i] == 1:  # its last row
                 sample_rows.append(row + n - 1)
             elif batch.samples[i]:  # speculative drafts: every draft's row and the last
@@ -140,7 +138,8 @@ class ModelRunner:
                 spans.append((i, row, last - start))
         dev = self.device
         metadata = AttentionMetadata(
-            query_lens=list(batch.num_new_tokens), context_lens=context_lens, block_tables=block_tables,
+            query_lens=list(batch.num_new_tokens), context_lens=context_lens,
+            block_tables=[seq.block_table for seq in batch.seqs],
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), block_size=bs)
         pure_decode = len(input_ids) == len(sample_rows) == len(batch.seqs) and not spans
         if pure_decode and self.graphs is not None and len(input_ids) <= self.graphs.max_batch:
