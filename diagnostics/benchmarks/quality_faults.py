@@ -3,6 +3,7 @@ no greedy request, no rescore round asked for.
 
     python -m diagnostics.benchmarks.quality_faults [--faults a,b] [--shapes together,canary,three]
                                                     [--per-replica 300] [--clean-runs 1] [--rate 4]
+                                                    [--engine infersight|vllm]
 
 Each fault is deployed the ordinary way on a real local fleet (fault_matrix.run_case: a sidecar, the
 baseline replicas of the reference model at a path P, the fault applied at P, then the candidate on
@@ -17,13 +18,24 @@ at the first checkpoint where a finding above info of one of its detectors names
 Identity findings run too and are printed, but a fault counts as caught only by its detectors here
 (the content rules, except for the changed generation default, whose identity names the key).
 
+`--engine vllm`: the same on a fleet of vLLM replicas, each behind infersight's recording proxy as `fleet
+up` makes an `engine = "vllm"` replica (engine/serving/fleet/vllm_replica.py: the proxy asks vLLM for the
+sampled tokens' logprobs on its default share of requests, and stores the prompt logprobs of the
+cross-scorer's rescore requests), in the "together" shape: two vLLM replicas started at once, roles
+recorded, the candidate on a faulty copy of the model. Only faults in the model's files apply
+(VLLM_FAULTS); vLLM needs `.venv-vllm` (or INFERSIGHT_VLLM_PYTHON) with infersight's plugin.
+
 Measured on a shared 2-core host (2026-12-06, load average 20-50 from other work; 8-17 min a case),
 requests per replica at the first catching checkpoint (100 / 200 / 300):
 int4 g128: together 100, canary 100, three 300; RoPE base x10: 100, 100, 200; 5% noise: 200, 200,
-200; 20% noise: canary 100, three 200; repetition_penalty 1.3: 100, 100, 100 (sampled_logprob_shift,
-config_mismatch names the key); damaged draft: canary 100 (spec_acceptance_drop). Caught by
+200; 20% noise: 100, 100, 200; repetition_penalty 1.3: 100, 100, 100 (sampled_logprob_shift,
+config_mismatch names the key); damaged draft: 100, 100, 100 (spec_acceptance_drop). Caught by
 sampled_token_disagreement first in every weight fault but one (together, 5%: cross_score_shift).
-Clean fleets (together, canary x2, three): no content finding above info.
+Clean fleets (together, canary x2, three): no content finding above info. `--engine vllm` (two vLLM-CPU
+0.32 replicas behind the proxy, 25% of requests with logprobs): RoPE base x10 200, 20% noise 200, 5% noise
+100 (sampled_token_disagreement, critical; cross_score_shift too); repetition_penalty 1.3 100 by
+config_mismatch alone (the key with both values; no content rule above info: the proxy records the
+client's sampling fields, not the default vLLM applied); two clean pairs quiet (cross mean 0 nats/token).
 """
 
 from __future__ import annotations
@@ -40,9 +52,9 @@ from pathlib import Path
 from diagnostics.benchmarks import fault_matrix, perf_faults
 from diagnostics.benchmarks.fault_matrix import Fault, Outcome, _diagnose, _outcome, _spec, _up, table
 from diagnostics.benchmarks.model_faults import FILE_FAULTS, noisy_weights
-from engine.serving.fleet.config import SidecarSpec
+from engine.serving.fleet.config import FleetConfig, ReplicaSpec, SidecarSpec
 from engine.serving.fleet.cross_score_spec import CrossScoreSpec
-from engine.serving.fleet.fleet import fleet_down
+from engine.serving.fleet.fleet import fleet_down, fleet_up
 from engine.core.model_refs import REFERENCE_MODEL
 from engine.traffic.loadgen.arrivals import Arrival
 from engine.traffic.loadgen.runner import run_load
@@ -98,6 +110,10 @@ QUALITY_FAULTS = {f.name: f for f in (
           frozenset({"spec_acceptance_drop"}), every_engine=perf_faults.SPECULATIVE, draft="damaged"),
 )}
 SHAPES = {"together": 1, "canary": 1, "three": 2}  # shape -> baseline replicas
+# what a vLLM replica can be given: a fault in the model's files (the others are infersight's engine options)
+VLLM_FAULTS = frozenset(n for n, f in QUALITY_FAULTS.items() if f.file_fault and not f.engine and not f.draft)
+VLLM_SHAPES = ("together",)
+ENGINES = ("infersight", "vllm")
 
 
 def _scorer_caught_up(after: float) -> None:
@@ -144,7 +160,22 @@ def _log_evidence(findings, candidate: str, log) -> None:
             log(f"    {f.severity} {f.kind} {f.subject}: {f.summary[:260]}")
 
 
-def run_together(fault: Fault | None, work: Path, requests: int, seed: int, log=print, rate: float = 4.0) -> Outcome:
+def _vllm_spec(rid: str, model: Path) -> ReplicaSpec:
+    """A vLLM replica as a fleet TOML gives one (`engine = "vllm"`), with vLLM's and the proxy's defaults;
+    one served name for both model directories, as fault_matrix.ENGINE gives infersight's."""
+    return ReplicaSpec(id=rid, model=str(model), threads=1, kind="vllm", drain_timeout=3.0,
+                       vllm={"served_model_name": "reference", "max_num_seqs": 8},
+                       env={"VLLM_CPU_KVCACHE_SPACE": "1"}, vllm_python=os.environ.get("INFERSIGHT_VLLM_PYTHON"))
+
+
+def _up_vllm(work: Path, replicas: list[ReplicaSpec]):
+    # vLLM starts in minutes on a busy CPU (availability_fleet.py waits as long)
+    return fleet_up(FleetConfig(name="vllm", run_dir=work / "vllm", startup_timeout=900.0, stop_timeout=10.0,
+                                log_level="warning", sidecar=SidecarSpec(port=0), replicas=replicas))
+
+
+def run_together(fault: Fault | None, work: Path, requests: int, seed: int, log=print, rate: float = 4.0,
+                 engine: str = "infersight") -> Outcome:
     model = work / "model"
     shutil.copytree(REFERENCE_MODEL, model)
     cand_model = model
@@ -157,11 +188,16 @@ def run_together(fault: Fault | None, work: Path, requests: int, seed: int, log=
     if fault is not None and fault.draft:
         every["draft_model"] = perf_faults.good_draft(model)
         cand_engine["draft_model"] = perf_faults.damaged_draft(work, model)
-    base_spec, cand_spec = _spec("r0", model, every), _spec("r1", cand_model, cand_engine)
+    if engine == "vllm":
+        base_spec, cand_spec = _vllm_spec("v0", model), _vllm_spec("v1", cand_model)
+    else:
+        base_spec, cand_spec = _spec("r0", model, every), _spec("r1", cand_model, cand_engine)
     base_spec.role, cand_spec.role = "baseline", "candidate"  # as the shipped canary.toml records them
-    fleet = _up(work, "base", [base_spec, cand_spec], SidecarSpec(port=0))
+    fleet = (_up_vllm(work, [base_spec, cand_spec]) if engine == "vllm"
+             else _up(work, "base", [base_spec, cand_spec], SidecarSpec(port=0)))
     try:
-        outcome = sampled_traffic(fault, "together", "r1", fleet, None, requests, seed, 3, log, False, rate)
+        shape = "vllm-together" if engine == "vllm" else "together"
+        outcome = sampled_traffic(fault, shape, cand_spec.id, fleet, None, requests, seed, 3, log, False, rate)
     finally:
         fleet_down(fleet.run_dir)
     outcome.traffic = f"{rate:g}/s"
@@ -169,8 +205,12 @@ def run_together(fault: Fault | None, work: Path, requests: int, seed: int, log=
 
 
 def run_quality_case(fault: Fault | None, shape: str, work: Path, per_replica: int, seed: int, log=print,
-                     rate: float = 4.0) -> Outcome:
+                     rate: float = 4.0, engine: str = "infersight") -> Outcome:
     requests = per_replica * (SHAPES[shape] + 1)
+    if engine == "vllm":
+        if shape not in VLLM_SHAPES or (fault is not None and fault.name not in VLLM_FAULTS):
+            raise ValueError(f"vLLM replicas run {', '.join(VLLM_SHAPES)} with {', '.join(sorted(VLLM_FAULTS))}")
+        return run_together(fault, work, requests, seed, log, rate, engine="vllm")
     if shape == "together":
         return run_together(fault, work, requests, seed, log, rate)
     return fault_matrix.run_case(fault, shape, work, requests, seed=seed, log=log, probes=False, rate=rate,
@@ -181,22 +221,32 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--faults", default="", help=f"comma-separated (default all: {', '.join(QUALITY_FAULTS)}); "
                                                      "'none' for clean runs only")
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default=None, help=f"default {','.join(SHAPES)}; with --engine vllm: "
+                                                        f"{','.join(VLLM_SHAPES)}")
+    parser.add_argument("--engine", choices=ENGINES, default="infersight",
+                        help=f"the replicas' engine; vllm: vLLM behind the recording proxy, faults "
+                             f"{', '.join(sorted(VLLM_FAULTS))}")
     parser.add_argument("--clean-runs", type=int, default=1, help="clean fleets per shape")
     parser.add_argument("--per-replica", type=int, default=300, help="requests per replica")
     parser.add_argument("--rate", type=float, default=4.0, help="requests/s over the fleet")
     args = parser.parse_args(argv)
-    names = [] if args.faults == "none" else [f for f in (args.faults or ",".join(QUALITY_FAULTS)).split(",") if f]
-    unknown = sorted(set(names) - set(QUALITY_FAULTS))
+    vllm = args.engine == "vllm"
+    known = sorted(VLLM_FAULTS) if vllm else list(QUALITY_FAULTS)
+    names = [] if args.faults == "none" else [f for f in (args.faults or ",".join(known)).split(",") if f]
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        parser.error(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(QUALITY_FAULTS)}")
+        parser.error(f"unknown fault(s) for {args.engine} {', '.join(unknown)}; known: {', '.join(known)}")
+    shapes = (args.shapes or ",".join(VLLM_SHAPES if vllm else SHAPES)).split(",")
+    if vllm and set(shapes) - set(VLLM_SHAPES):
+        parser.error(f"vLLM replicas run the shapes {', '.join(VLLM_SHAPES)}")
     outcomes = []
-    for shape in args.shapes.split(","):
+    for shape in shapes:
         cases = [QUALITY_FAULTS[n] for n in names] + [None] * args.clean_runs
         for i, fault in enumerate(cases):
             started = time.monotonic()
             with tempfile.TemporaryDirectory(prefix="infersight-qf-") as work:
-                outcome = run_quality_case(fault, shape, Path(work), args.per_replica, seed=i, rate=args.rate)
+                outcome = run_quality_case(fault, shape, Path(work), args.per_replica, seed=i, rate=args.rate,
+                                           engine=args.engine)
             print(f"    ({time.monotonic() - started:.0f} s)", flush=True)
             outcomes.append(outcome)
     print(table(outcomes))

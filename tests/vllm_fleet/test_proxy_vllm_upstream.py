@@ -225,3 +225,28 @@ def test_vllms_refusals_are_rows_with_its_status_and_numbers(vllm, proxy, store)
     long_row = rows.loc[next(i for i, (_, c) in sent.items() if c == "context_length")]
     detail = json.loads(long_row["error_detail_json"])
     assert detail["max_model_len"] == 256 and long_row["prompt_tokens"] > 256
+
+
+def test_a_rescore_request_stores_vllms_prompt_logprobs(vllm, proxy, store):
+    """The continuous cross-scorer's request (engine/traffic/probe/rescore.py: prompt + output token IDs,
+    teacher-forced, prompt_logprobs 0) through the proxy: the row holds the prompt tokens' own logprobs
+    after the first, the ones vLLM answered, so a vLLM replica scores its peers' requests."""
+    from engine.core.prompt import text_prompt
+    from engine.core.tokenization import Tokenizer
+
+    ids = text_prompt(Tokenizer(REFERENCE_MODEL), PROMPT + " jumps over the lazy dog").token_ids
+    body = {"model": SERVED, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
+    before = proxy.proxy.recorded
+    request_id = uuid.uuid4().hex
+    with httpx.Client(base_url=proxy.url, timeout=120) as via:
+        answer = via.post("/v1/completions", json=body, headers={"X-Request-Id": request_id,
+                                                                   "X-Workload": "rescore"}).json()
+    entries = answer["choices"][0]["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(ids)
+    expected = [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], ids[1:])]
+    proxy.wait_recorded(before + 1)
+    proxy.flush()
+    row = store.query_df("SELECT * FROM requests WHERE request_id = {r:String}", {"r": request_id}).to_dict("records")
+    assert len(row) == 1 and list(row[0]["prompt_token_ids"]) == ids
+    assert list(row[0]["prompt_logprobs"]) == pytest.approx(expected, abs=1e-6)
+    assert all(lp <= 0 for lp in expected)

@@ -6,7 +6,11 @@ at the top level (infersight; vLLM's chat) or in the choice (vLLM's completions)
 `choices[].token_ids` as the whole output (a response) or the chunk's new tokens (a stream).
 A chunk without token IDs that carries text counts as one token, as the load generator counts it.
 The sampled tokens' logprobs (`choices[].logprobs`: a completion's `token_logprobs`, a chat's
-`content[].logprob`) are collected the same way, whole or per chunk.
+`content[].logprob`) are collected the same way, whole or per chunk. A choice's `prompt_logprobs` (asked
+by the client: the cross-scorer's teacher-forced rescore requests, engine/traffic/probe/rescore.py) is
+vLLM's layout, None for the first prompt token then {token id: {logprob, rank, decoded_token}} holding the
+prompt token and any alternatives; it comes once (a stream's first chunk) and is kept as the prompt
+token's own logprob at each position after the first, which is what the rescore diagnostics read.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ class ChoiceCapture:
     upstream_output_ids: bool = False  # the upstream sent the output's token IDs
     token_times: list[float] = field(default_factory=list)  # when each output token arrived (epoch seconds)
     output_logprobs: list[float] = field(default_factory=list)  # the sampled tokens' logprobs, where given
+    prompt_logprobs: list[dict | None] | None = None  # as the upstream wrote them (see prompt_token_logprobs)
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     counted_tokens: int = 0  # output tokens seen (by ID, or one per text chunk without IDs)
@@ -71,6 +76,11 @@ class ResponseCapture:
             values = [c.get("logprob") for c in lp.get("content") or [] if isinstance(c, dict)]
         return [float(v) for v in values or [] if isinstance(v, (int, float))]
 
+    @staticmethod
+    def _prompt_logprobs(c: ChoiceCapture, choice: dict) -> None:
+        if isinstance(choice.get("prompt_logprobs"), list) and c.prompt_logprobs is None:
+            c.prompt_logprobs = list(choice["prompt_logprobs"])
+
     def on_chunk(self, chunk: dict, now: float) -> None:
         self.streamed = True
         self._top(chunk)
@@ -93,6 +103,7 @@ class ResponseCapture:
                 c.counted_tokens += new
             c.text.append(text)
             c.output_logprobs += self._logprobs(raw)
+            self._prompt_logprobs(c, raw)
             if raw.get("finish_reason"):
                 c.finish_reason = str(raw["finish_reason"])
 
@@ -110,8 +121,24 @@ class ResponseCapture:
                 c.output_token_ids = list(raw["token_ids"])
             c.text.append(self._text(raw, delta=False))
             c.output_logprobs = self._logprobs(raw)
+            self._prompt_logprobs(c, raw)
             c.counted_tokens = len(c.output_token_ids)
             if raw.get("finish_reason"):
                 c.finish_reason = str(raw["finish_reason"])
         self.finish_time = now
         self.complete = True
+
+
+def prompt_token_logprobs(entries: list[dict | None] | None, prompt_ids: list[int]) -> list[float]:
+    """Each prompt token's own logprob after the first (len(prompt_ids) - 1 values), read from the
+    upstream's `prompt_logprobs` by the token's ID; [] where any position lacks it (never a partial row)."""
+    if not entries or len(entries) != len(prompt_ids) or len(prompt_ids) < 2:
+        return []
+    out = []
+    for entry, token in zip(entries[1:], prompt_ids[1:]):
+        item = entry.get(str(token)) if isinstance(entry, dict) else None
+        value = item.get("logprob") if isinstance(item, dict) else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return []
+        out.append(float(value))
+    return out

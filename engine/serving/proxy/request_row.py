@@ -16,6 +16,9 @@
 - output_logprobs are the upstream's logprobs of the sampled tokens (asked by the proxy where the
   client did not, on the `--logprobs-fraction` share of requests), kept only when there is exactly
   one per output token ([] otherwise, and on a request not asked: not measured, never a value);
+- prompt_logprobs (a client that asked for them: the cross-scorer's rescore requests) are the prompt
+  tokens' own logprobs after the first, one per position or [] (capture.prompt_token_logprobs), as
+  infersight's engine records them, so a vLLM replica behind the proxy can score its peers' requests;
 - token IDs come from the upstream; where it gave none, the proxy's `--model-dir` tokenizer makes
   them (marked `"token_ids_source": "proxy_tokenizer"` in sampling_params_json; `"none"` without a
   tokenizer), so such rows never pass for the upstream's own IDs.
@@ -27,7 +30,7 @@ import json
 from dataclasses import dataclass
 
 from engine.core.prompt import chat_prompt, text_prompt
-from engine.serving.proxy.capture import ChoiceCapture, ResponseCapture
+from engine.serving.proxy.capture import ChoiceCapture, ResponseCapture, prompt_token_logprobs
 from engine.serving.server.tool_calls import recorded_tool_fields
 from telemetry.contract.derived import UNKNOWN, e2e_seconds
 from telemetry.contract.records import RequestRecord, chat_messages_hash, text_sha256
@@ -197,5 +200,6 @@ def build_records(req: ProxiedRequest, capture: ResponseCapture, *, max_model_le
             finish_reason=finish_reason, error=capture.error if finish_reason == "error" else "",
             prompt_text_hash=text_hash, prompt_text=(prompt if isinstance(prompt, str) else rendered or ""),
             output_text=output_text, rendered_prompt_hash=text_sha256(rendered) if rendered else "",
-            output_logprobs=list(c.output_logprobs) if len(c.output_logprobs) == len(output_ids) else []))
+            output_logprobs=list(c.output_logprobs) if len(c.output_logprobs) == len(output_ids) else [],
+            prompt_logprobs=prompt_token_logprobs(c.prompt_logprobs, prompt_ids)))
     return records

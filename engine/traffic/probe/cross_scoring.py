@@ -7,7 +7,11 @@ base) is seen from the traffic it serves, with no probe pinned and no greedy req
 Every `interval` seconds a pass looks at the requests that finished since the last one (a settle
 delay behind now, so their rows have reached the store). A request is picked when a hash of its id
 falls in the `share` (deterministic: every scorer process and every restart picks the same ones,
-and the pick is an unbiased sample of the replica's traffic). Each pick, prompt + output token IDs,
+and the pick is an unbiased sample of the replica's traffic). Only requests with their sampled tokens'
+logprobs recorded can be scored (diagnostics/rescore.py compares them); a recording proxy asks for them
+on a share of its requests only (a vLLM replica's `logprobs`, 0.25 by default), so the hash share is taken
+of those, scaled up to keep `share` of all the replica's scorable requests (a uniform share of a uniform
+share: still an unbiased sample, at the same cost). Each pick, prompt + output token IDs,
 goes teacher-forced with prompt logprobs (max_tokens 1, temperature 0) to one peer serving the same
 model (chosen by the same hash, so over picks every peer is used) and to the serving replica itself:
 the self-rescoring is the numerical floor diagnostics/rescore.py compares against. Requests
@@ -57,6 +61,16 @@ WHERE replica_id = {{replica:String}} AND model_name = {{model:String}}
   AND request_id NOT IN (SELECT {RESCORE_ORIGINAL_SQL} FROM requests
                          WHERE workload = '{RESCORE_WORKLOAD}' AND arrival_time >= {{since:Float64}})
 ORDER BY cityHash64('{_SALT}', request_id)
+"""
+# the pick's window and filters without the hash: how many could be scored, how many have their logprobs
+_SCORABLE = f"""
+SELECT count() AS scorable, countIf(length(output_logprobs) = length(output_token_ids)) AS measured
+FROM requests
+WHERE replica_id = {{replica:String}} AND model_name = {{model:String}}
+  AND finish_time >= {{since:Float64}} AND finish_time < {{until:Float64}}
+  AND workload NOT IN {ACTIVE_WORKLOADS_SQL} AND finish_reason IN ('stop', 'length')
+  AND length(output_token_ids) >= {MIN_OUTPUT_TOKENS}
+  AND length(prompt_token_ids) + length(output_token_ids) + 1 <= {{max_len:UInt64}}
 """
 _SERVED = f"""
 SELECT sum(prompt_tokens + output_tokens) AS tokens
@@ -119,9 +133,14 @@ def served_tokens(store, model: str, replicas: list[str], since: float, until: f
 
 
 def pick_share(store, endpoint: Endpoint, since: float, until: float, share: float, max_len: int) -> list[Pick]:
-    return picks_of(endpoint, store.query_arrow(_PICK, {"replica": endpoint.replica, "model": endpoint.model,
-                                                        "since": since, "until": until, "max_len": max_len,
-                                                        "share_ppm": int(round(share * _PPM))}))
+    """`share` of the replica's scorable requests in the window, drawn from those with logprobs recorded."""
+    window = {"replica": endpoint.replica, "model": endpoint.model, "since": since, "until": until, "max_len": max_len}
+    counts = store.query_arrow(_SCORABLE, window).to_pylist()
+    scorable, measured = (int(counts[0]["scorable"]), int(counts[0]["measured"])) if counts else (0, 0)
+    if measured == 0:
+        return []
+    of_measured = min(1.0, share * scorable / measured)
+    return picks_of(endpoint, store.query_arrow(_PICK, {**window, "share_ppm": int(round(of_measured * _PPM))}))
 
 
 def plan(store, found: list[Endpoint], since: float, until: float, settings: CrossScoreSettings,
