@@ -36,7 +36,12 @@ def gen(prompts, n):
 gen([[7, 8, 9]], 12)
 gen([[7, 8, 9], [10, 11, 12]], 12)
 gen([[7, 8, 9], [7, 8, 9, 10, 11, 12]], 12)
-print(json.dumps(dict(built_s=built, ready_s=time.perf_counter() - start)))
+ready = time.perf_counter() - start
+caches = {{}}
+if "torch._dynamo" in sys.modules:  # which caches a compiled start hit (a restart should miss none)
+    from torch._dynamo.utils import counters
+    caches = {{k: v for group in ("aot_autograd", "inductor") for k, v in counters[group].items() if "cache" in k}}
+print(json.dumps(dict(built_s=built, ready_s=ready, caches=caches)))
 """
 
 
@@ -74,7 +79,8 @@ def main() -> int:
               f"(restart / first start {warm['process_s'] / cold['process_s']:.2f}x, "
               f"restart - eager {warm['process_s'] - eager['process_s']:+.1f} s); CPU seconds: eager "
               f"{eager['cpu_s']:.1f} | empty cache {cold['cpu_s']:.1f} | restart {warm['cpu_s']:.1f} "
-              f"(restart / eager {warm['cpu_s'] / eager['cpu_s']:.2f}x)", flush=True)
+              f"(restart / eager {warm['cpu_s'] / eager['cpu_s']:.2f}x); caches: empty {cold['caches']}, "
+              f"restart {warm['caches']}", flush=True)
     return 0
 
 

@@ -37,16 +37,28 @@ def compile_cache_dir() -> Path:
     return user_cache_root() / "compile" / f"torch-{torch.__version__}"
 
 
+def _torch_default_dir() -> str:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(default_cache_dir())
+
+
 def use_persistent_compile_cache() -> str:
     """Point inductor's caches at the persistent directory unless the operator chose one, and specialize
     float constants (above); returns the directory in use. Call before the first compile. (Whether the
     caches are on stays torch's default, on, or the operator's TORCHINDUCTOR_FX_GRAPH_CACHE /
-    TORCHINDUCTOR_AUTOGRAD_CACHE.)"""
-    import torch._dynamo
+    TORCHINDUCTOR_AUTOGRAD_CACHE.)
 
-    torch._dynamo.config.specialize_float = True
-    if not os.environ.get(ENV):
+    TORCHINDUCTOR_CACHE_DIR holding torch's own default (`/tmp/torchinductor_<user>`) is not a choice:
+    inductor writes its default into the variable the first time it asks for the directory, and
+    importing torch._dynamo asks (its precompile cache's path), so in a process that imported it first the
+    variable is already set, and the persistent directory would never be used."""
+    chosen = os.environ.get(ENV)
+    if not chosen or os.path.abspath(chosen) == _torch_default_dir():
         path = compile_cache_dir()
         path.mkdir(parents=True, exist_ok=True)
         os.environ[ENV] = str(path)
+    import torch._dynamo  # after the variable: its import reads (and, unset, writes) it
+
+    torch._dynamo.config.specialize_float = True
     return os.environ[ENV]

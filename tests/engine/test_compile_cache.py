@@ -37,6 +37,18 @@ def test_a_directory_the_operator_chose_is_kept(monkeypatch, tmp_path):
     assert compile_cache.use_persistent_compile_cache() == str(tmp_path / "theirs")
 
 
+def test_torchs_own_default_in_the_variable_is_not_a_choice(monkeypatch, tmp_path):
+    """Inductor writes its /tmp default into TORCHINDUCTOR_CACHE_DIR when first asked (importing torch._dynamo
+    asks): a process that imported it before its first compile still gets the persistent directory."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    _fresh_environment(monkeypatch, tmp_path)
+    monkeypatch.setenv(compile_cache.ENV, default_cache_dir())
+    chosen = compile_cache.use_persistent_compile_cache()
+    assert chosen == str(tmp_path / "compile" / f"torch-{torch.__version__}")
+    assert cache_dir() == chosen  # where inductor's FX graph and AOTAutograd caches now read and write
+
+
 def test_each_decode_graph_is_traced_and_lowered_once(tiny_llama, monkeypatch, tmp_path):
     """With float constants traced as inputs, dynamo ran AOTAutograd on a graph it then threw away and traced
     again (2 AOTAutograd runs for 1 graph). aot_eager: AOTAutograd without inductor's build."""
