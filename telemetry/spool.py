@@ -21,15 +21,16 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from telemetry.batch_token import safe_replica_id
+
+if TYPE_CHECKING:  # imported where a batch is written or read: a replica without a store never needs
+    import pyarrow as pa  # pyarrow (~50 MB of RSS), yet asks for its spool directory at every start
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".arrow"
-_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
 def replica_spool_dir(replica_id: str) -> Path:
@@ -64,9 +65,11 @@ class Spool:
     def put(self, table: str, data: pa.Table, dedup_token: str, force: bool = False) -> bool:
         """Spool a batch; False (nothing written) when it would not fit under max_bytes, unless
         `force` (rows already on disk in this directory, moved here: the request journal's)."""
+        import pyarrow as pa
+
         schema = data.schema.with_metadata({"table": table, "dedup_token": dedup_token})
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, schema, options=_WRITE_OPTIONS) as writer:
+        with pa.ipc.new_file(sink, schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
             writer.write_table(data.replace_schema_metadata(schema.metadata))
         payload = sink.getvalue()
         if self.size_bytes + payload.size > self.max_bytes and not force:
@@ -80,6 +83,8 @@ class Spool:
         return True
 
     def read(self, path: Path) -> SpooledBatch:
+        import pyarrow as pa
+
         with pa.memory_map(str(path)) as source:
             data = pa.ipc.open_file(source).read_all()
         meta = {k.decode(): v.decode() for k, v in (data.schema.metadata or {}).items()}

@@ -2,7 +2,8 @@
 
 Each start is a fresh process (as a replica restart is) that builds `LLM(model)` with the given options and
 runs one decode of each shape a workload meets (batch 1, a batch of equal lengths, a length mask), so that
-every decode graph is compiled or loaded before "ready". Starts: eager (no compile), compiled on an empty
+every decode graph is compiled or loaded before "ready" (its wall seconds, and its CPU seconds, which a
+busy machine disturbs less). Starts: eager (no compile), compiled on an empty
 cache directory (first start on a fresh host), compiled again on that directory (a restart), in that order,
 `--rounds` times with a new empty directory each round. Prints each start's seconds and the ratios.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -34,7 +36,12 @@ def gen(prompts, n):
 gen([[7, 8, 9]], 12)
 gen([[7, 8, 9], [10, 11, 12]], 12)
 gen([[7, 8, 9], [7, 8, 9, 10, 11, 12]], 12)
-print(json.dumps(dict(built_s=built, ready_s=time.perf_counter() - start)))
+ready = time.perf_counter() - start
+caches = {{}}
+if "torch._dynamo" in sys.modules:  # which caches a compiled start hit (a restart should miss none)
+    from torch._dynamo.utils import counters
+    caches = {{k: v for group in ("aot_autograd", "inductor") for k, v in counters[group].items() if "cache" in k}}
+print(json.dumps(dict(built_s=built, ready_s=ready, caches=caches)))
 """
 
 
@@ -42,10 +49,12 @@ def start_once(model: str, options: dict, cache_root: str, threads: int) -> dict
     env = dict(os.environ, INFERSIGHT_CACHE=cache_root)
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the engine's own choice (engine/core/compile_cache.py) is measured
     code = CHILD.format(threads=threads, model=model, options=json.dumps(options))
-    wall = time.perf_counter()
+    wall, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["process_s"] = time.perf_counter() - wall
+    result["cpu_s"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return result
 
 
@@ -68,7 +77,10 @@ def main() -> int:
         print(f"round {r + 1}: ready in eager {eager['process_s']:.1f} s | compiled, empty cache "
               f"{cold['process_s']:.1f} s | compiled, restart {warm['process_s']:.1f} s "
               f"(restart / first start {warm['process_s'] / cold['process_s']:.2f}x, "
-              f"restart - eager {warm['process_s'] - eager['process_s']:+.1f} s)", flush=True)
+              f"restart - eager {warm['process_s'] - eager['process_s']:+.1f} s); CPU seconds: eager "
+              f"{eager['cpu_s']:.1f} | empty cache {cold['cpu_s']:.1f} | restart {warm['cpu_s']:.1f} "
+              f"(restart / eager {warm['cpu_s'] / eager['cpu_s']:.2f}x); caches: empty {cold['caches']}, "
+              f"restart {warm['caches']}", flush=True)
     return 0
 
 

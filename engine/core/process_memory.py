@@ -2,7 +2,8 @@
 
 The target the start summary is read against: RSS <= weights + KV pool + ~400 MB of interpreter, torch and
 libraries. `overhead_bytes` is that last part; when it grows, an import or a copy crept in (measure with
-`python -X importtime -m engine.serving.server.cli ...`).
+`python -X importtime -m dashboards.console.cli serve --model DIR`; tests/engine/test_replica_imports.py
+keeps the compiler out of a replica that does not compile).
 """
 
 from __future__ import annotations

@@ -67,10 +67,20 @@ class RotaryEmbedding(torch.nn.Module):
             inv_freq = self._per_device[key] = self.inv_freq.to(positions.device)
             # a constant of the model: static for torch.compile (compile_decode), or dynamo's duck
             # sizing takes a context length of head_dim / 2 for this size and compiles per length
-            torch._dynamo.mark_static(inv_freq)
+            mark_static_for_dynamo(inv_freq)
         freqs = positions.float()[:, None] * inv_freq[None, :]
         cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
         return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
+
+
+def mark_static_for_dynamo(t: torch.Tensor) -> None:
+    """What `torch._dynamo.mark_static(t)` records on a tensor (every dim static), without importing
+    torch._dynamo: the table is made on the first forward of every engine, compiled or not, and that
+    import alone costs ~140 MB of RSS and ~1 s in a replica that never compiles. Dynamo reads these
+    attributes when it first meets the tensor; tests/engine/test_rope_static.py checks they are still
+    the ones mark_static sets."""
+    t._dynamo_static_indices = set(range(t.dim()))
+    t._has_dynamo_dim_marking = True
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,31 @@
+"""What a replica that does not compile keeps out of its process: torch._dynamo and inductor (with sympy,
+triton and torch.onnx behind them, ~140 MB of RSS) are imported only when compile_decode asks for them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "triton")
+
+CHILD = """
+import json, sys
+from engine.core.llm import LLM
+from engine.core.sampling_params import SamplingParams
+llm = LLM({model!r})
+out = llm.generate([[5, 9, 17, 3], [7, 7, 1]], [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)] * 2,
+                   use_tqdm=False)
+print(json.dumps(dict(tokens=[len(o.token_ids) for o in out],
+                      imported=[m for m in {modules!r} if m in sys.modules])))
+"""
+
+
+def test_an_engine_built_with_defaults_never_imports_the_compiler(tiny_llama):
+    # its own process: the test session has imported torch._dynamo long before (other tests compile)
+    code = CHILD.format(model=str(tiny_llama), modules=COMPILER_MODULES)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["tokens"] == [6, 6]  # prefills and decodes ran (the rope table is made on the first forward)
+    assert result["imported"] == []
