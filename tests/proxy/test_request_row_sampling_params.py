@@ -4,11 +4,15 @@ infersight one pair on it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from engine.core.generation_defaults import AUTO, GenerationDefaults
 from engine.serving.proxy.request_row import sampling_params_json
 from engine.serving.server.admission import admit_chat, admit_completion
 from engine.serving.server.model_info import ServedModel
@@ -46,3 +50,44 @@ def test_the_proxy_row_has_the_engines_sampling_params(served, kind, extra):
     assert proxied == {k: engine[k] for k in proxied}
     if extra is PROCESSORS:
         assert proxied["logit_bias"] == {"10": 2.0, "9": -1.5, "100": 100.0}
+
+
+MODEL_DEFAULTS = st.fixed_dictionaries({}, optional={
+    "temperature": st.sampled_from([0.0, 0.6, 1.3]), "top_p": st.sampled_from([0.5, 0.9]),
+    "top_k": st.sampled_from([-1, 5, 40]), "min_p": st.sampled_from([0.0, 0.1]),
+    "repetition_penalty": st.sampled_from([1.0, 1.3]), "presence_penalty": st.sampled_from([0.0, 0.4]),
+    "frequency_penalty": st.sampled_from([-0.2, 0.0]), "max_tokens": st.sampled_from([3, 7, 500])})
+REQUEST_FIELDS = st.fixed_dictionaries({}, optional={
+    "temperature": st.sampled_from([0.0, 0.8]), "top_p": st.sampled_from([0.7]), "top_k": st.sampled_from([3]),
+    "repetition_penalty": st.sampled_from([1.1]), "max_tokens": st.sampled_from([None, 4])})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model=MODEL_DEFAULTS, fields=REQUEST_FIELDS, kind=st.sampled_from(["completion", "chat"]))
+def test_the_proxy_row_records_the_model_defaults_the_upstream_served_with(served, model, fields, kind):
+    # a field the client leaves unset is served with the model's generation default, as
+    # vLLM's --generation-config auto does and infersight's admission does: the proxy's row must say so
+    defaults = GenerationDefaults(AUTO, model)
+    with_defaults = dataclasses.replace(served, generation_defaults=defaults)
+    if kind == "chat":
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
+        admitted = admit_chat(ChatCompletionRequest(**body), with_defaults)
+    else:
+        body = {"model": "tiny", "prompt": "hello", **fields}
+        admitted = admit_completion(CompletionRequest(**body), with_defaults)
+    proxied = json.loads(sampling_params_json(body, kind, admitted.prompt_len, served.max_model_len,
+                                              defaults=defaults))
+    engine = json.loads(admitted.sampling_params.to_json())
+    assert proxied == {k: engine[k] for k in proxied}
+    for name, value in model.items():  # and the default is what was recorded wherever the request left it unset
+        if name != "max_tokens" and fields.get(name) is None:
+            assert proxied[name] == value
+
+
+def test_without_the_model_defaults_the_api_defaults_are_recorded():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    plain = json.loads(sampling_params_json(body, "chat", 5, 64))
+    assert plain["repetition_penalty"] == 1.0 and plain["temperature"] == 1.0 and plain["max_tokens"] == 59
+    ruled = json.loads(sampling_params_json(body, "chat", 5, 64, defaults=GenerationDefaults(
+        AUTO, {"repetition_penalty": 1.3, "temperature": 0.2, "max_tokens": 8})))
+    assert ruled["repetition_penalty"] == 1.3 and ruled["temperature"] == 0.2 and ruled["max_tokens"] == 8

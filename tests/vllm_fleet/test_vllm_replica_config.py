@@ -63,6 +63,19 @@ def test_a_vllm_replica_is_pinned_switched_on_and_fronted_by_its_proxy(tmp_path)
     assert proxy[proxy.index("--logprobs-fraction") + 1] == f"{DEFAULT_LOGPROBS_FRACTION:g}"
 
 
+@pytest.mark.parametrize("option", [None, "vllm", "/models/defaults"])
+def test_the_proxy_records_the_generation_defaults_vllm_applies(tmp_path, option):
+    # vLLM applies the model's generation_config.json to unset fields unless told otherwise: its proxy is
+    # told the same, so each row records the values a request was served with
+    v0 = _fleet(**({"vllm": {"generation-config": option}} if option else {})).replicas[1]
+    served = vllm_command(v0, Path("/opt/vllm/bin/python"), tmp_path, "127.0.0.1", 1)
+    proxy = proxy_command(v0, tmp_path, "127.0.0.1", 1, "http://u", "http://s", tmp_path, "info")
+    if option is None:  # both on their default, auto
+        assert "--generation-config" not in served and "--generation-config" not in proxy
+    else:
+        assert served[served.index("--generation-config") + 1] == option == proxy[proxy.index("--generation-config") + 1]
+
+
 @pytest.mark.parametrize("value, passed", [(False, "0"), (True, "1"), (0.1, "0.1"), (0, "0"), (1, "1")])
 def test_logprobs_is_the_share_of_requests_the_proxy_asks_for_them(tmp_path, value, passed):
     v0 = _fleet(logprobs=value).replicas[1]

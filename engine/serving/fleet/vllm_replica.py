@@ -193,6 +193,9 @@ def proxy_command(spec, model_dir: Path, host: str, port: int, upstream_url: str
                              "--drain-timeout", str(spec.drain_timeout))
     if store_url:
         cmd += ["--store", store_url]
+    generation_config = {str(k).replace("-", "_"): v for k, v in spec.vllm.items()}.get("generation_config")
+    if generation_config is not None:  # the defaults vLLM applies, so the rows record the values it served with
+        cmd += ["--generation-config", str(generation_config)]
     if spec.plugin:
         cmd.append("--no-replica-row")  # vLLM's plugin writes the replica's identity
     else:

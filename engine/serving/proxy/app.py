@@ -39,6 +39,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engine.core.generation_defaults import GenerationDefaults
 from engine.serving.proxy import sse
 from engine.serving.proxy.capture import ResponseCapture
 from engine.serving.proxy.extras import UNASKED_STYLES, UpstreamExtras, dumps_like, strip, strip_keys
@@ -86,13 +87,16 @@ class RecordingProxy:
     def __init__(self, upstream: str, observer, replica_id: str, *, tokenizer=None, unasked: str = "auto",
                  replica_row: bool = True, upstream_api_key: str | None = None, registry=None,
                  client: httpx.AsyncClient | None = None, logprobs_fraction: float = 1.0,
-                 deploy: dict | None = None):
+                 deploy: dict | None = None, generation_defaults: GenerationDefaults | None = None):
         if unasked not in (*UNASKED_STYLES, "auto"):
             raise ValueError(f"unasked fields: 'null', 'omit' or 'auto', got {unasked!r}")
         self.upstream = upstream.rstrip("/")
         self.observer, self.replica_id, self.tokenizer = observer, replica_id, tokenizer
         self.unasked, self.replica_row, self.registry = unasked, replica_row, registry
         self.deploy = deploy or {}  # role, deploy_time of the replica row (upstream_info.replica_record)
+        # the sampling defaults the upstream applies to fields a request leaves unset (vLLM's --generation-config),
+        # so that each row records the values a request was served with
+        self.generation_defaults = generation_defaults or GenerationDefaults()
         self._own_headers = {"Authorization": f"Bearer {upstream_api_key}"} if upstream_api_key else {}
         self._client = client
         self.extras = UpstreamExtras(logprobs_fraction)  # the share of requests asked for logprobs
@@ -372,9 +376,11 @@ class RecordingProxy:
             max_model_len = self.info.max_model_len if self.info else None
             if self.tokenizer is not None and needs_tokenizer(capture):
                 records = await anyio.to_thread.run_sync(
-                    lambda: build_records(proxied, capture, max_model_len=max_model_len, tokenizer=self.tokenizer))
+                    lambda: build_records(proxied, capture, max_model_len=max_model_len, tokenizer=self.tokenizer,
+                                          defaults=self.generation_defaults))
             else:
-                records = build_records(proxied, capture, max_model_len=max_model_len)
+                records = build_records(proxied, capture, max_model_len=max_model_len,
+                                        defaults=self.generation_defaults)
             for record in records:
                 record.http_status = 200  # the upstream's answer: a stream cut short is an abort, by finish_reason
                 record.error_code = engine_error_code(record.finish_reason)

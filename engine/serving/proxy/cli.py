@@ -47,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-dir", default=None, metavar="DIR",
                         help="the upstream's model directory: its tokenizer makes token IDs where the upstream "
                              "returns none (marked in sampling_params_json), and its hashes go in the replica row")
+    parser.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                        help="the sampling defaults the upstream applies to fields a request leaves unset, as vLLM's "
+                             "--generation-config (give the upstream's value): auto, the --model-dir's "
+                             "generation_config.json; vllm, none; a directory, its generation_config.json. Recorded "
+                             "in each row's sampling_params_json as the values used (default: auto, vLLM's default)")
     parser.add_argument("--replica-row", action=argparse.BooleanOptionalAction, default=True,
                         help="write a replica row for the upstream (off where the engine writes its own: "
                              "infersight, or vLLM with infersight's stat-logger plugin)")
@@ -97,11 +102,15 @@ def build_proxy(args):
     from telemetry.replica_wiring import build_observer
     from telemetry.spool import replica_spool_dir
 
-    tokenizer = None
+    tokenizer, defaults = None, None
     if args.model_dir:
         from engine.core.tokenization import Tokenizer
 
         tokenizer = Tokenizer(args.model_dir)
+    if args.model_dir or args.generation_config not in ("auto", "vllm"):  # auto reads the model directory
+        from engine.core.generation_defaults import generation_defaults
+
+        defaults = generation_defaults(args.model_dir or "", args.generation_config)
     spool = {"spool_dir": args.spool_dir or replica_spool_dir(f"{args.replica_id}-proxy"),
              "spool_max_bytes": args.spool_max_bytes, "journal": True}  # answered requests survive a kill -9
     model = os.path.basename(os.path.normpath(args.model_dir)) if args.model_dir else "unknown"
@@ -111,7 +120,7 @@ def build_proxy(args):
     proxy = RecordingProxy(args.upstream, observer, args.replica_id, tokenizer=tokenizer, unasked=args.unasked_fields,
                            replica_row=args.replica_row, upstream_api_key=args.upstream_api_key,
                            registry=parts.registry, logprobs_fraction=args.logprobs_fraction,
-                           deploy={"role": args.role, "deploy_time": args.deploy_time})
+                           deploy={"role": args.role, "deploy_time": args.deploy_time}, generation_defaults=defaults)
     connections = connection_limits_from_args(args)  # slow or idle clients cannot hold the proxy's sockets
     raise_open_files_limit(2 * connections.max_connections + 256)  # each client's request has its upstream socket
     app = journaled(proxy.app(), parts.recorder)  # every recorded request on disk before its answer leaves

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from engine.core.generation_defaults import GenerationDefaults
 from engine.core.prompt import chat_prompt, text_prompt
 from engine.serving.proxy.capture import ChoiceCapture, ResponseCapture, prompt_token_logprobs
 from engine.serving.server.tool_calls import recorded_tool_fields
@@ -59,16 +60,24 @@ def _messages(body: dict) -> list[dict]:
 
 
 def sampling_params_json(body: dict, kind: str, prompt_len: int, max_model_len: int | None,
-                         token_ids_source: str | None = None) -> str:
-    """The request's sampling parameters in the engine's layout (SamplingParams.to_json)."""
+                         token_ids_source: str | None = None, defaults: GenerationDefaults | None = None) -> str:
+    """The request's sampling parameters in the engine's layout (SamplingParams.to_json), as the upstream
+    served them: a field the client left unset takes the model's generation default (`defaults`: what the
+    upstream applies, vLLM's `--generation-config`), else the API's own."""
+    defaults = defaults or GenerationDefaults()
+    body = {**body, **defaults.unset({k for k, v in body.items() if v is not None})}
     if kind == "chat":
         max_tokens = body.get("max_tokens") if body.get("max_tokens") is not None else body.get("max_completion_tokens")
         logprobs = (body.get("top_logprobs") or 0) if body.get("logprobs") else None
     else:
         max_tokens = body.get("max_tokens", 16)
         logprobs = body.get("logprobs")
-    if max_tokens is None and max_model_len:  # as the servers fill it: the rest of the context
-        max_tokens = max(1, max_model_len - prompt_len)
+    room = max(1, max_model_len - prompt_len) if max_model_len else None
+    if max_tokens is None:  # as the servers fill it: the model's default, else the rest of the context
+        max_tokens = defaults.values.get("max_tokens", room)
+        max_tokens = min(max_tokens, room) if None not in (max_tokens, room) else max_tokens
+    if max_tokens is not None and defaults.max_tokens_cap is not None:  # a directory's cap holds for every request
+        max_tokens = min(max_tokens, defaults.max_tokens_cap)
     stop = body.get("stop")
     params = {"temperature": _number(body.get("temperature"), 1.0, float), "top_k": _number(body.get("top_k"), -1, int),
               "top_p": _number(body.get("top_p"), 1.0, float), "max_tokens": _number(max_tokens, None, int),
@@ -157,7 +166,7 @@ def _ids_missing(capture: ResponseCapture, c: ChoiceCapture) -> bool:
 
 
 def build_records(req: ProxiedRequest, capture: ResponseCapture, *, max_model_len: int | None = None,
-                  tokenizer=None) -> list[RequestRecord]:
+                  tokenizer=None, defaults: GenerationDefaults | None = None) -> list[RequestRecord]:
     """One row per choice the response carried (none for a response without choices)."""
     records = []
     n = len(capture.choices)
@@ -196,7 +205,8 @@ def build_records(req: ProxiedRequest, capture: ResponseCapture, *, max_model_le
             prompt_tokens=prompt_tokens, output_tokens=output_tokens, cached_tokens=int(cached),
             prompt_token_ids=prompt_ids, output_token_ids=output_ids,
             token_times=[t - arrival for t in c.token_times] if len(c.token_times) == output_tokens else [],
-            sampling_params_json=sampling_params_json(req.body, req.kind, prompt_tokens, max_model_len, source),
+            sampling_params_json=sampling_params_json(req.body, req.kind, prompt_tokens, max_model_len, source,
+                                                       defaults),
             finish_reason=finish_reason, error=capture.error if finish_reason == "error" else "",
             prompt_text_hash=text_hash, prompt_text=(prompt if isinstance(prompt, str) else rendered or ""),
             output_text=output_text, rendered_prompt_hash=text_sha256(rendered) if rendered else "",
