@@ -434,6 +434,10 @@ def _outcome(fault, shape, candidate, stages, sent, log) -> Outcome:
     verdict = "clean run" if clean else f"caught: {caught}" if caught else "MISSED"
     log(f"{out.fault:22s} {shape:7s} {verdict}  key named {out.key_named} mechanism {out.mechanism_cited}  "
         f"{explanation[:140]}")
+    for f in final:  # what each finding that looked for causes on the candidate cited (or that it found none)
+        if candidate in f.subject.split(" vs ") and "mechanisms" in f.evidence:
+            cited = ", ".join(m["mechanism"] for m in f.evidence["mechanisms"]) or "nothing found"
+            log(f"    {f.severity} {f.kind} cites: {cited}")
     if not clean and (caught is None or out.key_named is False or out.mechanism_cited is False):
         for f in final:  # what the detectors said instead (info: insufficient data, below a bar ...)
             if f.kind in fault.detectors or candidate in f.subject.split(" vs "):
