@@ -433,7 +433,7 @@ def _outcome(fault, shape, candidate, stages, sent, log) -> Outcome:
         out.mechanism_cited = finding_checks.mechanism_cited(final, candidate, fault.mechanism)
     verdict = "clean run" if clean else f"caught: {caught}" if caught else "MISSED"
     log(f"{out.fault:22s} {shape:7s} {verdict}  key named {out.key_named} mechanism {out.mechanism_cited}  "
-        f"{explanation[:140]}")
+        f"{explanation[:400]}")
     for f in final:  # what each finding that looked for causes on the candidate cited (or that it found none)
         if candidate in f.subject.split(" vs ") and "mechanisms" in f.evidence:
             cited = ", ".join(m["mechanism"] for m in f.evidence["mechanisms"]) or "nothing found"
