@@ -13,7 +13,9 @@ in the scope (diagnostics.scope.replicas_in):
 - config_json -> `config_mismatch` (warning): every differing key with both values, nested keys dotted
   (generation.eos_token_ids, vllm_config.cache_config.enable_prefix_caching ...). Labels and per-start
   or per-host keys (replica_id, served_model_name, ports, a proxy's upstream URL) and the GPU index of
-  `device` are placement, not behaviour: skipped. The model / tokenizer path alone says where, not what
+  `device` are placement, not behaviour: skipped. What the options did in the window, where the records
+  show it against the reference replicas (preemptions, a queue at max_num_seqs, CPU throttling ...:
+  diagnostics.mechanisms.effects), is said beside the keys. The model / tokenizer path alone says where, not what
   (the content is in the hashes): a path-only difference is the info `model_path_differs`.
 A replica whose identity changed across a restart is an `identity_changed` info finding with the time and
 the keys, before and after (diagnostics.identity_events); the other diagnostics' findings on it cite it.
@@ -37,7 +39,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from diagnostics import config_keys, identity_events
+from diagnostics import config_keys, identity_events, mechanisms
 from diagnostics.baseline import IDENTITY_FIELDS, NO_BASELINE_HINT, choose_baseline, pinned_probes
 from diagnostics.findings import Finding
 from diagnostics.replica_tokenizers import TokenizerSource
@@ -404,7 +406,9 @@ def run(store, request: DiagnosticRequest) -> list[Finding]:
         for same_engine in by_engine.values():
             if len(same_engine) > 1:
                 reference = Reference(store, model, same_engine, request, pins)
-                findings += engine_findings(scope, model, same_engine, reference)
+                findings += [mechanisms.effects(store, scope, f, {r["replica_id"]: r for r in same_engine})
+                             if f.kind == "config_mismatch" else f
+                             for f in engine_findings(scope, model, same_engine, reference)]
                 findings += symmetric_findings(scope, model, same_engine, reference, ("engine_version", "config_json"))
         if len(findings) == before:  # the check ran and found nothing: say so
             ids = sorted(r["replica_id"] for r in group)

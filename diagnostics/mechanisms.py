@@ -346,3 +346,20 @@ def explain(mechanisms: list[dict], limit: int = 3) -> str:
     if not mechanisms:
         return f"{NOT_FOUND} ({', '.join(LOOKED_AT)} compared)"
     return "cause: " + "; ".join(m["said"] for m in mechanisms[:limit])
+
+
+def effects(store, scope: Scope, finding, identity: dict[str, dict]):
+    """What a replica named for other options than its reference replicas (evidence "replica" and
+    "reference_replicas": diagnostics.identity's config_mismatch) shows in the same window against them: a
+    smaller KV cache's preemptions, a smaller max_num_seqs' queue, a CPU quota's throttling. The difference is
+    the finding whether or not it shows; what it did is said only where the records show it (no clause, no
+    evidence otherwise: a setting that did nothing yet is not a cause of anything). Returns the finding."""
+    rid, refs = finding.evidence.get("replica"), [r for r in finding.evidence.get("reference_replicas", ()) if r]
+    if not isinstance(rid, str) or not refs:
+        return finding
+    found = cited(store, scope, rid, refs, identity)
+    if found:
+        finding.summary = (f"{finding.summary}; in this window it shows: "
+                           + "; ".join(m["said"] for m in found[:3]))
+        finding.evidence["mechanisms"] = found
+    return finding

@@ -52,13 +52,15 @@ def key_named(findings: list, replica: str, key: str, one, other) -> bool:
                if _on(f, replica) and (f.severity != "info" or f.kind == CHANGE_KIND))
 
 
-def mechanism_cited(findings: list, replica: str, mechanism: str) -> bool | None:
-    """A lag finding on `replica` (one that looked for causes: evidence "mechanisms") cites `mechanism`;
-    None where no finding on it looked (nothing lagged: a difference in identity needs no mechanism)."""
+def mechanism_cited(findings: list, replica: str, mechanism: str | tuple[str, ...]) -> bool | None:
+    """A finding on `replica` that looked for causes (evidence "mechanisms") cites `mechanism` (or one of
+    several: a cache too small shows as KV pressure before it preempts ten requests); None where no finding on
+    it looked (nothing lagged: a difference in identity needs no mechanism)."""
+    wanted = {mechanism} if isinstance(mechanism, str) else set(mechanism)
     looked = [f for f in findings if _on(f, replica) and f.severity != "info" and "mechanisms" in f.evidence]
     if not looked:
         return None
-    return any(m.get("mechanism") == mechanism for f in looked for m in f.evidence["mechanisms"])
+    return any(m.get("mechanism") in wanted for f in looked for m in f.evidence["mechanisms"])
 
 
 def most_requests_per_replica(store, since: float) -> int:

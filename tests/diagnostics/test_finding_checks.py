@@ -39,3 +39,5 @@ def test_a_mechanism_is_asked_only_of_a_finding_that_looked_for_one():
     assert finding_checks.mechanism_cited([lag], "r1", "preemptions") is False
     lag.evidence["mechanisms"].append({"mechanism": "preemptions"})
     assert finding_checks.mechanism_cited([lag], "r1", "preemptions") is True
+    assert finding_checks.mechanism_cited([lag], "r1", ("cpu_throttling", "kv_pressure")) is True
+    assert finding_checks.mechanism_cited([lag], "r1", ("cpu_throttling", "host_time")) is False
