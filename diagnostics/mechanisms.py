@@ -348,6 +348,12 @@ def explain(mechanisms: list[dict], limit: int = 3) -> str:
     return "cause: " + "; ".join(m["said"] for m in mechanisms[:limit])
 
 
+# What a setting does by itself, whatever traffic the replica got. Prefix hits and host time also move with
+# which prompts a replica served (one that refuses long prompts hits the cache less), and nothing here
+# compares like with like, so they are no evidence of what a setting did.
+SETTING_EFFECTS = ("cpu_quota", "cpu_throttling", "preemptions", "kv_pressure", "queue_at_max_num_seqs")
+
+
 def effects(store, scope: Scope, finding, identity: dict[str, dict]):
     """What a replica named for other options than its reference replicas (evidence "replica" and
     "reference_replicas": diagnostics.identity's config_mismatch) shows in the same window against them: a
@@ -357,7 +363,7 @@ def effects(store, scope: Scope, finding, identity: dict[str, dict]):
     rid, refs = finding.evidence.get("replica"), [r for r in finding.evidence.get("reference_replicas", ()) if r]
     if not isinstance(rid, str) or not refs:
         return finding
-    found = cited(store, scope, rid, refs, identity)
+    found = [m for m in cited(store, scope, rid, refs, identity) if m["mechanism"] in SETTING_EFFECTS]
     if found:
         finding.summary = (f"{finding.summary}; in this window it shows: "
                            + "; ".join(m["said"] for m in found[:3]))

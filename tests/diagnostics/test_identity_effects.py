@@ -55,3 +55,17 @@ def test_a_difference_that_did_nothing_in_the_window_is_said_without_an_effect(c
     f = _mismatch(clean, t0)
     assert "num_kv_blocks 24 vs 128" in f.summary
     assert "shows" not in f.summary and "mechanisms" not in f.evidence
+
+
+
+def test_what_the_traffic_did_is_not_said_as_the_settings_effect(clean):
+    # r2 refuses long prompts (max_model_len) and so hits the prefix cache less than its peers: a true difference,
+    # but one of the prompts it served, not of anything its setting did to the same prompts
+    t0 = time.time() - 3600
+    _fleet(clean, t0, {"r0": 128, "r1": 128, "r2": 24}, {"r0": 0, "r1": 0, "r2": 0})
+    clean.insert_records("steps", [step(rid, 1000 + j, t0 + j + 0.7, prefix_query_tokens=100,
+                                        prefix_hit_tokens=10 if rid == "r2" else 80)
+                                   for rid in ("r0", "r1", "r2") for j in range(N)])
+    f = _mismatch(clean, t0)
+    assert "num_kv_blocks 24 vs 128" in f.summary
+    assert "prefix" not in f.summary and "mechanisms" not in f.evidence
