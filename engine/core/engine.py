@@ -433,14 +433,12 @@ class LLMEngine:
             text = new_text = self.tokenizer.decode(ids[:-1] if stop_token else ids)
         new_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_streamed_tokens:]
         seq.num_streamed_tokens = seq.num_output_tokens
-        if not finished:
-            return RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, text,
-                                 new_token_ids=new_ids, new_text=new_text,
-                                 logprobs=list(seq.logprobs) if seq.logprobs is not None else None)
         return RequestOutput(
             seq.request_id, seq.prompt_token_ids, seq.output_token_ids, text, new_token_ids=new_ids,
-            new_text=new_text, finished=True, finish_reason=seq.finish_reason, error=seq.error,
-            logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs, metrics=self._metrics(seq))
+            new_text=new_text, finished=finished, finish_reason=seq.finish_reason, error=seq.error,
+            # a streamed increment holds a copy: the sequence goes on appending to its own list
+            logprobs=seq.logprobs if finished or seq.logprobs is None else list(seq.logprobs),
+            prompt_logprobs=seq.prompt_logprobs if finished else None, metrics=self._metrics(seq) if finished else None)
 
     @staticmethod
     def _metrics(seq: Sequence) -> RequestMetrics:

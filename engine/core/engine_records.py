@@ -166,7 +166,7 @@ def step_phase(batch) -> str:
         return "idle"
     if batch.num_decode_seqs == 0:
         return "prefill"
-    return "decode" if batch.num_prefill_seqs == 0 else "mixed"
+    return "decode" if batch.num_decode_seqs == len(batch.seqs) else "mixed"
 
 
 def build_step_record(replica_id: str, step_id: int, batch, start_wall: float, split: tuple, num_generated: int,
@@ -184,7 +184,7 @@ def build_step_record(replica_id: str, step_id: int, batch, start_wall: float, s
     return StepRecord(
         replica_id=replica_id, step_id=step_id, start_time=start_wall,
         duration_seconds=sum(split), phase=step_phase(batch), num_seqs=len(batch.seqs),
-        num_prefill_seqs=batch.num_prefill_seqs, num_decode_seqs=batch.num_decode_seqs,
+        num_prefill_seqs=len(batch.seqs) - batch.num_decode_seqs, num_decode_seqs=batch.num_decode_seqs,
         num_tokens=batch.num_prefill_tokens + batch.num_decode_tokens, num_prefill_tokens=batch.num_prefill_tokens,
         num_decode_tokens=batch.num_decode_tokens, num_generated_tokens=num_generated,
         schedule_seconds=schedule_s, prepare_seconds=prepare_s, forward_seconds=forward_s,

@@ -42,8 +42,7 @@ class ScheduledBatch:
     # per sequence: how many of its rows are sampled - 1 when it reaches its last token this step, else 0
     # (a speculator adds the rows of the drafts it verifies)
     samples: list[int] = field(default_factory=list)
-    num_prefill_seqs: int = 0
-    num_decode_seqs: int = 0
+    num_decode_seqs: int = 0  # the others are prefills (prompt chunks)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     preempted: list[Sequence] = field(default_factory=list)
@@ -65,7 +64,6 @@ class ScheduledBatch:
             self.num_decode_seqs += 1
             self.num_decode_tokens += 1
         else:
-            self.num_prefill_seqs += 1
             self.num_prefill_tokens += num_new_tokens
 
 
@@ -200,7 +198,7 @@ class Scheduler:
     def _take_steps(self, batch: ScheduledBatch) -> None:
         """Step 3: k steps (up to K) for a batch of decodes only, if all of it may take them and the free
         blocks hold every sequence's k slots."""
-        if batch.num_prefill_seqs:
+        if batch.num_decode_seqs < len(batch.seqs):  # a prefill is in it
             return
         k = steps_for(batch.seqs, self.num_scheduler_steps, self.max_seq_len)
         if k == 0:
