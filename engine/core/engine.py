@@ -128,7 +128,7 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
         self.step_id = 0
         self.telemetry = EngineTelemetry(observer, config.replica_id, self.model_name, self.kv_cache,
-                                         self.scheduler)
+                                         self.scheduler, self.speculator)
         self.replica_record = build_replica_record(
             config, model_name=self.model_name, weights_hash=self.loaded.weights_hash,
             tokenizer_hash=self.tokenizer.tokenizer_hash, chat_template_hash=self.tokenizer.chat_template_hash,
@@ -245,11 +245,9 @@ class LLMEngine:
         timer.lap("schedule")
         if not batch.seqs:
             return []
-        now = time.time()
-        for seq in batch.newly_scheduled:
-            seq.scheduled_time = now
-            if self.observer.enabled:
-                self.telemetry.notify("on_request_scheduled", seq.request_id, now)
+        if self.observer.enabled:
+            for seq in batch.newly_scheduled:
+                self.telemetry.notify("on_request_scheduled", seq.request_id, seq.scheduled_time)
         sampling = [s for s, samples in zip(batch.seqs, batch.samples) if samples]
         try:
             result, context_lens = self._compute(batch, sampling, timer)
@@ -258,8 +256,7 @@ class LLMEngine:
         outputs, finished = self._postprocess(batch, sampling, result)
         timer.lap("postprocess")
         if self.observer.enabled:
-            spec_fields = self.speculator.step_record_fields if self.speculator is not None else {}
-            self.telemetry.steps(self.step_id, batch, timer, result, finished, context_lens, spec_fields)
+            self.telemetry.steps(self.step_id, batch, timer, result, finished, context_lens)
         self.step_id += len(result.forward_seconds) or 1  # one per forward
         return outputs
 

@@ -203,12 +203,15 @@ class EngineTelemetry:
     forward. The engine calls it only while an observer listens. The observer's own time is measured here and
     carried by the next step record as its `telemetry_seconds`: a record cannot contain its own cost."""
 
-    def __init__(self, observer: EngineObserver, replica_id: str, model_name: str, kv_cache, scheduler):
+    def __init__(self, observer: EngineObserver, replica_id: str, model_name: str, kv_cache, scheduler,
+                 speculator=None):
         self.observer = observer
         self.replica_id = replica_id
         self.model_name = model_name
+        # the parts whose state after a step its records read: the KV pool, the queues, the drafts (or None)
         self.kv_cache = kv_cache
         self.scheduler = scheduler
+        self.speculator = speculator
         self.seconds = 0.0  # observer time since the last step record
         self._last_evictions = 0
 
@@ -232,13 +235,14 @@ class EngineTelemetry:
         self.observer.on_request_finished(record)
 
     def steps(self, step_id: int, batch, timer: PhaseTimer, result: StepResult, finished: list,
-              context_lens: list[int], spec_fields: dict) -> None:
+              context_lens: list[int]) -> None:
         """One StepRecord per forward, numbered from `step_id`: a multi-step batch's sub-steps
         (engine/core/multi_step.py) each have their own, sub-step j counting the sequences that kept a j-th
         token and reading one more position; the step's finished requests are reported before the last."""
         splits = timer.splits(result.forward_seconds)
         start, last = timer.start_wall, len(splits) - 1
         kv = self.kv_cache
+        spec_fields = self.speculator.step_record_fields if self.speculator is not None else {}
         for j, split in enumerate(splits):
             t = perf_counter()
             telemetry_seconds, self.seconds = self.seconds, 0.0

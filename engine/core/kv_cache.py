@@ -151,13 +151,10 @@ class KVCacheManager:
         """Register the blocks `seq` has filled with computed tokens, so others can reuse them."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
-        start = seq.num_registered_blocks
-        if num_full <= start:
-            return
-        hashes = self._block_hashes(seq, num_full)
         bs = self.block_size
-        for i in range(start, num_full):
+        num_full = seq.num_computed_tokens // bs
+        hashes = self._block_hashes(seq, num_full)
+        for i in range(seq.num_registered_blocks, num_full):
             block = self.blocks[seq.block_table[i]]
             if block.block_hash is None and hashes[i] not in self._hash_to_block:
                 block.block_hash = hashes[i]
