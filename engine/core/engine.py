@@ -30,12 +30,12 @@ from engine.core.attention import get_backend, with_block_size
 from engine.core.config import EngineConfig
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.generation_defaults import generation_defaults
-from engine.core.engine_records import EngineTelemetry, build_replica_record, identity_sections
+from engine.core.engine_records import EngineTelemetry, build_replica_record, identity_sections, request_metrics
 from engine.core.kv_cache import KVCacheManager, kv_pool_blocks
 from engine.core.model_runner import ModelRunner
 from engine.core.models import allocate_kv_cache, kv_bytes_per_block, load_model
 from engine.core.models.packed_linear import PACKED_MIN_ROWS
-from engine.core.outputs import RequestMetrics, RequestOutput, error_text
+from engine.core.outputs import RequestOutput, error_text
 from engine.core.phase_timer import PhaseTimer
 from engine.core.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, is_token_ids, text_prompt
 from engine.core.sampler import Sampler, token_logprobs
@@ -45,7 +45,6 @@ from engine.core.sequence import Sequence
 from engine.core.step_result import StepResult
 from engine.core.structured_output import StructuredOutput, backend_identity
 from engine.core.tokenization import Tokenizer, load_chat_template
-from telemetry.contract import derived
 from telemetry.contract.hooks import EngineObserver, guarded
 
 log = logging.getLogger(__name__)
@@ -349,11 +348,8 @@ class LLMEngine:
                 outputs.append(out)
                 finished.append((seq, out))
                 return
-        if len(tokens) > 1 or self.speculator is not None:
-            # every token but the last has its KV now (accepted drafts, sub-steps); a rejected draft's slots go
-            seq.num_computed_tokens = len(seq.token_ids) - 1
-            self.kv_cache.truncate(seq, seq.num_computed_tokens)
-            self.kv_cache.cache_full_blocks(seq)
+        if len(tokens) > 1 or self.speculator is not None:  # accepted drafts, sub-steps: their KV is written
+            self.kv_cache.compute_all_but_last(seq)
         if seq.stream:
             outputs.append(self._output(seq))
 
@@ -383,7 +379,7 @@ class LLMEngine:
                 out = self._output(seq)
             except Exception:  # noqa: BLE001 - its text cannot be made (the failure may be the detokenizer's)
                 out = RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, "",
-                                    finished=True, finish_reason="error", error=error, metrics=self._metrics(seq))
+                                    finished=True, finish_reason="error", error=error, metrics=request_metrics(seq))
             outputs.append(out)
             if self.observer.enabled:
                 self.telemetry.request_finished(seq, out.text)
@@ -435,20 +431,8 @@ class LLMEngine:
             new_text=new_text, finished=finished, finish_reason=seq.finish_reason, error=seq.error,
             # a streamed increment holds a copy: the sequence goes on appending to its own list
             logprobs=seq.logprobs if finished or seq.logprobs is None else list(seq.logprobs),
-            prompt_logprobs=seq.prompt_logprobs if finished else None, metrics=self._metrics(seq) if finished else None)
-
-    @staticmethod
-    def _metrics(seq: Sequence) -> RequestMetrics:
-        arrival, first, finish = seq.arrival_time, seq.first_token_time, seq.finish_time
-        queue, _, ttft = derived.ttft_split(arrival, seq.scheduled_time, first)
-        return RequestMetrics(
-            arrival_time=arrival, scheduled_time=seq.scheduled_time, first_token_time=first,
-            finish_time=finish, queue_seconds=queue, ttft_seconds=ttft,
-            e2e_seconds=derived.e2e_seconds(arrival, finish),
-            # the per-request mean of the per-gap ITLs (0.0, not nan, in the API with fewer than two tokens)
-            mean_itl_seconds=derived.mean_itl(seq.token_times, empty=0.0),
-            cached_tokens=seq.num_cached_tokens, preemptions=seq.num_preemptions,
-            spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted)
+            prompt_logprobs=seq.prompt_logprobs if finished else None,
+            metrics=request_metrics(seq) if finished else None)
 
     def close(self) -> None:
         """Flush the observers (the engine holds no other resource worth releasing)."""

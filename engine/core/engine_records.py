@@ -1,9 +1,10 @@
 """Builds the telemetry records the engine emits (replica identity, finished requests, steps) and hands them
-to its observer (EngineTelemetry).
+to its observer (EngineTelemetry); and a finished request's metrics, derived as its record's are.
 
 Kept apart from the engine loop so that the loop reads as scheduling and
 compute; this runs only when an observer listens (except the replica
-identity, built once at start).
+identity, built once at start, and the finished request's metrics that
+every output carries).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import time
 from engine.core import cgroup_limits
 from engine.core.config import EngineConfig
 from engine.core.model_files import SECTION, model_files
+from engine.core.outputs import RequestMetrics
 from engine.core.phase_timer import PhaseTimer
 from engine.core.placement import discover_placement
 from engine.core.sequence import Sequence
 from engine.core.step_result import StepResult
-from telemetry.contract.derived import e2e_seconds, ttft_split
+from telemetry.contract.derived import e2e_seconds, mean_itl, ttft_split
 from telemetry.contract.hooks import EngineObserver
 from telemetry.contract.outcomes import engine_error_code
 from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
@@ -158,6 +160,20 @@ def build_request_record(seq: Sequence, *, replica_id: str, model_name: str, out
         # asked-for prompt logprobs (teacher-forced scoring); the first prompt token has none
         prompt_logprobs=[lp.logprob for lp in (seq.prompt_logprobs or [])[1:] if lp is not None],
     )
+
+
+def request_metrics(seq: Sequence) -> RequestMetrics:
+    """The finished request's timings and counts that its output carries (the API's; every output has them,
+    whether or not an observer listens), derived as its RequestRecord's are."""
+    arrival, first, finish = seq.arrival_time, seq.first_token_time, seq.finish_time
+    queue, _, ttft = ttft_split(arrival, seq.scheduled_time, first)
+    return RequestMetrics(
+        arrival_time=arrival, scheduled_time=seq.scheduled_time, first_token_time=first,
+        finish_time=finish, queue_seconds=queue, ttft_seconds=ttft, e2e_seconds=e2e_seconds(arrival, finish),
+        # the per-request mean of the per-gap ITLs (0.0, not nan, in the API with fewer than two tokens)
+        mean_itl_seconds=mean_itl(seq.token_times, empty=0.0),
+        cached_tokens=seq.num_cached_tokens, preemptions=seq.num_preemptions,
+        spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted)
 
 
 def step_phase(batch) -> str:

@@ -200,14 +200,18 @@ class KVCacheManager:
         seq.block_table = []
         seq.num_registered_blocks = 0
 
-    def truncate(self, seq: Sequence, num_tokens: int) -> None:
-        """Return the blocks of `seq` past its first `num_tokens` tokens (speculative rollback)."""
-        keep = self.blocks_for(num_tokens)
+    def compute_all_but_last(self, seq: Sequence) -> None:
+        """After a step that appended several tokens (accepted drafts, multi-step sub-steps): every token of
+        `seq` but its last has its KV; the blocks past them go back (a rejected draft's slots, the lookahead),
+        and the full ones are registered."""
+        seq.num_computed_tokens = len(seq.token_ids) - 1
+        keep = self.blocks_for(seq.num_computed_tokens)
         rolled_back = seq.block_table[keep:]
         assert all(self.blocks[b].ref_count == 1 and self.blocks[b].block_hash is None for b in rolled_back), \
             f"rolled back into a shared block of {seq}"
         self._release(rolled_back)
         del seq.block_table[keep:]
+        self.cache_full_blocks(seq)
 
     def _release(self, block_ids: list[int]) -> None:
         """One reference fewer on each block; a block nobody holds goes back to the free lists, a hashed one as
