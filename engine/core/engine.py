@@ -133,8 +133,7 @@ class LLMEngine:
             tokenizer_hash=self.tokenizer.tokenizer_hash, chat_template_hash=self.tokenizer.chat_template_hash,
             quantization=self.quantization, attention_backend=self.backend.name,
             sections=identity_sections(config, self.generation_identity()))
-        if self.observer.enabled:
-            self.telemetry.notify("on_replica_start", self.replica_record)
+        self.telemetry.notify("on_replica_start", self.replica_record)
 
     @property
     def observer(self) -> EngineObserver:
@@ -203,9 +202,8 @@ class LLMEngine:
             raise ValueError(f"request id {seq.request_id!r} is already in flight")
         self.scheduler.add(seq)
         self.requests[seq.request_id] = seq
-        if self.observer.enabled:
-            self.telemetry.notify("on_request_arrival", seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
-                         seq.workload, seq.trace_context)
+        self.telemetry.notify("on_request_arrival", seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
+                              seq.workload, seq.trace_context)
 
     def add_request(self, request_id: str, prompt: str | list[int] | Prompt,
                     sampling_params: SamplingParams | None = None, arrival_time: float | None = None,
@@ -244,9 +242,8 @@ class LLMEngine:
         timer.lap("schedule")
         if not batch.seqs:
             return []
-        if self.observer.enabled:
-            for seq in batch.newly_scheduled:
-                self.telemetry.notify("on_request_scheduled", seq.request_id, seq.scheduled_time)
+        for seq in batch.newly_scheduled:
+            self.telemetry.notify("on_request_scheduled", seq.request_id, seq.scheduled_time)
         sampling = [s for s, samples in zip(batch.seqs, batch.samples) if samples]
         try:
             result, context_lens = self._compute(batch, sampling, timer)
@@ -331,8 +328,7 @@ class LLMEngine:
                 seq.logprobs.append(logprobs[j])
             if seq.first_token_time == 0.0:
                 seq.first_token_time = now
-                if self.observer.enabled:
-                    self.telemetry.notify("on_first_token", seq.request_id, now)
+                self.telemetry.notify("on_first_token", seq.request_id, now)
             # under a grammar EOS is allowed only once the JSON is complete: it ends the request, ignore_eos or not
             stop_token = (token in eos and (not params.ignore_eos or seq.grammar is not None)) \
                 or token in params.stop_token_ids

@@ -232,6 +232,9 @@ class EngineTelemetry:
         self._last_evictions = 0
 
     def notify(self, hook: str, *args) -> None:
+        """The observer's `hook` called (when it listens), its time counted as the telemetry's."""
+        if not self.observer.enabled:
+            return
         t = perf_counter()
         getattr(self.observer, hook)(*args)
         self.seconds += perf_counter() - t
