@@ -30,12 +30,12 @@ from engine.core.attention import get_backend, with_block_size
 from engine.core.config import EngineConfig
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.generation_defaults import generation_defaults
-from engine.core.engine_records import EngineTelemetry, build_replica_record, identity_sections
+from engine.core.engine_records import EngineTelemetry, build_replica_record, identity_sections, request_metrics
 from engine.core.kv_cache import KVCacheManager, kv_pool_blocks
 from engine.core.model_runner import ModelRunner
 from engine.core.models import allocate_kv_cache, kv_bytes_per_block, load_model
 from engine.core.models.packed_linear import PACKED_MIN_ROWS
-from engine.core.outputs import RequestMetrics, RequestOutput, error_text
+from engine.core.outputs import RequestOutput, error_text
 from engine.core.phase_timer import PhaseTimer
 from engine.core.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, is_token_ids, text_prompt
 from engine.core.sampler import Sampler, token_logprobs
@@ -45,7 +45,6 @@ from engine.core.sequence import Sequence
 from engine.core.step_result import StepResult
 from engine.core.structured_output import StructuredOutput, backend_identity
 from engine.core.tokenization import Tokenizer, load_chat_template
-from telemetry.contract import derived
 from telemetry.contract.hooks import EngineObserver, guarded
 
 log = logging.getLogger(__name__)
@@ -128,14 +127,13 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
         self.step_id = 0
         self.telemetry = EngineTelemetry(observer, config.replica_id, self.model_name, self.kv_cache,
-                                         self.scheduler)
+                                         self.scheduler, self.speculator)
         self.replica_record = build_replica_record(
             config, model_name=self.model_name, weights_hash=self.loaded.weights_hash,
             tokenizer_hash=self.tokenizer.tokenizer_hash, chat_template_hash=self.tokenizer.chat_template_hash,
             quantization=self.quantization, attention_backend=self.backend.name,
             sections=identity_sections(config, self.generation_identity()))
-        if self.observer.enabled:
-            self.telemetry.notify("on_replica_start", self.replica_record)
+        self.telemetry.notify("on_replica_start", self.replica_record)
 
     @property
     def observer(self) -> EngineObserver:
@@ -204,9 +202,8 @@ class LLMEngine:
             raise ValueError(f"request id {seq.request_id!r} is already in flight")
         self.scheduler.add(seq)
         self.requests[seq.request_id] = seq
-        if self.observer.enabled:
-            self.telemetry.notify("on_request_arrival", seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
-                         seq.workload, seq.trace_context)
+        self.telemetry.notify("on_request_arrival", seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
+                              seq.workload, seq.trace_context)
 
     def add_request(self, request_id: str, prompt: str | list[int] | Prompt,
                     sampling_params: SamplingParams | None = None, arrival_time: float | None = None,
@@ -245,11 +242,8 @@ class LLMEngine:
         timer.lap("schedule")
         if not batch.seqs:
             return []
-        now = time.time()
         for seq in batch.newly_scheduled:
-            seq.scheduled_time = now
-            if self.observer.enabled:
-                self.telemetry.notify("on_request_scheduled", seq.request_id, now)
+            self.telemetry.notify("on_request_scheduled", seq.request_id, seq.scheduled_time)
         sampling = [s for s, samples in zip(batch.seqs, batch.samples) if samples]
         try:
             result, context_lens = self._compute(batch, sampling, timer)
@@ -258,8 +252,7 @@ class LLMEngine:
         outputs, finished = self._postprocess(batch, sampling, result)
         timer.lap("postprocess")
         if self.observer.enabled:
-            spec_fields = self.speculator.step_record_fields if self.speculator is not None else {}
-            self.telemetry.steps(self.step_id, batch, timer, result, finished, context_lens, spec_fields)
+            self.telemetry.steps(self.step_id, batch, timer, result, finished, context_lens)
         self.step_id += len(result.forward_seconds) or 1  # one per forward
         return outputs
 
@@ -335,8 +328,7 @@ class LLMEngine:
                 seq.logprobs.append(logprobs[j])
             if seq.first_token_time == 0.0:
                 seq.first_token_time = now
-                if self.observer.enabled:
-                    self.telemetry.notify("on_first_token", seq.request_id, now)
+                self.telemetry.notify("on_first_token", seq.request_id, now)
             # under a grammar EOS is allowed only once the JSON is complete: it ends the request, ignore_eos or not
             stop_token = (token in eos and (not params.ignore_eos or seq.grammar is not None)) \
                 or token in params.stop_token_ids
@@ -352,11 +344,8 @@ class LLMEngine:
                 outputs.append(out)
                 finished.append((seq, out))
                 return
-        if len(tokens) > 1 or self.speculator is not None:
-            # every token but the last has its KV now (accepted drafts, sub-steps); a rejected draft's slots go
-            seq.num_computed_tokens = len(seq.token_ids) - 1
-            self.kv_cache.truncate(seq, seq.num_computed_tokens)
-            self.kv_cache.cache_full_blocks(seq)
+        if len(tokens) > 1 or self.speculator is not None:  # accepted drafts, sub-steps: their KV is written
+            self.kv_cache.compute_all_but_last(seq)
         if seq.stream:
             outputs.append(self._output(seq))
 
@@ -386,7 +375,7 @@ class LLMEngine:
                 out = self._output(seq)
             except Exception:  # noqa: BLE001 - its text cannot be made (the failure may be the detokenizer's)
                 out = RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, "",
-                                    finished=True, finish_reason="error", error=error, metrics=self._metrics(seq))
+                                    finished=True, finish_reason="error", error=error, metrics=request_metrics(seq))
             outputs.append(out)
             if self.observer.enabled:
                 self.telemetry.request_finished(seq, out.text)
@@ -433,27 +422,13 @@ class LLMEngine:
             text = new_text = self.tokenizer.decode(ids[:-1] if stop_token else ids)
         new_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_streamed_tokens:]
         seq.num_streamed_tokens = seq.num_output_tokens
-        if not finished:
-            return RequestOutput(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, text,
-                                 new_token_ids=new_ids, new_text=new_text,
-                                 logprobs=list(seq.logprobs) if seq.logprobs is not None else None)
         return RequestOutput(
             seq.request_id, seq.prompt_token_ids, seq.output_token_ids, text, new_token_ids=new_ids,
-            new_text=new_text, finished=True, finish_reason=seq.finish_reason, error=seq.error,
-            logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs, metrics=self._metrics(seq))
-
-    @staticmethod
-    def _metrics(seq: Sequence) -> RequestMetrics:
-        arrival, first, finish = seq.arrival_time, seq.first_token_time, seq.finish_time
-        queue, _, ttft = derived.ttft_split(arrival, seq.scheduled_time, first)
-        return RequestMetrics(
-            arrival_time=arrival, scheduled_time=seq.scheduled_time, first_token_time=first,
-            finish_time=finish, queue_seconds=queue, ttft_seconds=ttft,
-            e2e_seconds=derived.e2e_seconds(arrival, finish),
-            # the per-request mean of the per-gap ITLs (0.0, not nan, in the API with fewer than two tokens)
-            mean_itl_seconds=derived.mean_itl(seq.token_times, empty=0.0),
-            cached_tokens=seq.num_cached_tokens, preemptions=seq.num_preemptions,
-            spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted)
+            new_text=new_text, finished=finished, finish_reason=seq.finish_reason, error=seq.error,
+            # a streamed increment holds a copy: the sequence goes on appending to its own list
+            logprobs=seq.logprobs if finished or seq.logprobs is None else list(seq.logprobs),
+            prompt_logprobs=seq.prompt_logprobs if finished else None,
+            metrics=request_metrics(seq) if finished else None)
 
     def close(self) -> None:
         """Flush the observers (the engine holds no other resource worth releasing)."""

@@ -1,9 +1,10 @@
 """Builds the telemetry records the engine emits (replica identity, finished requests, steps) and hands them
-to its observer (EngineTelemetry).
+to its observer (EngineTelemetry); and a finished request's metrics, derived as its record's are.
 
 Kept apart from the engine loop so that the loop reads as scheduling and
 compute; this runs only when an observer listens (except the replica
-identity, built once at start).
+identity, built once at start, and the finished request's metrics that
+every output carries).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import time
 from engine.core import cgroup_limits
 from engine.core.config import EngineConfig
 from engine.core.model_files import SECTION, model_files
+from engine.core.outputs import RequestMetrics
 from engine.core.phase_timer import PhaseTimer
 from engine.core.placement import discover_placement
 from engine.core.sequence import Sequence
 from engine.core.step_result import StepResult
-from telemetry.contract.derived import e2e_seconds, ttft_split
+from telemetry.contract.derived import e2e_seconds, mean_itl, ttft_split
 from telemetry.contract.hooks import EngineObserver
 from telemetry.contract.outcomes import engine_error_code
 from telemetry.contract.records import ReplicaRecord, RequestRecord, StepRecord
@@ -160,13 +162,27 @@ def build_request_record(seq: Sequence, *, replica_id: str, model_name: str, out
     )
 
 
+def request_metrics(seq: Sequence) -> RequestMetrics:
+    """The finished request's timings and counts that its output carries (the API's; every output has them,
+    whether or not an observer listens), derived as its RequestRecord's are."""
+    arrival, first, finish = seq.arrival_time, seq.first_token_time, seq.finish_time
+    queue, _, ttft = ttft_split(arrival, seq.scheduled_time, first)
+    return RequestMetrics(
+        arrival_time=arrival, scheduled_time=seq.scheduled_time, first_token_time=first,
+        finish_time=finish, queue_seconds=queue, ttft_seconds=ttft, e2e_seconds=e2e_seconds(arrival, finish),
+        # the per-request mean of the per-gap ITLs (0.0, not nan, in the API with fewer than two tokens)
+        mean_itl_seconds=mean_itl(seq.token_times, empty=0.0),
+        cached_tokens=seq.num_cached_tokens, preemptions=seq.num_preemptions,
+        spec_proposed=seq.spec_proposed, spec_accepted=seq.spec_accepted)
+
+
 def step_phase(batch) -> str:
     """A step's phase as the StepRecord names it: idle, prefill, decode, or mixed (both)."""
     if not batch.seqs:
         return "idle"
     if batch.num_decode_seqs == 0:
         return "prefill"
-    return "decode" if batch.num_prefill_seqs == 0 else "mixed"
+    return "decode" if batch.num_decode_seqs == len(batch.seqs) else "mixed"
 
 
 def build_step_record(replica_id: str, step_id: int, batch, start_wall: float, split: tuple, num_generated: int,
@@ -184,7 +200,7 @@ def build_step_record(replica_id: str, step_id: int, batch, start_wall: float, s
     return StepRecord(
         replica_id=replica_id, step_id=step_id, start_time=start_wall,
         duration_seconds=sum(split), phase=step_phase(batch), num_seqs=len(batch.seqs),
-        num_prefill_seqs=batch.num_prefill_seqs, num_decode_seqs=batch.num_decode_seqs,
+        num_prefill_seqs=len(batch.seqs) - batch.num_decode_seqs, num_decode_seqs=batch.num_decode_seqs,
         num_tokens=batch.num_prefill_tokens + batch.num_decode_tokens, num_prefill_tokens=batch.num_prefill_tokens,
         num_decode_tokens=batch.num_decode_tokens, num_generated_tokens=num_generated,
         schedule_seconds=schedule_s, prepare_seconds=prepare_s, forward_seconds=forward_s,
@@ -203,16 +219,22 @@ class EngineTelemetry:
     forward. The engine calls it only while an observer listens. The observer's own time is measured here and
     carried by the next step record as its `telemetry_seconds`: a record cannot contain its own cost."""
 
-    def __init__(self, observer: EngineObserver, replica_id: str, model_name: str, kv_cache, scheduler):
+    def __init__(self, observer: EngineObserver, replica_id: str, model_name: str, kv_cache, scheduler,
+                 speculator=None):
         self.observer = observer
         self.replica_id = replica_id
         self.model_name = model_name
+        # the parts whose state after a step its records read: the KV pool, the queues, the drafts (or None)
         self.kv_cache = kv_cache
         self.scheduler = scheduler
+        self.speculator = speculator
         self.seconds = 0.0  # observer time since the last step record
         self._last_evictions = 0
 
     def notify(self, hook: str, *args) -> None:
+        """The observer's `hook` called (when it listens), its time counted as the telemetry's."""
+        if not self.observer.enabled:
+            return
         t = perf_counter()
         getattr(self.observer, hook)(*args)
         self.seconds += perf_counter() - t
@@ -232,13 +254,14 @@ class EngineTelemetry:
         self.observer.on_request_finished(record)
 
     def steps(self, step_id: int, batch, timer: PhaseTimer, result: StepResult, finished: list,
-              context_lens: list[int], spec_fields: dict) -> None:
+              context_lens: list[int]) -> None:
         """One StepRecord per forward, numbered from `step_id`: a multi-step batch's sub-steps
         (engine/core/multi_step.py) each have their own, sub-step j counting the sequences that kept a j-th
         token and reading one more position; the step's finished requests are reported before the last."""
         splits = timer.splits(result.forward_seconds)
         start, last = timer.start_wall, len(splits) - 1
         kv = self.kv_cache
+        spec_fields = self.speculator.step_record_fields if self.speculator is not None else {}
         for j, split in enumerate(splits):
             t = perf_counter()
             telemetry_seconds, self.seconds = self.seconds, 0.0

@@ -151,13 +151,10 @@ class KVCacheManager:
         """Register the blocks `seq` has filled with computed tokens, so others can reuse them."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
-        start = seq.num_registered_blocks
-        if num_full <= start:
-            return
-        hashes = self._block_hashes(seq, num_full)
         bs = self.block_size
-        for i in range(start, num_full):
+        num_full = seq.num_computed_tokens // bs
+        hashes = self._block_hashes(seq, num_full)
+        for i in range(seq.num_registered_blocks, num_full):
             block = self.blocks[seq.block_table[i]]
             if block.block_hash is None and hashes[i] not in self._hash_to_block:
                 block.block_hash = hashes[i]
@@ -203,14 +200,18 @@ class KVCacheManager:
         seq.block_table = []
         seq.num_registered_blocks = 0
 
-    def truncate(self, seq: Sequence, num_tokens: int) -> None:
-        """Return the blocks of `seq` past its first `num_tokens` tokens (speculative rollback)."""
-        keep = self.blocks_for(num_tokens)
+    def compute_all_but_last(self, seq: Sequence) -> None:
+        """After a step that appended several tokens (accepted drafts, multi-step sub-steps): every token of
+        `seq` but its last has its KV; the blocks past them go back (a rejected draft's slots, the lookahead),
+        and the full ones are registered."""
+        seq.num_computed_tokens = len(seq.token_ids) - 1
+        keep = self.blocks_for(seq.num_computed_tokens)
         rolled_back = seq.block_table[keep:]
         assert all(self.blocks[b].ref_count == 1 and self.blocks[b].block_hash is None for b in rolled_back), \
             f"rolled back into a shared block of {seq}"
         self._release(rolled_back)
         del seq.block_table[keep:]
+        self.cache_full_blocks(seq)
 
     def _release(self, block_ids: list[int]) -> None:
         """One reference fewer on each block; a block nobody holds goes back to the free lists, a hashed one as

@@ -229,21 +229,19 @@ class ModelRunner:
         options = {"cpp_wrapper": True} if COMPILE_BACKEND == "inductor" else None
         return torch.compile(fn, dynamic=True, backend=COMPILE_BACKEND, options=options)
 
-    def _decode_forward(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_forward(self, input_ids, positions, metadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """A pure decode step through the compiled graph, called as a CUDA graph's replay is."""
         if self._compiled is None:
             self._compiled = self._compile(self._decode_step)
-        return self._compiled(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches,
-                              self._step_backend)
+        return self._compiled(input_ids, positions, metadata, self.kv_caches, self._step_backend)
 
     @torch.inference_mode()
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
+        if inputs.path != "eager":  # a pure decode: every row samples, no prompt logprobs
+            decode = self.graphs.run if inputs.path == "graph" else self._decode_forward
+            _, logits = decode(inputs.input_ids, inputs.positions, inputs.metadata)
+            return ModelOutputs(logits, {})
         rows = inputs.sample_rows
-        if inputs.path == "graph":
-            hidden, logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
-            return ModelOutputs(logits, {})
-        if inputs.path == "compiled":
-            hidden, logits = self._decode_forward(inputs)
-            return ModelOutputs(logits, {})
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches, self.backend)
         if len(rows) == hidden.shape[0]:
             sample_hidden = hidden

@@ -27,6 +27,7 @@ longer than the whole pool) is rejected in `check_prompt` before it queues.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -42,12 +43,12 @@ class ScheduledBatch:
     # per sequence: how many of its rows are sampled - 1 when it reaches its last token this step, else 0
     # (a speculator adds the rows of the drafts it verifies)
     samples: list[int] = field(default_factory=list)
-    num_prefill_seqs: int = 0
-    num_decode_seqs: int = 0
+    num_decode_seqs: int = 0  # the others are prefills (prompt chunks)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     preempted: list[Sequence] = field(default_factory=list)
-    newly_scheduled: list[Sequence] = field(default_factory=list)  # first time ever scheduled
+    # first time ever scheduled: the scheduler stamps their scheduled_time
+    newly_scheduled: list[Sequence] = field(default_factory=list)
     # the step's admissions: prompt tokens looked up in the prefix cache, and those it served (their one count:
     # totals are sums over steps)
     prefix_query_tokens: int = 0
@@ -56,16 +57,14 @@ class ScheduledBatch:
     stepped: bool = False  # greedy decodes the runner chooses on its own (multi-step), one step or more
 
     def add(self, seq: Sequence, num_new_tokens: int) -> None:
-        # a decode computes exactly the one token sampled last step
-        decode = num_new_tokens == 1 and seq.num_output_tokens > 0 and seq.num_uncomputed_tokens == 1
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new_tokens)
         self.samples.append(seq.num_computed_tokens + num_new_tokens == len(seq.token_ids))  # a bool: 1 or 0
-        if decode:
+        # a decode computes exactly the one token sampled last step
+        if num_new_tokens == 1 and seq.num_output_tokens > 0 and seq.num_uncomputed_tokens == 1:
             self.num_decode_seqs += 1
             self.num_decode_tokens += 1
         else:
-            self.num_prefill_seqs += 1
             self.num_prefill_tokens += num_new_tokens
 
 
@@ -185,6 +184,7 @@ class Scheduler:
                 batch.prefix_query_tokens += len(seq.token_ids) if kv.enable_prefix_caching else 0
                 batch.prefix_hit_tokens += computed
                 if seq.scheduled_time == 0.0:
+                    seq.scheduled_time = time.time()
                     seq.num_cached_tokens = computed
                     batch.newly_scheduled.append(seq)
                 seq.status = SequenceStatus.RUNNING
@@ -200,7 +200,7 @@ class Scheduler:
     def _take_steps(self, batch: ScheduledBatch) -> None:
         """Step 3: k steps (up to K) for a batch of decodes only, if all of it may take them and the free
         blocks hold every sequence's k slots."""
-        if batch.num_prefill_seqs:
+        if batch.num_decode_seqs < len(batch.seqs):  # a prefill is in it
             return
         k = steps_for(batch.seqs, self.num_scheduler_steps, self.max_seq_len)
         if k == 0:

@@ -62,11 +62,9 @@ def rejection_sample(target_probs: torch.Tensor, draft_token_ids: list[int],
         if q_x[i] <= 0.0 or uniforms[i] * q_x[i] < p_x[i]:  # accept with prob min(1, p/q), no division
             continue
         p = target_probs[i].to(torch.float64)
-        if draft_probs is not None:
-            residual = (p - draft_probs[i].to(torch.float64)).clamp_(min=0.0)
-        else:
-            residual = p.clone()
-            residual[x] = 0.0
+        # max(0, p - q); a one-hot q takes only x away. A rejection means p(x) < q(x), so either way x is out
+        residual = p.clone() if draft_probs is None else (p - draft_probs[i].to(torch.float64)).clamp_(min=0.0)
+        residual[x] = 0.0
         if float(residual.sum()) <= 0.0:  # p == q up to rounding: a rejection is impossible in exact math
             residual = p
         token = int(torch.multinomial(residual, 1, generator=generator))
