@@ -49,28 +49,29 @@ from telemetry.store import StoreError
 _PPM = 1_000_000
 _SALT = "cross-score"
 
-_PICK = f"""
-SELECT request_id, prompt_token_ids, output_token_ids
-FROM requests
-WHERE replica_id = {{replica:String}} AND model_name = {{model:String}}
-  AND finish_time >= {{since:Float64}} AND finish_time < {{until:Float64}}
-  AND workload NOT IN {ACTIVE_WORKLOADS_SQL} AND finish_reason IN ('stop', 'length')
-  AND length(output_token_ids) >= {MIN_OUTPUT_TOKENS} AND length(output_logprobs) = length(output_token_ids)
-  AND length(prompt_token_ids) + length(output_token_ids) + 1 <= {{max_len:UInt64}}
-  AND cityHash64('{_SALT}', request_id) % {_PPM} < {{share_ppm:UInt64}}
-  AND request_id NOT IN (SELECT {RESCORE_ORIGINAL_SQL} FROM requests
-                         WHERE workload = '{RESCORE_WORKLOAD}' AND arrival_time >= {{since:Float64}})
-ORDER BY cityHash64('{_SALT}', request_id)
-"""
-# the pick's window and filters without the hash: how many could be scored, how many have their logprobs
-_SCORABLE = f"""
-SELECT count() AS scorable, countIf(length(output_logprobs) = length(output_token_ids)) AS measured
-FROM requests
+# the requests of one replica and model in the window that could be scored: finished, long enough, and room for
+# the teacher-forced request on the scorer (both queries below read exactly these)
+_SCORABLE_WHERE = f"""
 WHERE replica_id = {{replica:String}} AND model_name = {{model:String}}
   AND finish_time >= {{since:Float64}} AND finish_time < {{until:Float64}}
   AND workload NOT IN {ACTIVE_WORKLOADS_SQL} AND finish_reason IN ('stop', 'length')
   AND length(output_token_ids) >= {MIN_OUTPUT_TOKENS}
   AND length(prompt_token_ids) + length(output_token_ids) + 1 <= {{max_len:UInt64}}
+"""
+_MEASURED = "length(output_logprobs) = length(output_token_ids)"  # its sampled tokens' logprobs recorded
+_PICK = f"""
+SELECT request_id, prompt_token_ids, output_token_ids
+FROM requests {_SCORABLE_WHERE}
+  AND {_MEASURED}
+  AND cityHash64('{_SALT}', request_id) % {_PPM} < {{share_ppm:UInt64}}
+  AND request_id NOT IN (SELECT {RESCORE_ORIGINAL_SQL} FROM requests
+                         WHERE workload = '{RESCORE_WORKLOAD}' AND arrival_time >= {{since:Float64}})
+ORDER BY cityHash64('{_SALT}', request_id)
+"""
+# how many could be scored, and how many of those have their logprobs (the pick's share is scaled by the two)
+_SCORABLE = f"""
+SELECT count() AS scorable, countIf({_MEASURED}) AS measured
+FROM requests {_SCORABLE_WHERE}
 """
 _SERVED = f"""
 SELECT sum(prompt_tokens + output_tokens) AS tokens
