@@ -39,11 +39,13 @@ class GenerationDefaults:
         """The defaults of the sampling fields a request did not give (`given`: the fields it set)."""
         return {k: v for k, v in self.values.items() if k != "max_tokens" and k not in given}
 
-    def max_tokens(self, requested: int | None, room: int) -> int:
+    def max_tokens(self, requested: int | None, room: int | None) -> int | None:
         """The max_tokens a request is served with: its own, else the model's default, else the room left in the
-        context; never past the room, nor past a directory's cap."""
+        context; never past the room, nor past a directory's cap. `room` None: the context is not known (a
+        recording proxy whose upstream did not say it), and None comes back where nothing bounds the request."""
         value = requested if requested is not None else self.values.get("max_tokens", room)
-        return min(v for v in (value, room, self.max_tokens_cap) if v is not None)
+        bounds = [v for v in (value, room, self.max_tokens_cap) if v is not None]
+        return min(bounds) if bounds else None
 
     def identity(self) -> dict:
         return {"source": self.source, "values": dict(sorted(self.values.items())),

@@ -72,12 +72,8 @@ def sampling_params_json(body: dict, kind: str, prompt_len: int, max_model_len: 
     else:
         max_tokens = body.get("max_tokens", 16)
         logprobs = body.get("logprobs")
-    room = max(1, max_model_len - prompt_len) if max_model_len else None
-    if max_tokens is None:  # as the servers fill it: the model's default, else the rest of the context
-        max_tokens = defaults.values.get("max_tokens", room)
-        max_tokens = min(max_tokens, room) if None not in (max_tokens, room) else max_tokens
-    if max_tokens is not None and defaults.max_tokens_cap is not None:  # a directory's cap holds for every request
-        max_tokens = min(max_tokens, defaults.max_tokens_cap)
+    # as the servers fill it: the model's default, else the rest of the context (admission's own rule)
+    max_tokens = defaults.max_tokens(max_tokens, max(1, max_model_len - prompt_len) if max_model_len else None)
     stop = body.get("stop")
     params = {"temperature": _number(body.get("temperature"), 1.0, float), "top_k": _number(body.get("top_k"), -1, int),
               "top_p": _number(body.get("top_p"), 1.0, float), "max_tokens": _number(max_tokens, None, int),
