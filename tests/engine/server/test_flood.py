@@ -117,6 +117,18 @@ def test_a_flood_is_shed_with_429_and_every_answer_is_stored(live, bounded, stor
     assert set(rows[rows["error_code"] == ""]["finish_reason"]) <= {"stop", "length"}
 
 
+async def _room_for_workers(client: httpx.AsyncClient, deadline: float) -> None:
+    """Until the server holds at most max_in_flight - STREAM_CONCURRENCY requests. A stream the test hung up on
+    stays in flight until the server has seen the hang-up and aborted it, so workers reopening at once can find
+    the bound full of their own abandoned streams (429) on a loaded machine; once this holds, the workers'
+    next streams all fit."""
+    while time.monotonic() < deadline:
+        health = (await client.get("/health")).json()
+        if health["in_flight"] <= health["max_in_flight"] - STREAM_CONCURRENCY:
+            return
+        await asyncio.sleep(0.05)
+
+
 async def _abort_streams(url: str, model: str) -> int:
     """Open streams that would run 900 tokens, read their first event, hang up; returns how many."""
     aborted = 0
@@ -130,6 +142,7 @@ async def _abort_streams(url: str, model: str) -> int:
                     return
                 body = {"model": model, "prompt": f"abandoned stream {i}", "max_tokens": 900, "ignore_eos": True,
                         "stream": True}
+                await _room_for_workers(client, deadline)
                 async with client.stream("POST", "/v1/completions", json=body) as r:
                     assert r.status_code == 200
                     async for line in r.aiter_lines():
