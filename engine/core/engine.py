@@ -285,11 +285,9 @@ class LLMEngine:
     def _postprocess(self, batch: ScheduledBatch, sampling: list[Sequence],
                      result: StepResult) -> tuple[list[RequestOutput], list[tuple[Sequence, RequestOutput]]]:
         """The one place a step's tokens and logprobs go into their sequences."""
-        kv = self.kv_cache
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
-            if seq.num_computed_tokens // kv.block_size > seq.num_registered_blocks:
-                kv.cache_full_blocks(seq)
+            self.kv_cache.cache_full_blocks(seq)
         outputs: list[RequestOutput] = []
         if result.prompt_logits:  # only requests that asked for prompt logprobs
             self._add_prompt_logprobs(batch, result.prompt_logits, outputs)
@@ -317,7 +315,6 @@ class LLMEngine:
     def _append_tokens(self, seq: Sequence, tokens: list[int], raw: list[float], logprobs: list | None, now: float,
                        outputs: list[RequestOutput], finished: list) -> None:
         """One sequence's tokens into it, up to a stop; its output into `outputs` (and `finished`)."""
-        eos = self.eos_token_ids
         params = seq.sampling_params
         reason = None
         for j, token in enumerate(tokens):
@@ -330,7 +327,7 @@ class LLMEngine:
                 seq.first_token_time = now
                 self.telemetry.notify("on_first_token", seq.request_id, now)
             # under a grammar EOS is allowed only once the JSON is complete: it ends the request, ignore_eos or not
-            stop_token = (token in eos and (not params.ignore_eos or seq.grammar is not None)) \
+            stop_token = (token in self.eos_token_ids and (not params.ignore_eos or seq.grammar is not None)) \
                 or token in params.stop_token_ids
             if stop_token or (seq.detokenizer is not None and seq.detokenizer.add_tokens([token]) is not None):
                 reason = "stop"

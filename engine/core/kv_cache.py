@@ -128,11 +128,10 @@ class KVCacheManager:
         """
         if not self.enable_prefix_caching or seq.wants_prompt_logprobs:
             return []
-        max_blocks = (len(seq.token_ids) - 1) // self.block_size
-        hashes = self._block_hashes(seq, max_blocks)
+        hashes = self.prefix_block_hashes(seq, len(seq.token_ids))
         bs, hit = self.block_size, []
-        for i in range(max_blocks):
-            block_id = self._hash_to_block.get(hashes[i])
+        for i, block_hash in enumerate(hashes):
+            block_id = self._hash_to_block.get(block_hash)
             if block_id is None:
                 break
             block = self.blocks[block_id]
@@ -148,11 +147,11 @@ class KVCacheManager:
         return self._block_hashes(seq, min(num_tokens, len(seq.token_ids) - 1) // self.block_size)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """Register the blocks `seq` has filled with computed tokens, so others can reuse them."""
-        if not self.enable_prefix_caching:
+        """Register the blocks `seq` has filled with computed tokens since the last call, so others can reuse them."""
+        num_full = seq.num_computed_tokens // self.block_size
+        if not self.enable_prefix_caching or num_full <= seq.num_registered_blocks:
             return
         bs = self.block_size
-        num_full = seq.num_computed_tokens // bs
         hashes = self._block_hashes(seq, num_full)
         for i in range(seq.num_registered_blocks, num_full):
             block = self.blocks[seq.block_table[i]]

@@ -36,6 +36,7 @@ import torch
 from engine.core.attention.base import AttentionBackend, AttentionMetadata
 from engine.core.compile_cache import use_persistent_compile_cache
 from engine.core.cuda_graph import DecodeGraphs
+from engine.core.host_tensor import host_tensor
 from engine.core.models.gemv import choose_compiled_rows
 from engine.core.sampler import sampled_logprobs
 from engine.core.scheduler import ScheduledBatch
@@ -128,10 +129,8 @@ class ModelRunner:
                 positions.extend(range(start, end))
                 slots.extend([table[p // bs] * bs + p % bs for p in range(start, end)])
             context_lens.append(end)
-            if batch.samples[i] == 1:  # its last row
-                sample_rows.append(row + n - 1)
-            elif batch.samples[i]:  # speculative drafts: every draft's row and the last
-                sample_rows.extend(range(row + n - batch.samples[i], row + n))
+            # its last row when it samples (and each speculative draft's row before it)
+            sample_rows.extend(range(row + n - batch.samples[i], row + n))
             if seq.wants_prompt_logprobs and start < seq.num_prompt_tokens - 1:
                 # rows whose next token is still a prompt token
                 last = min(end, seq.num_prompt_tokens - 1)
@@ -140,15 +139,15 @@ class ModelRunner:
         metadata = AttentionMetadata(
             query_lens=list(batch.num_new_tokens), context_lens=context_lens,
             block_tables=[seq.block_table for seq in batch.seqs],
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), block_size=bs)
+            slot_mapping=host_tensor(slots, torch.long, dev), block_size=bs)
         pure_decode = len(input_ids) == len(sample_rows) == len(batch.seqs) and not spans
         if pure_decode and self.graphs is not None and len(input_ids) <= self.graphs.max_batch:
             path = "graph"  # (a graph's attention reads the graph's buffers: no plan)
         else:
             path = "compiled" if pure_decode and self.compile_decode else "eager"
             self.backend.prepare(metadata)
-        return ModelInputs(torch.tensor(input_ids, dtype=torch.long, device=dev),
-                           torch.tensor(positions, dtype=torch.long, device=dev), metadata, sample_rows, spans, path)
+        return ModelInputs(host_tensor(input_ids, torch.long, dev), host_tensor(positions, torch.long, dev), metadata,
+                           sample_rows, spans, path)
 
     def prepare_steps(self, batch: ScheduledBatch) -> list[ModelInputs]:
         """The inputs of a multi-step batch's `batch.num_steps` decode sub-steps (engine/core/multi_step.py):

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.core.host_tensor import host_tensor
 from engine.core.logits_processors import apply_min_p, apply_raw_processors
 from engine.core.outputs import TokenLogprob, error_text
 from engine.core.sequence import Sequence
@@ -95,29 +96,26 @@ class Sampler:
         params = [s.sampling_params for s in seqs]
         processed = apply_raw_processors(logits, seqs)  # `logits` itself when no row uses them
         row_max = None
-        if all(p.greedy for p in params):
-            if processed is logits and logits.dtype == torch.float32:
-                # one pass gives the token and its logit, which is also the row max that the
-                # logsumexp needs
-                row_max, tokens = logits.max(dim=-1)
-            else:
-                tokens = processed.argmax(dim=-1)
+        if not all(p.greedy for p in params):
+            tokens = self._sample(processed, seqs, params)
+        elif processed is logits and logits.dtype == torch.float32:
+            # one pass gives the token and its logit, which is also the row max that the logsumexp needs
+            row_max, tokens = logits.max(dim=-1)
         else:
-            tokens = self._sample(processed, seqs)
+            tokens = processed.argmax(dim=-1)
         token_ids = tokens.tolist()
         sampled_lps = sampled_logprobs(logits, tokens, row_max).tolist()
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
         if wanted:
-            rows = torch.tensor(wanted, device=logits.device)
+            rows = host_tensor(wanted, torch.long, logits.device)
             top_n = [params[i].logprobs for i in wanted]
             for i, lp in zip(wanted, token_logprobs(logits[rows], tokens[rows], top_n)):
                 logprobs[i] = lp
         return SamplerOutput(token_ids, logprobs, sampled_lps)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """`logits`: after the raw processors (the greedy rows' argmax is theirs too)."""
-        params = [s.sampling_params for s in seqs]
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], params: list) -> torch.Tensor:
+        """`logits`: after the raw processors (the greedy rows' argmax is theirs too); `params`: the rows'."""
         probs = sampling_probs(logits, params)
         noise = torch.empty_like(probs)
         if all(s.generator is None for s in seqs):
@@ -125,15 +123,17 @@ class Sampler:
         else:
             self._seeded_noise(noise, seqs)
         sampled = (probs / noise).argmax(dim=-1)
-        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+        greedy = [p.greedy for p in params]
+        if not any(greedy):
+            return sampled
+        return torch.where(host_tensor(greedy, torch.bool, logits.device), logits.argmax(dim=-1), sampled)
 
     def _seeded_noise(self, noise: torch.Tensor, seqs: list[Sequence]) -> None:
         """Fill `noise` row by row where a request has its own generator (a full vocabulary row per step,
         whatever else is in the batch); the other rows from the sampler's."""
         unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
         if unseeded:
-            idx = torch.tensor(unseeded, device=noise.device)
+            idx = host_tensor(unseeded, torch.long, noise.device)
             noise[idx] = torch.empty(len(unseeded), noise.shape[1], device=noise.device,
                                      dtype=noise.dtype).exponential_(generator=self.generator)
         for i, s in enumerate(seqs):
@@ -146,15 +146,14 @@ def sampling_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
     whose argmax is taken apart), then min_p, then top-k / top-p. Speculative verification scores drafts
     against the same distribution."""
     vocab, device = logits.shape[-1], logits.device
-    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device, dtype=logits.dtype)
+    temps = host_tensor([1.0 if p.greedy else p.temperature for p in params], logits.dtype, device)
     x = logits / temps[:, None]
     if any(p.min_p > 0.0 for p in params):
-        x = apply_min_p(x, torch.tensor([p.min_p for p in params], device=device, dtype=logits.dtype))
+        x = apply_min_p(x, host_tensor([p.min_p for p in params], logits.dtype, device))
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+        top_k = host_tensor([p.top_k if p.top_k > 0 else vocab for p in params], torch.long, device)
         # 2.0 for "off": a cumulative sum that rounds up to 1.0 must not cut the tail
-        top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], device=device,
-                             dtype=logits.dtype)
+        top_p = host_tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], logits.dtype, device)
         x = apply_top_k_top_p(x, top_k, top_p)
     return torch.softmax(x, dim=-1)
 

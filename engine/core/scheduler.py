@@ -141,15 +141,14 @@ class Scheduler:
         kv = self.kv_cache
         running = self.running
 
-        i = 0
-        while i < len(running) and budget > 0:
-            seq = running[i]
+        for seq in running:  # a preemption pops the newest: the loop ends at the last one not preempted
+            if budget == 0:
+                break
             num_new = min(seq.num_uncomputed_tokens, budget)
             lookahead = min(self.num_lookahead_tokens, budget - num_new) if seq.num_uncomputed_tokens == 1 else 0
-            while not kv.allocate(seq, num_new + lookahead):
-                if lookahead:  # speculation is optional: never preempt anyone for it
-                    lookahead = 0
-                    continue
+            if lookahead and not kv.allocate(seq, num_new + lookahead):
+                lookahead = 0  # speculation is optional: never preempt anyone for it
+            while not kv.allocate(seq, num_new + lookahead):  # (blocks a sequence holds already: no-op)
                 victim = running.pop()  # the newest running sequence
                 self._preempt(victim)
                 batch.preempted.append(victim)
@@ -158,7 +157,6 @@ class Scheduler:
             else:
                 batch.add(seq, num_new)
                 budget -= num_new + lookahead
-                i += 1
 
         if not batch.preempted:
             # hashes of the blocks the sequences admitted in this step will fill: a waiting sequence whose next
