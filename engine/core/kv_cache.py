@@ -189,8 +189,7 @@ class KVCacheManager:
             seq.num_computed_tokens = len(cached_prefix) * self.block_size
             seq.num_registered_blocks = len(cached_prefix)
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        for _ in range(needed):
-            seq.block_table.append(self._pop_free())
+        seq.block_table.extend(self._pop_free() for _ in range(needed))
         return True
 
     def free(self, seq: Sequence) -> None:

@@ -132,9 +132,8 @@ class ModelRunner:
             # its last row when it samples (and each speculative draft's row before it)
             sample_rows.extend(range(row + n - batch.samples[i], row + n))
             if seq.wants_prompt_logprobs and start < seq.num_prompt_tokens - 1:
-                # rows whose next token is still a prompt token
-                last = min(end, seq.num_prompt_tokens - 1)
-                spans.append((i, row, last - start))
+                # the rows whose next token is still a prompt token (up to the prompt's last but one)
+                spans.append((i, row, min(end, seq.num_prompt_tokens - 1) - start))
         dev = self.device
         metadata = AttentionMetadata(
             query_lens=list(batch.num_new_tokens), context_lens=context_lens,
