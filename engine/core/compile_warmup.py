@@ -30,6 +30,7 @@ the GIL while it traces: eager steps run slower until the build is done.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -71,17 +72,33 @@ def warmup_decode(lengths: list[int], block_size: int, num_blocks: int, device: 
     return ids, positions, metadata
 
 
+class BuildStopped(Exception):
+    """Raised inside the build thread when the interpreter shuts down (`BackgroundCompile.stop`)."""
+
+
 class BackgroundCompile:
-    """Runs `build` (the compiled functions' first calls) in a daemon thread; `ready` once they returned.
-    A build that raises leaves the engine eager (logged): serving never depends on the compiler."""
+    """Runs `build` (the compiled functions' first calls) in a thread; `ready` once they returned. A build that
+    raises leaves the engine eager (logged): serving never depends on the compiler.
+
+    A process that ends while the build runs stops it first (`stop`, run by the interpreter's shutdown before
+    it joins threads): a daemon thread would be killed inside the compiler's C++ frames at finalization, and
+    the process abort ("terminate called ... exception not rethrown", SIGABRT) instead of exiting."""
 
     def __init__(self, build: Callable[[], None]):
         self.ready = False
         self.error: BaseException | None = None
         self.seconds: float | None = None
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(build,), name="compile-decode", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(build,), name="compile-decode")
+        threading._register_atexit(self.stop)  # noqa: SLF001 - concurrent.futures' hook: before threads are joined
         self._thread.start()
+
+    def stop(self) -> None:
+        """End the build at its next Python instruction (an exception raised in its thread): the process is
+        exiting, and its graphs would not be used. A call into C (a compiler process it waits for) ends first."""
+        if not self._done.is_set() and self._thread.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread.ident),
+                                                       ctypes.py_object(BuildStopped))
 
     def _run(self, build: Callable[[], None]) -> None:
         start = time.perf_counter()
@@ -94,8 +111,12 @@ class BackgroundCompile:
             self.seconds = time.perf_counter() - start
             self.ready = True
             log.info("compiled decode steps ready after %.1f s; decode steps take them from now on", self.seconds)
+        except BuildStopped as e:
+            self.error = e
         except BaseException as e:  # noqa: BLE001 - any failure of the compiler leaves the engine eager
             self.error = e
+            if isinstance(e.__cause__ or e.__context__, BuildStopped):  # dynamo wraps what its frames raise
+                return
             log.warning("compiling decode steps failed; decode steps stay eager: %r", e)
         finally:
             self._done.set()

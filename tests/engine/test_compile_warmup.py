@@ -133,3 +133,35 @@ def test_compile_decode_is_on_unless_the_environment_turns_it_off(monkeypatch):
     monkeypatch.setenv(COMPILE_DECODE_ENV, "1")
     assert EngineConfig(model="m").compile_decode is True
     assert EngineConfig(model="m", compile_decode=False).compile_decode is False
+
+
+EXITS_DURING_THE_BUILD = """
+import sys, time
+import engine.core.model_runner as model_runner
+from engine.core.engine import LLMEngine
+
+def endless_backend(gm, example_inputs):  # a build that would never end by itself
+    print("building", flush=True)
+    while True:
+        time.sleep(0.05)
+
+model_runner.COMPILE_BACKEND = endless_backend
+engine = LLMEngine(sys.argv[1], compile_decode=True, block_size=4, num_kv_blocks=64)
+time.sleep(float(sys.argv[2]))
+print("exiting", engine.runner.compiled_ready, flush=True)
+"""
+
+
+def test_a_process_that_ends_during_the_build_exits_cleanly(tiny_llama):
+    """The build is stopped at shutdown: a daemon thread killed inside the compiler aborted the process
+    (SIGABRT), and a thread joined as it was would have kept it alive until the build ended (never, here)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    env.pop("INFERSIGHT_COMPILE_DECODE", None)
+    done = subprocess.run([sys.executable, "-c", EXITS_DURING_THE_BUILD, str(tiny_llama), "5"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "exiting False" in done.stdout, done.stdout
