@@ -108,7 +108,7 @@ class ModelRunner:
     def from_config(cls, config, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                     backend: AttentionBackend) -> ModelRunner:
         """The engine's runner: block size, device and compile_decode from the (resolved) EngineConfig."""
-        return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), config.compile_decode,
+        return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), bool(config.compile_decode),
                    multi_step=config.num_scheduler_steps > 1)
 
     @property

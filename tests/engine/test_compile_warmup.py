@@ -122,17 +122,21 @@ def test_a_build_that_fails_leaves_the_engine_eager(tiny_llama, background):
     assert not seen
 
 
-def test_compile_decode_is_on_unless_the_environment_turns_it_off(monkeypatch):
+def test_compile_decode_is_on_for_the_torch_backend_on_a_cpu_unless_turned_off(monkeypatch):
+    from engine.core.attention import compile_decode_for, with_block_size
     from engine.core.config import COMPILE_DECODE_ENV, EngineConfig
 
     monkeypatch.delenv(COMPILE_DECODE_ENV, raising=False)
-    assert EngineConfig(model="m").compile_decode is True
+    config = EngineConfig(model="m")
+    assert config.compile_decode is None  # left open, decided at start
+    assert compile_decode_for(config) is True
+    assert with_block_size(config, 256).compile_decode is True  # the engine runs (and records) the decision
+    assert compile_decode_for(EngineConfig(model="m", device="cuda")) is False  # measured on CPUs only
+    assert compile_decode_for(EngineConfig(model="m", compile_decode=False)) is False
     for off in ("0", "false", "No", "off"):
         monkeypatch.setenv(COMPILE_DECODE_ENV, off)
         assert EngineConfig(model="m").compile_decode is False
-    monkeypatch.setenv(COMPILE_DECODE_ENV, "1")
-    assert EngineConfig(model="m").compile_decode is True
-    assert EngineConfig(model="m", compile_decode=False).compile_decode is False
+        assert EngineConfig(model="m", compile_decode=True).compile_decode is True
 
 
 EXITS_DURING_THE_BUILD = """
