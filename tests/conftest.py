@@ -13,6 +13,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # replicas started by tests without --spool-dir spool under $XDG_STATE_HOME: a directory of this
 # run's own, so a run cut short never leaves spool files that a later run would replay
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="infersight-test-state-")
+# engines (and the replicas tests start) run eager unless a test asks for compile_decode: a compiled engine builds
+# its graphs at start, seconds to minutes of CPU each on this machine, and most tests build many engines
+os.environ["INFERSIGHT_COMPILE_DECODE"] = "0"
 
 
 def pytest_configure(config):
@@ -21,6 +24,12 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+    # a test that asks for compile_decode compiles each graph on the request path, the first time a step meets
+    # its shape, so what it asserts about the graphs a run compiled does not race a build thread; the build off
+    # the request path has tests of its own (tests/engine/test_compile_warmup.py)
+    from engine.core import model_runner
+
+    model_runner.BACKGROUND_COMPILE = False
 
 
 @pytest.fixture(scope="session")

@@ -33,8 +33,11 @@ from engine.serving.fleet.fleet import fleet_down, fleet_up
 from engine.core.model_refs import REFERENCE_MODEL, reference_model_available, resolve_model
 
 # small engines (two replicas and the sidecar share two cores with the load generator); 4096 KV slots
-# each, whatever the model, so KV usage means the same on the tiny model and the reference model
-DEMO_ENGINE = {"max_num_seqs": 16, "num_kv_blocks": 256, "block_size": 16, "max_num_batched_tokens": 1024}
+# each, whatever the model, so KV usage means the same on the tiny model and the reference model. Eager
+# decode steps: a compiled replica builds its graphs in the background for tens of seconds to minutes of its
+# one CPU, most of a one-minute demo
+DEMO_ENGINE = {"max_num_seqs": 16, "num_kv_blocks": 256, "block_size": 16, "max_num_batched_tokens": 1024,
+               "compile_decode": False}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 
 # tokens per KV block where the attention backend has no better size for the step it runs
 # (AttentionBackend.default_block_size)
 DEFAULT_BLOCK_SIZE = 16
 ROLES = ("", "baseline", "candidate")
+COMPILE_DECODE_ENV = "INFERSIGHT_COMPILE_DECODE"  # see compile_decode_default
 DEPLOY_LABELS = ("role", "deploy_time")  # recorded in columns of their own (ReplicaRecord)
+
+
+def compile_decode_default() -> bool | None:
+    """EngineConfig.compile_decode where it is not given: None (decided at start for the backend and device:
+    engine/core/attention compile_decode_for), or False where INFERSIGHT_COMPILE_DECODE says 0 / false / no / off
+    (a process whose engines should all run eager: the test suite, a host without a C++ compiler)."""
+    off = os.environ.get(COMPILE_DECODE_ENV, "").strip().lower() in ("0", "false", "no", "off")
+    return False if off else None
 
 
 @dataclass
@@ -44,8 +54,13 @@ class EngineConfig:
     draft_model: str | None = None
     ngram_min: int = 1
     ngram_max: int = 4
-    # torch.compile the forward of pure decode steps (engine/core/model_runner.py); off: see there
-    compile_decode: bool = False
+    # pure decode steps run one torch.compile'd graph (engine/core/model_runner.py), built at start in a thread
+    # while the first requests run eager (engine/core/compile_warmup.py). None: on for the torch backend on a CPU,
+    # where it pays at every batch shape measured (README, "Defaults and why": engine/benchmarks/decode_host.py),
+    # written back into the replica's config at start; off (--no-compile-decode, or INFERSIGHT_COMPILE_DECODE=0
+    # for every engine of a process) keeps torch._dynamo and inductor out of the replica (~140 MB of RSS) and
+    # the build's work off its CPU
+    compile_decode: bool | None = field(default_factory=lambda: compile_decode_default())
     # float32 projections of PACKED_MIN_ROWS (4)+ rows on the CPU through oneDNN's packed weights
     # (engine/core/models/packed_linear.py: a 135M model's decode at batch 4-12 1.28-1.55x); off by default: a second
     # copy of those weights, made at start

@@ -14,7 +14,9 @@ Forward paths, each chosen per step (the measurements behind them: README, "Deco
 - `compile_decode` (EngineConfig): pure decode steps (every row samples) run one torch.compile'd graph,
   forward and logits, attention included when the backend is traceable (its plan is built by `prepare`,
   outside the graph), because at batch 1 a step is ~180 small ops whose dispatch costs more than their
-  math. Each new decode shape compiles once; past dynamo's recompile limit a shape runs eager. Under it
+  math. The graphs are built at start in a thread while decode steps run eager, and taken once built
+  (engine/core/compile_warmup.py); a decode shape that build did not meet compiles once, on the request
+  path; past dynamo's recompile limit a shape runs eager. Under it
   the torch backend keeps a decode batch in one group in batch order, so length groups and row order add
   no graphs, and on a CPU with inductor it attends the paged pool in place (attention/paged_decode.py).
   The one-row projections are inductor's reduction or the BLAS's sgemv, whichever this CPU runs faster
@@ -35,6 +37,7 @@ import torch
 
 from engine.core.attention.base import AttentionBackend, AttentionMetadata
 from engine.core.compile_cache import use_persistent_compile_cache
+from engine.core.compile_warmup import BackgroundCompile, warm_up
 from engine.core.cuda_graph import DecodeGraphs
 from engine.core.host_tensor import host_tensor
 from engine.core.models.gemv import choose_compiled_rows
@@ -44,6 +47,10 @@ from engine.core.step_result import StepResult
 
 # compile_decode's torch.compile backend (tests trace with "eager": dynamo's graph, no inductor build)
 COMPILE_BACKEND = "inductor"
+# compile_decode builds its graphs in a thread at start while decode steps run eager
+# (engine/core/compile_warmup.py); False: each graph compiles on the request path, the first time a step
+# meets its shape (tests that assert which graphs a run compiles)
+BACKGROUND_COMPILE = True
 
 
 @dataclass
@@ -79,14 +86,13 @@ class _EagerAttention:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                  backend: AttentionBackend, block_size: int, device: torch.device,
-                 compile_decode: bool = False):
+                 compile_decode: bool = False, multi_step: bool = False):
         self.model = model
         self.kv_caches = kv_caches
         self.backend = backend
         self.block_size = block_size
         self.device = device
-        # EngineConfig.compile_decode: pure decode steps run a torch.compile'd forward (dense
-        # parts compiled, attention eager between them). Off by default: see its comment there.
+        # EngineConfig.compile_decode: pure decode steps run one torch.compile'd graph (see its comment there)
         self.compile_decode = compile_decode
         if compile_decode and backend.traceable:  # one decode group, the pool read in place (torch_backend.py)
             backend.for_compiled_decode(kv_caches[0][0], COMPILE_BACKEND == "inductor")
@@ -94,12 +100,41 @@ class ModelRunner:
         self._compiled_argmax = None  # _argmax_step, compiled (multi-step decode)
         self._step_backend = None
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs (use_cuda_graphs)
+        # the compiled functions' first calls, off the request path; None: made by the first step of each shape
+        self.background: BackgroundCompile | None = None
+        if compile_decode and BACKGROUND_COMPILE and backend.traceable:
+            self.background = BackgroundCompile(lambda: self._build_compiled(multi_step))
 
     @classmethod
     def from_config(cls, config, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                     backend: AttentionBackend) -> ModelRunner:
         """The engine's runner: block size, device and compile_decode from the (resolved) EngineConfig."""
-        return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), config.compile_decode)
+        return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), bool(config.compile_decode),
+                   multi_step=config.num_scheduler_steps > 1)
+
+    @property
+    def compiled_ready(self) -> bool:
+        """May decode steps call the compiled functions now? (Always, where they compile on the request path.)"""
+        return self.background is None or self.background.ready
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait for the background build (if any) to end; True if decode steps now take the compiled path."""
+        if self.background is not None:
+            self.background.wait(timeout)
+        return self.compile_decode and self.compiled_ready
+
+    def _build_compiled(self, multi_step: bool) -> None:
+        """The background build: compile the decode functions the engine's steps will call, by calling them
+        on warm-up decodes of their own (engine/core/compile_warmup.py)."""
+        compiled = self._compile(self._decode_step)
+        backend = type(self.backend)()
+        inductor = COMPILE_BACKEND == "inductor"
+        warm_up(compiled, self.kv_caches, backend, self.block_size, self.device, inductor, self._decode_step)
+        if multi_step:
+            argmax = self._compile(self._argmax_step)
+            warm_up(argmax, self.kv_caches, type(self.backend)(), self.block_size, self.device, inductor)
+            self._compiled_argmax = argmax
+        self._compiled = compiled
 
     def use_cuda_graphs(self, max_batch: int, max_model_len: int, pad_block: int, capture: bool = True) -> None:
         """Pure decode steps of up to `max_batch` rows replay CUDA graphs (engine/core/cuda_graph.py); `pad_block`
@@ -183,7 +218,7 @@ class ModelRunner:
             if j:
                 ids.copy_(tokens[-1])
             self.backend.activate(step.metadata)  # all K were prepared before the first ran
-            if self.compile_decode:
+            if self.compile_decode and self.compiled_ready:
                 if self._compiled_argmax is None:
                     self._compiled_argmax = self._compile(self._argmax_step)
                 chosen, logprob = self._compiled_argmax(ids, step.positions, step.metadata, self.kv_caches,
@@ -235,7 +270,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
-        if inputs.path != "eager":  # a pure decode: every row samples, no prompt logprobs
+        if inputs.path == "graph" or (inputs.path == "compiled" and self.compiled_ready):  # a pure decode
             decode = self.graphs.run if inputs.path == "graph" else self._decode_forward
             _, logits = decode(inputs.input_ids, inputs.positions, inputs.metadata)
             return ModelOutputs(logits, {})

@@ -1,5 +1,6 @@
 """What a replica that does not compile keeps out of its process: torch._dynamo and inductor (with sympy,
-triton and torch.onnx behind them, ~140 MB of RSS) are imported only when compile_decode asks for them."""
+triton and torch.onnx behind them, ~140 MB of RSS) are imported only when compile_decode asks for them (it does
+by default: an eager replica is one started with --no-compile-decode)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ CHILD = """
 import json, sys
 from engine.core.llm import LLM
 from engine.core.sampling_params import SamplingParams
-llm = LLM({model!r})
+llm = LLM({model!r}, compile_decode=False)
 out = llm.generate([[5, 9, 17, 3], [7, 7, 1]], [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)] * 2,
                    use_tqdm=False)
 print(json.dumps(dict(tokens=[len(o.token_ids) for o in out],
@@ -21,7 +22,7 @@ print(json.dumps(dict(tokens=[len(o.token_ids) for o in out],
 """
 
 
-def test_an_engine_built_with_defaults_never_imports_the_compiler(tiny_llama):
+def test_an_eager_engine_never_imports_the_compiler(tiny_llama):
     # its own process: the test session has imported torch._dynamo long before (other tests compile)
     code = CHILD.format(model=str(tiny_llama), modules=COMPILER_MODULES)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

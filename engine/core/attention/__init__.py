@@ -48,6 +48,16 @@ def get_backend(name: str = "auto", device: str = "cpu") -> AttentionBackend:
     return cls(device=device) if cls.name == "flashinfer" else cls()
 
 
+def compile_decode_for(config) -> bool:
+    """`config.compile_decode`, or where the config leaves it open (None) on for the torch backend on a CPU: what
+    was measured there (README, "Defaults and why"). Elsewhere (flashinfer's attention stays eager between compiled
+    parts; CUDA has cuda_graphs) compile is asked for explicitly."""
+    if config.compile_decode is not None:
+        return config.compile_decode
+    cls = backend_class(config.attention_backend, config.device)
+    return cls.traceable and str(config.device) == "cpu"
+
+
 def block_size_for(config, kv_row_bytes: int) -> int:
     """Tokens per KV block: `config.block_size`, or where the config leaves it open its attention backend's
     choice for a model whose token takes `kv_row_bytes` of keys and values per layer. The engine sizes its
@@ -58,16 +68,20 @@ def block_size_for(config, kv_row_bytes: int) -> int:
 
     from engine.core import model_runner
 
-    compiled = config.compile_decode and model_runner.COMPILE_BACKEND == "inductor"
+    compiled = compile_decode_for(config) and model_runner.COMPILE_BACKEND == "inductor"
     cls = backend_class(config.attention_backend, config.device)
     return cls.default_block_size(kv_row_bytes, torch.device(config.device), compiled)
 
 
 def with_block_size(config, kv_row_bytes: int):
-    """`config` with its block size decided, once (`block_size_for`): the engine runs this config and the
-    replica's identity records it. Here, not on the config, so the config imports no backend."""
+    """`config` with what it leaves open decided, once: compile_decode (`compile_decode_for`), then the block size
+    (`block_size_for`): the engine runs this config and the replica's identity records it. Here, not on the
+    config, so the config imports no backend."""
+    if config.compile_decode is None:
+        config = replace(config, compile_decode=compile_decode_for(config))
     return config if config.block_size is not None else replace(config, block_size=block_size_for(config, kv_row_bytes))
 
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "backend_class", "block_size_for", "get_backend",
+__all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "backend_class", "block_size_for", "compile_decode_for",
+           "get_backend",
            "flashinfer_available", "with_block_size"]
