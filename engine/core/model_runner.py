@@ -2,9 +2,9 @@
 
 Per step, the batch's new tokens lie end to end in one flat tensor (no padding): input ids, their
 positions, and for each token the KV slot it writes (`block_id * block_size + offset`). They are built
-in Python lists and turned into tensors once per step: a short list's `torch.tensor` costs about what
-an in-place bump of persistent tensors would, and a decode batch whose sequences and block tables are
-unchanged reuses the backend's plan from the last step (attention/torch_backend.py). The forward returns
+in Python lists and turned into tensors once per step (engine/core/host_tensor.py: one buffer each,
+about what an in-place bump of persistent tensors would cost), and a decode batch whose sequences and
+block tables are unchanged reuses the backend's plan from the last step (attention/torch_backend.py). The forward returns
 hidden states for all tokens; logits are computed only for the rows that need them: the last token of
 each sequence that samples (every row of one with speculative drafts to verify), and every row of a
 prompt whose logprobs were asked for.
@@ -102,7 +102,11 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs (use_cuda_graphs)
         # the compiled functions' first calls, off the request path; None: made by the first step of each shape
         self.background: BackgroundCompile | None = None
+        # may decode steps call the compiled functions now? (always, where they compile on the request path;
+        # set by the background build's end otherwise, so a build that fails leaves the steps eager)
+        self.compiled_ready = True
         if compile_decode and BACKGROUND_COMPILE and backend.traceable:
+            self.compiled_ready = False
             self.background = BackgroundCompile(lambda: self._build_compiled(multi_step))
 
     @classmethod
@@ -111,11 +115,6 @@ class ModelRunner:
         """The engine's runner: block size, device and compile_decode from the (resolved) EngineConfig."""
         return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), bool(config.compile_decode),
                    multi_step=config.num_scheduler_steps > 1)
-
-    @property
-    def compiled_ready(self) -> bool:
-        """May decode steps call the compiled functions now? (Always, where they compile on the request path.)"""
-        return self.background is None or self.background.ready
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait for the background build (if any) to end; True if decode steps now take the compiled path."""
@@ -135,6 +134,7 @@ class ModelRunner:
             warm_up(argmax, self.kv_caches, type(self.backend)(), self.block_size, self.device, inductor)
             self._compiled_argmax = argmax
         self._compiled = compiled
+        self.compiled_ready = True
 
     def use_cuda_graphs(self, max_batch: int, max_model_len: int, pad_block: int, capture: bool = True) -> None:
         """Pure decode steps of up to `max_batch` rows replay CUDA graphs (engine/core/cuda_graph.py); `pad_block`
@@ -178,7 +178,7 @@ class ModelRunner:
         if pure_decode and self.graphs is not None and len(input_ids) <= self.graphs.max_batch:
             path = "graph"  # (a graph's attention reads the graph's buffers: no plan)
         else:
-            path = "compiled" if pure_decode and self.compile_decode else "eager"
+            path = "compiled" if pure_decode and self.compile_decode and self.compiled_ready else "eager"
             self.backend.prepare(metadata)
         return ModelInputs(host_tensor(input_ids, torch.long, dev), host_tensor(positions, torch.long, dev), metadata,
                            sample_rows, spans, path)
@@ -270,7 +270,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, inputs: ModelInputs) -> ModelOutputs:
-        if inputs.path == "graph" or (inputs.path == "compiled" and self.compiled_ready):  # a pure decode
+        if inputs.path != "eager":  # a pure decode: every row samples, no prompt logprobs
             decode = self.graphs.run if inputs.path == "graph" else self._decode_forward
             _, logits = decode(inputs.input_ids, inputs.positions, inputs.metadata)
             return ModelOutputs(logits, {})
