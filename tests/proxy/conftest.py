@@ -17,10 +17,10 @@ MAX_MODEL_LEN = 512
 
 
 @pytest.fixture(scope="module")
-def sidecar(tmp_path_factory):
+def sidecar(tmp_path_factory, migrated_copy):
     from telemetry.sidecar.process import start_sidecar
 
-    process = start_sidecar(tmp_path_factory.mktemp("proxy-store"))
+    process = start_sidecar(migrated_copy(tmp_path_factory.mktemp("proxy-store")))
     try:
         yield process
     finally:
