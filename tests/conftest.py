@@ -54,15 +54,40 @@ def tiny_llama(tiny_model_factory):
     return tiny_model_factory("llama")
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """A migrated embedded store per test module (chdb holds one data directory per process at a
-    time, so a module's store is closed before the next module opens its own)."""
+@pytest.fixture(scope="session")
+def migrated_store_dir(tmp_path_factory):
+    """A closed embedded store with every migration applied, built once: migrating costs seconds per
+    store (a DDL statement at a time), so each store the tests need starts as a copy of this one."""
     from telemetry.schema import migrate
     from telemetry.store import open_store
 
-    s = open_store(tmp_path_factory.mktemp("store"))
-    migrate(s)
+    path = tmp_path_factory.mktemp("migrated_store")
+    with open_store(path) as s:
+        migrate(s)
+    return path
+
+
+@pytest.fixture(scope="session")
+def migrated_copy(migrated_store_dir):
+    """`migrated_copy(directory) -> directory`: a store's data directory made a copy of the migrated one
+    (an embedded store or a sidecar then opens it with nothing left to apply)."""
+    import shutil
+
+    def copy(directory):
+        # the data directory links tables to their parts by relative symlinks: copied as links
+        shutil.copytree(migrated_store_dir, directory, symlinks=True, dirs_exist_ok=True)
+        return directory
+
+    return copy
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, migrated_copy):
+    """A migrated embedded store per test module (chdb holds one data directory per process at a
+    time, so a module's store is closed before the next module opens its own)."""
+    from telemetry.store import open_store
+
+    s = open_store(migrated_copy(tmp_path_factory.mktemp("store")))
     yield s
     s.close()
 

@@ -56,7 +56,7 @@ def tokenizer_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory, tokenizer_dir):
+def seeded(tmp_path_factory, tokenizer_dir, migrated_copy):
     """(store, Seeded): an embedded store with the known data set of dashboard_seed.
 
     Module scope: chdb holds one data directory per process, so each module opens and closes
@@ -64,12 +64,10 @@ def seeded(tmp_path_factory, tokenizer_dir):
     from dashboard_seed import seed
     from tokenizers import Tokenizer
 
-    from telemetry.schema import migrate
     from telemetry.store import open_store
 
-    store = open_store(tmp_path_factory.mktemp("dashboard_store"))
+    store = open_store(migrated_copy(tmp_path_factory.mktemp("dashboard_store")))
     try:
-        migrate(store)
         info = seed(store, Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")))
         yield store, info
     finally:

@@ -38,18 +38,16 @@ VIEWPORT = {"width": 1400, "height": 1000}
 
 
 @pytest.fixture(scope="module")
-def dashboard_url(tmp_path_factory, tokenizer_dir):
+def dashboard_url(tmp_path_factory, tokenizer_dir, migrated_copy):
     """A seeded data directory served by `infersight dashboard` (which starts its own sidecar)."""
     from dashboard_seed import seed
     from tokenizers import Tokenizer
 
-    from telemetry.schema import migrate
     from telemetry.store import open_store
 
-    directory = tmp_path_factory.mktemp("browser_store")
+    directory = migrated_copy(tmp_path_factory.mktemp("browser_store"))
     store = open_store(directory)
     try:
-        migrate(store)
         seed(store, Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")))
     finally:
         store.close()  # release the directory: the dashboard's sidecar takes it

@@ -8,14 +8,12 @@ import time
 from test_availability import fleet
 
 
-def test_diagnose_prints_each_replicas_availability_beside_its_latency(tmp_path, capsys):
+def test_diagnose_prints_each_replicas_availability_beside_its_latency(tmp_path, capsys, migrated_copy):
     from dashboards.console import cli
-    from telemetry.schema import migrate
     from telemetry.store import open_store
 
     t0 = time.time() - 600
-    with open_store(tmp_path) as store:
-        migrate(store)
+    with open_store(migrated_copy(tmp_path)) as store:
         fleet(store, t0, limits={"c": 96})
     assert cli.main(["diagnose", "availability", "--store", str(tmp_path), "--wide"]) == 0
     out = capsys.readouterr().out

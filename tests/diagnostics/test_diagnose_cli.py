@@ -13,15 +13,14 @@ from dashboards.console import cli
 from diagnostics import run_all
 from diagnostics.findings import Finding, write_findings
 from diagnostics.scope import Scope
-from telemetry.schema import migrate
 from telemetry.store import open_store
 
 
 def seed(path, slow: float = 2.5):
+    """`path`: a migrated store's data directory (the `migrated_copy` fixture makes one)."""
     rng = random.Random(0)
     t0 = time.time() - 1800
     with open_store(path) as store:
-        migrate(store)
         store.insert_records("replicas", [replica(f"r{i}", t0 - 10) for i in range(3)])
         store.insert_records("requests", [
             request(f"r{i}", j, t0 + j, ttft=jittered(rng, 0.02 * (slow if i == 2 else 1)),
@@ -35,8 +34,8 @@ def findings_in(path):
                               "ORDER BY last_seen").to_dict("records")
 
 
-def test_diagnose_prints_records_and_reruns_update(tmp_path, capsys):
-    seed(tmp_path)
+def test_diagnose_prints_records_and_reruns_update(tmp_path, capsys, migrated_copy):
+    seed(migrated_copy(tmp_path))
     assert cli.main(["diagnose", "replicas", "--store", str(tmp_path), "--fail-on", "warning"]) == 1
     out = capsys.readouterr().out
     assert "lagging_replica" in out and "r2" in out and out.splitlines()[0].startswith("SEVERITY")
@@ -47,8 +46,8 @@ def test_diagnose_prints_records_and_reruns_update(tmp_path, capsys):
     assert {f["finding_id"] for f in again} == {first[0]["finding_id"]}  # same id: an update, not a new finding
 
 
-def test_diagnose_all_json_and_run_all(tmp_path, capsys):
-    seed(tmp_path)
+def test_diagnose_all_json_and_run_all(tmp_path, capsys, migrated_copy):
+    seed(migrated_copy(tmp_path))
     assert cli.main(["diagnose", "all", "--store", str(tmp_path), "--json", "--no-write"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert {x["diagnostic"] for x in lines} >= {"replicas", "tokenizer", "drift"}
@@ -61,8 +60,8 @@ def test_diagnose_all_json_and_run_all(tmp_path, capsys):
     assert any(f["subject"] == "r2" for f in findings_in(tmp_path))
 
 
-def test_a_finding_no_longer_seen_is_resolved(tmp_path, capsys):
-    seed(tmp_path, slow=1.0)  # nobody is slow now
+def test_a_finding_no_longer_seen_is_resolved(tmp_path, capsys, migrated_copy):
+    seed(migrated_copy(tmp_path), slow=1.0)  # nobody is slow now
     scope = Scope.window(since="24h")  # what `diagnose` uses by default
     with open_store(tmp_path) as store:
         write_findings(store, [Finding("lagging_replica", "critical", "r1", "r1 was slow", "replicas", scope)],

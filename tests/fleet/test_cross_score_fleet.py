@@ -52,7 +52,7 @@ def test_a_fleet_cross_scores_by_default_and_one_setting_turns_it_off(tiny_llama
         deadline = time.monotonic() + 120
         while _rescored(state.store_url) == 0:
             assert time.monotonic() < deadline, Path(state.prober.log).read_text()[-2000:]
-            time.sleep(1)
+            time.sleep(0.25)
     finally:
         fleet_down(state.run_dir)
 

@@ -1,5 +1,8 @@
 """A real upstream (infersight's own server on a tiny Llama, recording its own rows as `up`), the
-recording proxy in front of it (recording as `px`), both writing into one real sidecar."""
+recording proxy in front of it (recording as `px`), both writing into one real sidecar.
+
+Started once for every module here: the tests find their rows by their own request IDs and read
+the proxy's counters relative to their start, so one sidecar, upstream and proxy serve them all."""
 
 from __future__ import annotations
 
@@ -16,18 +19,18 @@ from engine.serving.server.background import BackgroundServer
 MAX_MODEL_LEN = 512
 
 
-@pytest.fixture(scope="module")
-def sidecar(tmp_path_factory):
+@pytest.fixture(scope="session")
+def sidecar(tmp_path_factory, migrated_copy):
     from telemetry.sidecar.process import start_sidecar
 
-    process = start_sidecar(tmp_path_factory.mktemp("proxy-store"))
+    process = start_sidecar(migrated_copy(tmp_path_factory.mktemp("proxy-store")))
     try:
         yield process
     finally:
         process.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def store(sidecar):
     from telemetry.store import open_store
 
@@ -36,7 +39,7 @@ def store(sidecar):
     s.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def upstream(tiny_llama, sidecar):
     """infersight's server, recording its own rows under replica id `up` (the truth the proxy's rows
     are compared with)."""
@@ -57,7 +60,7 @@ def upstream(tiny_llama, sidecar):
     parts.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def proxy(upstream, tiny_llama, sidecar):
     with BackgroundProxy.start(upstream.url, sidecar.store_url, "px", model_dir=tiny_llama) as p:
         yield p

@@ -38,8 +38,8 @@ def listener():
 
 
 @pytest.fixture(scope="module")
-def sidecar(tmp_path_factory):
-    handle = start_sidecar(tmp_path_factory.mktemp("attacked_store"), user=WRITER[0], password=WRITER[1],
+def sidecar(tmp_path_factory, migrated_copy):
+    handle = start_sidecar(migrated_copy(tmp_path_factory.mktemp("attacked_store")), user=WRITER[0], password=WRITER[1],
                            readonly_user=READER[0], readonly_password=READER[1],
                            extra_args=("--query-timeout", "2", "--max-result-mb", "1",
                                        "--max-query-memory-mb", "256"))

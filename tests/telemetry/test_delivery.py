@@ -40,8 +40,8 @@ def closed_port_url() -> str:
 
 
 @pytest.fixture(scope="module")
-def sidecar(tmp_path_factory):
-    process = start_sidecar(tmp_path_factory.mktemp("delivery-store"))
+def sidecar(tmp_path_factory, migrated_copy):
+    process = start_sidecar(migrated_copy(tmp_path_factory.mktemp("delivery-store")))
     yield process
     process.stop()
 

@@ -41,13 +41,11 @@ def _record(i: int, name: str, replica_id: str):
 
 
 @pytest.fixture(scope="module")
-def derived_store(tmp_path_factory):
-    from telemetry.schema import migrate
+def derived_store(tmp_path_factory, migrated_copy):
     from telemetry.store import open_store
 
-    store = open_store(tmp_path_factory.mktemp("derived_store"))
+    store = open_store(migrated_copy(tmp_path_factory.mktemp("derived_store")))
     try:
-        migrate(store)
         store.insert_records("replicas", STARTS)
         records = [_record(i, name, rid) for rid in ("r0", "r1") for i, name in enumerate(TIMES)]
         store.insert_records("requests", records)

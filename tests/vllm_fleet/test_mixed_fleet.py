@@ -75,7 +75,7 @@ def wait_for_rows(store, ids: list[str], timeout: float = 60) -> None:
                            {"ids": ids})["n"][0]
         if n >= len(ids) or time.monotonic() > deadline:
             return
-        time.sleep(1)
+        time.sleep(0.25)
 
 
 @pytest.fixture(scope="module")

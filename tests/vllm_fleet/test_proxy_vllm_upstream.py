@@ -23,10 +23,10 @@ MESSAGES = [{"role": "user", "content": "What is two plus two?"}]
 
 
 @pytest.fixture(scope="module")
-def sidecar(tmp_path_factory):
+def sidecar(tmp_path_factory, migrated_copy):
     from telemetry.sidecar.process import start_sidecar
 
-    process = start_sidecar(tmp_path_factory.mktemp("vllm-proxy-store"))
+    process = start_sidecar(migrated_copy(tmp_path_factory.mktemp("vllm-proxy-store")))
     yield process
     process.stop()
 

@@ -49,7 +49,7 @@ class Live:
             if time.monotonic() > deadline:
                 pytest.fail(f"{what} not in the store after {timeout:.0f} s:\n{result}\nvLLM log:\n"
                             f"{self.server.output(30)}")
-            time.sleep(1.0)
+            time.sleep(0.25)
 
     def wait_for_requests(self, ids) -> object:
         ids = set(ids)

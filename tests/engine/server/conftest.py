@@ -43,11 +43,11 @@ class Live:
 
 
 @pytest.fixture(scope="session")
-def sidecar_url(tmp_path_factory):
+def sidecar_url(tmp_path_factory, migrated_copy):
     """`infersight sidecar` in its own process, as a fleet runs it."""
     from telemetry.sidecar.process import start_sidecar
 
-    sidecar = start_sidecar(tmp_path_factory.mktemp("sidecar-store"))
+    sidecar = start_sidecar(migrated_copy(tmp_path_factory.mktemp("sidecar-store")))
     try:
         yield sidecar.store_url
     finally:
