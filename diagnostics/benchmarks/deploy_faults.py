@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.serving.fleet.fleet import replica_command, replica_spool_dir
-from engine.serving.processes import spawn, stop, wait_healthy
+from engine.serving.processes import spawn, stop, wait_compiled, wait_healthy
 from engine.serving.fleet.state import FleetState
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -107,6 +107,7 @@ def restart_replica(state: FleetState, spec, model_dir: Path, log_level: str = "
     state.note(f"replica {spec.id} restarted with other options")
     state.save()
     wait_healthy(old.url, ref, timeout, Path(old.log))
+    wait_compiled(old.url, timeout)  # as `fleet up` waits: its traffic meets the path the replica keeps
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,17 @@ class ModelRunner:
         return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), bool(config.compile_decode),
                    multi_step=config.num_scheduler_steps > 1)
 
+    @property
+    def compile_state(self) -> str:
+        """What decode steps run: "off" (compile_decode off, or a backend that is not traceable), "building"
+        (eager while the background build runs), "ready" (the compiled step) or "failed" (eager: the build
+        raised). /health shows it, and `fleet up` waits for "building" to end before traffic is sent."""
+        if not self.compile_decode:
+            return "off"
+        if self.compiled_ready:
+            return "ready"
+        return "failed" if self.background is not None and self.background.error is not None else "building"
+
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait for the background build (if any) to end; True if decode steps now take the compiled path."""
         if self.background is not None:

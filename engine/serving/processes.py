@@ -96,6 +96,27 @@ def wait_healthy(url: str, ref: ProcessRef, timeout: float, log_path: Path | Non
             time.sleep(0.25)
 
 
+def wait_compiled(url: str, timeout: float) -> tuple[str | None, float]:
+    """Poll a healthy replica's /health until its compiled decode steps are no longer "building" (see
+    ModelRunner.compile_state). -> (the state it ended in, or "building" past `timeout`; None for a server
+    whose /health does not say, e.g. a vLLM proxy), seconds waited.
+
+    A replica serves eager decode steps while it builds them; traffic sent then is served ~1.5-3x slower per
+    token than after, which a comparison of replicas would read as one replica lagging. A fleet that starts
+    its traffic after this wait compares replicas on the path they keep."""
+    started = time.monotonic()
+    deadline = started + timeout
+    with httpx.Client(timeout=2.0) as client:
+        while True:
+            try:
+                state = client.get(url + "/health").json().get("compiled_decode")
+            except (httpx.HTTPError, ValueError, AttributeError):  # gone or not a replica's /health: the
+                return None, time.monotonic() - started          # fleet's own checks name that, not this wait
+            if state != "building" or time.monotonic() > deadline:
+                return state, time.monotonic() - started
+            time.sleep(0.25)
+
+
 def stop(refs: list[ProcessRef], timeout: float = 15.0) -> dict[int, str]:
     """SIGTERM each process group, SIGKILL what is still there after `timeout`. -> {pid: how it ended}."""
     outcome: dict[int, str] = {}

@@ -98,9 +98,11 @@ def test_requests_are_served_eager_while_the_graphs_build(tiny_llama, background
     try:
         assert _generate(compiled, prompts) == _generate(eager, prompts)
         assert not compiled.runner.compiled_ready and not seen and not traced  # served while the build waited
+        assert (compiled.runner.compile_state, eager.runner.compile_state) == ("building", "off")
     finally:
         release.set()
     assert compiled.runner.wait_compiled(timeout=600)
+    assert compiled.runner.compile_state == "ready"
     assert _generate(compiled, prompts) == _generate(eager, prompts)
     assert seen and traced
 
@@ -116,6 +118,7 @@ def test_a_build_that_fails_leaves_the_engine_eager(tiny_llama, background):
     compiled = LLMEngine(tiny_llama, compile_decode=True, **kw)
     assert not compiled.runner.wait_compiled(timeout=600)
     assert "no compiler here" in repr(compiled.runner.background.error)
+    assert compiled.runner.compile_state == "failed"
     seen = _compiled_calls(compiled)
     eager = LLMEngine(tiny_llama, compile_decode=False, **kw)
     assert _generate(compiled, BATCHES[2]) == _generate(eager, BATCHES[2])
@@ -169,3 +172,37 @@ def test_a_process_that_ends_during_the_build_exits_cleanly(tiny_llama):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "exiting False" in done.stdout, done.stdout
+
+
+def test_health_says_while_the_build_runs_and_a_fleet_waits_for_it_to_end(tiny_llama, background):
+    """/health's compiled_decode walks building -> ready, and processes.wait_compiled (what `fleet up` waits on
+    before its traffic starts) returns only once the build has ended, or says it still builds at its deadline."""
+    import httpx
+
+    from engine.core.async_engine import AsyncLLM
+    from engine.core.config import EngineConfig
+    from engine.serving.processes import wait_compiled
+    from engine.serving.server.app import build_app
+    from engine.serving.server.background import BackgroundServer
+    from engine.serving.server.model_info import ServedModel
+
+    release = threading.Event()
+
+    def held_backend(gm, example_inputs):
+        assert release.wait(timeout=600)
+        return gm.forward
+
+    background.COMPILE_BACKEND = held_backend
+    config = EngineConfig(model=str(tiny_llama), max_model_len=64, num_kv_blocks=64, block_size=4,
+                          compile_decode=True)
+    engine = AsyncLLM(config)
+    try:
+        with BackgroundServer(build_app(ServedModel.from_engine(engine, created=0))) as server:
+            assert httpx.get(server.url + "/health").json()["compiled_decode"] == "building"
+            assert wait_compiled(server.url, timeout=0.5)[0] == "building"
+            release.set()
+            state, _ = wait_compiled(server.url, timeout=600)
+            assert state == "ready"
+            assert httpx.get(server.url + "/health").json()["compiled_decode"] == "ready"
+    finally:
+        release.set()

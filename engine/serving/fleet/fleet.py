@@ -25,7 +25,7 @@ import httpx
 from engine.serving.fleet.config import FleetConfig, ProbeSpec, ReplicaSpec
 from engine.serving.fleet.cross_score_spec import CrossScoreSpec
 from engine.core.model_refs import resolve_model
-from engine.serving.processes import alive, infersight_command, spawn, stop, wait_healthy
+from engine.serving.processes import alive, infersight_command, spawn, stop, wait_compiled, wait_healthy
 from engine.util import free_port, port_in_use
 from engine.serving.fleet.state import FleetState, ProcessState
 from engine.serving.fleet.vllm_replica import check_plugin, start_vllm_replica, vllm_python
@@ -165,6 +165,15 @@ def fleet_up(config: FleetConfig, progress=_noop) -> FleetState:
             for r, w in zip(state.upstreams + state.replicas, waits):
                 w.result()
                 progress(f"replica {r.name} healthy at {r.url}")
+            # traffic is sent once every replica decodes on the path it keeps (processes.wait_compiled)
+            builds = [pool.submit(wait_compiled, r.url, config.startup_timeout) for r in state.replicas]
+            for r, b in zip(state.replicas, builds):
+                compiled, waited = b.result()
+                if compiled == "building":
+                    progress(f"replica {r.name} still builds its compiled decode steps after {waited:.0f} s: it serves "
+                             "eager steps until they are built")
+                elif compiled in ("ready", "failed"):
+                    progress(f"replica {r.name}: compiled decode steps {compiled} ({waited:.0f} s after healthy)")
         state.note("fleet up")
         state.save()
         probe = config.probe if config.probe and config.probe.enabled else None

@@ -53,7 +53,8 @@ class ServedModel:
         """Queues and KV blocks right now (read without locking: a monitoring snapshot)."""
         core = self.engine.engine
         return {"running": core.scheduler.num_running, "waiting": core.scheduler.num_waiting,
-                "kv_blocks_used": core.kv_cache.num_used_blocks, "kv_blocks_total": core.kv_cache.num_blocks}
+                "kv_blocks_used": core.kv_cache.num_used_blocks, "kv_blocks_total": core.kv_cache.num_blocks,
+                "compiled_decode": core.runner.compile_state}
 
     def kv_state(self) -> dict:
         """The KV pool right now, as the metrics report it (used, free, cached, total blocks)."""

@@ -439,3 +439,6 @@ class Health(BaseModel):
     kv_blocks_total: int | None = None
     in_flight: int = 0
     max_in_flight: int | None = None  # max_num_seqs + max_queue: beyond it requests get 429
+    # what decode steps run (ModelRunner.compile_state): "off", "building" (eager until the compiled steps are
+    # built, in the background), "ready" or "failed" (eager)
+    compiled_decode: Literal["off", "building", "ready", "failed"] | None = None
