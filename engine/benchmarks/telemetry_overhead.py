@@ -300,6 +300,7 @@ def measure(model: str | Path, *, pairs: int, num_prompts: int, prompt_lens=(16,
 
     torch.set_num_threads(threads)
     llm = LLM(str(model), max_num_seqs=max_num_seqs, replica_id=replica_id)
+    llm.engine.runner.wait_compiled()  # rounds on the decode path the engine keeps (built in the background)
     workload = make_workload(num_prompts, llm.engine.vocab_size, seed, prompt_lens, output_lens)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
     data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="overhead-bench-store-"))
