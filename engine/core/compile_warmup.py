@@ -5,7 +5,7 @@ A compiled decode step's first call traces it (dynamo), lowers it (AOTAutograd, 
 C++: seconds with a warm persistent cache (engine/core/compile_cache.py), minutes on an empty one. Made on
 the request path, the first decode of each shape waited for that. Here a thread makes those first calls
 at start, on decodes of its own, while the engine serves eager steps; the runner takes the compiled path
-once the thread says it is ready (`ready`), between two steps.
+once the build's last act has marked it ready (ModelRunner.compiled_ready), between two steps.
 
 What makes that safe to run beside the engine's own steps:
 - the thread's decodes write and read a pool of their own: tensors of the engine pool's shapes (the graph
@@ -15,7 +15,7 @@ What makes that safe to run beside the engine's own steps:
   not the engine's); the plan is a step input, so the graphs serve the engine's backend as they are;
 - dynamo's frame hook is per thread: the engine's eager steps on the same module are not traced, and
   nothing in the model is mutated by a trace (parameters are graph inputs, read);
-- the engine's thread calls the compiled functions only after `ready`, so no function is ever traced in
+- the engine's thread calls the compiled functions only after that, so no function is ever traced in
   two threads at once. A decode shape the warm-up did not meet still compiles on the request path.
 
 The decodes are the shapes a compiled step's guards tell apart: batch 1 (dynamo specializes a size of 1),
@@ -77,15 +77,14 @@ class BuildStopped(Exception):
 
 
 class BackgroundCompile:
-    """Runs `build` (the compiled functions' first calls) in a thread; `ready` once they returned. A build that
-    raises leaves the engine eager (logged): serving never depends on the compiler.
+    """Runs `build` (the compiled functions' first calls, ending with the runner marking them ready) in a thread.
+    A build that raises leaves the engine eager (`error`, logged): serving never depends on the compiler.
 
     A process that ends while the build runs stops it first (`stop`, run by the interpreter's shutdown before
     it joins threads): a daemon thread would be killed inside the compiler's C++ frames at finalization, and
     the process abort ("terminate called ... exception not rethrown", SIGABRT) instead of exiting."""
 
     def __init__(self, build: Callable[[], None]):
-        self.ready = False
         self.error: BaseException | None = None
         self.seconds: float | None = None
         self._done = threading.Event()
@@ -109,7 +108,6 @@ class BackgroundCompile:
                 pass
             build()
             self.seconds = time.perf_counter() - start
-            self.ready = True
             log.info("compiled decode steps ready after %.1f s; decode steps take them from now on", self.seconds)
         except BuildStopped as e:
             self.error = e

@@ -118,9 +118,10 @@ class ModelRunner:
 
     @property
     def compile_state(self) -> str:
-        """What decode steps run: "off" (compile_decode off, or a backend that is not traceable), "building"
-        (eager while the background build runs), "ready" (the compiled step) or "failed" (eager: the build
-        raised). /health shows it, and `fleet up` waits for "building" to end before traffic is sent."""
+        """What decode steps run: "off" (compile_decode off), "building" (eager while the background build runs),
+        "ready" (the compiled step; a backend that is not traceable has no background build and is ready from the
+        start) or "failed" (eager: the build raised). /health shows it, and `fleet up` waits for "building" to
+        end before traffic is sent."""
         if not self.compile_decode:
             return "off"
         if self.compiled_ready:
