@@ -7,6 +7,12 @@ queues the record; a worker thread builds the spans and hands them to the
 exporter's batch processor. The queue is bounded: past it, spans are dropped and
 counted (`dropped_spans`), the engine never waits.
 
+The engine thread does not wake the worker per request: a woken thread asks for the GIL
+and takes it from the engine thread in the middle of its step (a handoff, two context
+switches and a cold cache per finished request). The worker wakes every `build_interval`
+seconds (or once `wake_rows` records wait) and builds what queued meanwhile in one run;
+spans are timestamped from the record, so building them later changes none of them.
+
 Attribute names follow the OpenTelemetry GenAI semantic conventions (`gen_ai.*`);
 ours are under `infersight.*` (see `telemetry/tracing_spans.py`). A caller's W3C
 `traceparent` (the `trace_context` carrier given to `on_request_arrival`) makes
@@ -17,8 +23,8 @@ RequestRecord carries; without one, the span takes the record's own trace id.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
+from collections import deque
 from urllib.parse import urlsplit
 
 from opentelemetry.sdk.resources import Resource
@@ -32,6 +38,10 @@ from telemetry.tracing_spans import OPERATION_KEY, RecordTraceIds, build_span_tr
 log = logging.getLogger(__name__)
 
 EXPORTERS = ("none", "console", "otlp")
+# How often the worker builds what queued (spans reach the exporter's batch processor, itself a
+# 5 s schedule by default, at most this much later) and how many records wake it before that.
+BUILD_INTERVAL = 1.0
+WAKE_ROWS = 512
 __all__ = ["EXPORTERS", "OPERATION_KEY", "TracingObserver", "traces_url"]
 
 
@@ -49,7 +59,8 @@ class TracingObserver(EngineObserver):
 
     def __init__(self, model: str, replica_id: str = "", exporter: str = "none", otlp_endpoint: str | None = None,
                  tracer_provider: TracerProvider | None = None, operation: str = "text_completion",
-                 background: bool = True, max_queued: int = 10_000, max_pending: int = 65_536):
+                 background: bool = True, max_queued: int = 10_000, max_pending: int = 65_536,
+                 build_interval: float = BUILD_INTERVAL, wake_rows: int = WAKE_ROWS):
         if exporter not in EXPORTERS:
             raise ValueError(f"tracing exporter must be one of {EXPORTERS}, got {exporter!r}")
         self.model = model
@@ -70,7 +81,12 @@ class TracingObserver(EngineObserver):
             self._ids = self._tracer.id_generator = RecordTraceIds(self._tracer.id_generator)
         self._carriers: dict[str, dict] = {}  # request id -> caller's trace context, until it finishes
         self._background = background
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.build_interval, self.wake_rows = build_interval, wake_rows
+        # (record, carrier) pairs: the engine thread appends (atomic, no lock, no wake-up), the worker pops
+        self._queue: deque = deque()
+        self._wake = threading.Event()
+        self._flushes: deque = deque()  # Events of flush() calls, set once everything queued before them is built
+        self._stop = False
         self._worker: threading.Thread | None = None
         self._closed = False
         self.dropped_contexts = 0  # carriers of requests that never finished, evicted
@@ -90,20 +106,23 @@ class TracingObserver(EngineObserver):
         carrier = self._carriers.pop(r.request_id, None) or {}
         if not self._background:
             self._build(r, carrier)
-        elif self._closed or self._queue.qsize() >= self.max_queued:
+        elif self._closed or len(self._queue) >= self.max_queued:
             self.dropped_spans += 1
         else:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._run, name="infersight-tracing", daemon=True)
                 self._worker.start()
-            self._queue.put((r, carrier))
+            self._queue.append((r, carrier))
+            if len(self._queue) >= self.wake_rows:
+                self._wake.set()
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued request has its spans handed to the exporter, then flush the exporter."""
         done = True
         if self._worker is not None and self._worker.is_alive():
             marker = threading.Event()
-            self._queue.put(marker)
+            self._flushes.append(marker)
+            self._wake.set()
             done = marker.wait(timeout)
         if self.provider is not None:
             self.provider.force_flush(int(timeout * 1000))
@@ -115,7 +134,8 @@ class TracingObserver(EngineObserver):
         self.flush()
         self._closed = True
         if self._worker is not None:
-            self._queue.put(None)
+            self._stop = True
+            self._wake.set()
             self._worker.join(timeout=10)
         if self._owns_provider:
             self.provider.shutdown()
@@ -123,14 +143,17 @@ class TracingObserver(EngineObserver):
     # -- worker ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        pending = self._queue
         while True:
-            item = self._queue.get()
-            if item is None:
+            self._wake.wait(self.build_interval)
+            self._wake.clear()
+            flushes = [self._flushes.popleft() for _ in range(len(self._flushes))]  # before the records they wait for
+            for _ in range(len(pending)):
+                self._build(*pending.popleft())
+            for marker in flushes:
+                marker.set()
+            if self._stop:
                 return
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            self._build(*item)
 
     def _build(self, r: RequestRecord, carrier: dict) -> None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 
@@ -69,6 +70,15 @@ def request_attributes(r: RequestRecord, operation: str, model: str, replica_id:
 
 def sampling_attributes(sampling_params_json: str) -> dict:
     """gen_ai.request.* from the record's SamplingParams JSON (unset or "off" values are left out)."""
+    return dict(_sampling_attributes(sampling_params_json))
+
+
+@functools.lru_cache(maxsize=256)  # a replica's requests mostly share a few parameter sets: parse each once
+def _sampling_attributes(sampling_params_json: str) -> tuple:
+    return tuple(_parse_sampling_attributes(sampling_params_json).items())
+
+
+def _parse_sampling_attributes(sampling_params_json: str) -> dict:
     try:
         params = json.loads(sampling_params_json or "{}")
     except ValueError:

@@ -253,3 +253,22 @@ def test_a_full_queue_drops_and_counts_and_a_bad_record_is_counted(traced):
     observer.close()
     run_request(observer, request_record("late"))  # after close: counted, not queued
     assert observer.dropped_spans == 1
+
+
+def test_the_worker_builds_in_batches_not_woken_per_request(traced):
+    import time
+
+    observer, exporter = traced
+    batched = TracingObserver("tiny-llama", replica_id="r0", tracer_provider=observer.provider,
+                              build_interval=3600, wake_rows=2)
+    run_request(batched, request_record("first"))
+    assert exporter.get_finished_spans() == ()  # queued: nothing wakes the worker for one request
+    run_request(batched, request_record("second"))  # the second reaches wake_rows: both are built now
+    deadline = time.monotonic() + 30
+    while len(exporter.get_finished_spans()) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    roots = sorted(s.attributes["gen_ai.response.id"] for s in exporter.get_finished_spans() if s.parent is None)
+    assert roots == ["first", "second"]
+    run_request(batched, request_record("third"))
+    assert len(finished(batched, exporter)) == 12  # flush() builds what waits without the interval
+    batched.close()
