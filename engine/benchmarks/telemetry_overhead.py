@@ -2,6 +2,7 @@
 
     infersight bench telemetry-overhead                  # 8 OFF/ON pairs of 16 prompts, random 4-layer Llama
     python -m engine.benchmarks.telemetry_overhead --rounds 12 --flush-interval 5 --json out.json
+    python -m engine.benchmarks.telemetry_overhead --rounds 16 --round-seconds 6   # longer rounds, busy host
 
 One LLM instance; its observer is swapped between rounds, so both sides run the same model,
 KV pool and prompts. OFF: no observer (the engine builds no records at all). ON: everything
@@ -16,13 +17,20 @@ Rounds go in ABBA order (off on, on off, off on ...) so that a steady drift of t
 hits both sides alike. After an ON round the benchmark waits, untimed, until its rows are in the
 store and its spans exported, so that none of its work lands in the next OFF round; the loss is
 also printed with that wait timed (a pessimistic bound: in a server it overlaps the next steps).
-Beside wall-clock throughput it reports CPU time: of the engine thread (what the hooks cost it
-directly, less sensitive to the machine's other load than wall time), of the process's other
-threads (recorder flushes, span building) and of the sidecar process, per token and per second.
+The primary figure is CPU-based: the whole process's CPU time per output token (the engine
+thread's, plus its other threads': recorder flushes, span building, the span exporter), the ON
+round's drain included, against its ABBA pair's OFF round: the pairwise median loss with a
+bootstrap 95% interval. On a shared 2-core host wall time swings by tens of percent between
+OFF rounds while CPU per token moves by a few, and on a saturated host the CPU the telemetry
+takes is what it takes from the engine. Wall-clock throughput is reported beside it, and the
+CPU of the engine thread alone and of the sidecar process.
 
 The workload (vLLM's benchmark_throughput in spirit): random token-id prompts of 16-256 tokens,
 16-128 output tokens, greedy, ignore EOS. Reported: tokens/s of every round, the medians, the loss,
-and the noise (the spread between OFF rounds, the range of the pairwise losses). Goal: loss <= 2%.
+and the noise (the spread between OFF rounds, the range of the pairwise losses). Goal: loss <= 1%.
+`--round-seconds` draws more prompts (the same seed: the first ones are the same) until an OFF
+round lasts about that long, measured on a probe round after the warm-up (new prompts rather than
+repeats: a repeat would be a prefix-cache hit).
 After the run the store is checked: every ON request is in `requests` with its token IDs.
 """
 
@@ -31,6 +39,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -44,7 +53,7 @@ from engine.benchmarks.intervals import bootstrap_median_ci
 from engine.util import free_port
 from telemetry.recorder import DEFAULT_FLUSH_INTERVAL
 
-GOAL_LOSS = 0.02
+GOAL_LOSS = 0.01
 PARTS = ("recorder", "metrics", "tracing")
 SIDECAR_SESSIONS = ("own", "shared")
 
@@ -245,6 +254,8 @@ def summarize(rounds: list[Round]) -> dict:
         return statistics.median(getattr(r, attr) / r.output_tokens * 1e6 for r in by_mode[mode])
 
     return dict(
+        # primary: output tokens per CPU second of the whole process (every thread; the ON drain included)
+        process_cpu=compare(rounds, lambda r: r.output_tokens / r.process_cpu_seconds),
         wall=compare(rounds, lambda r: r.tokens_per_s),
         wall_with_drain=compare(rounds, lambda r: r.tokens_per_s_with_drain),
         engine_thread_cpu=compare(rounds, lambda r: r.output_tokens / r.engine_cpu_seconds),
@@ -287,7 +298,7 @@ def check_store(telemetry: Telemetry, replica_id: str, expected: dict[str, list[
 
 
 def measure(model: str | Path, *, pairs: int, num_prompts: int, prompt_lens=(16, 256), output_lens=(16, 128),
-            seed: int = 0, threads: int = 1, max_num_seqs: int = 64,
+            seed: int = 0, threads: int = 1, max_num_seqs: int = 64, round_seconds: float | None = None,
             flush_interval: float = DEFAULT_FLUSH_INTERVAL,
             replica_id: str = "overhead-bench", data_dir: str | Path | None = None, sidecar_session: str = "own",
             progress=print) -> dict:
@@ -315,6 +326,15 @@ def measure(model: str | Path, *, pairs: int, num_prompts: int, prompt_lens=(16,
         # walks it while serving (else each collection provoked by telemetry's allocations walks the model)
         gc.collect()
         gc.freeze()
+        if round_seconds:  # more prompts, until a round lasts about round_seconds
+            probe = run_round(llm, workload, params, "off", telemetry)
+            repeats = max(1, math.ceil(round_seconds / probe.seconds))
+            if repeats > 1:
+                workload = make_workload(num_prompts * repeats, llm.engine.vocab_size, seed, prompt_lens,
+                                         output_lens)
+                params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+                          for n in workload.output_lens]
+            progress(f"probe round: {probe.seconds:.2f} s; {len(workload.prompts)} prompts a round")
         rounds: list[Round] = []
         for i, mode in enumerate(round_order(pairs)):
             r = run_round(llm, workload, params, mode, telemetry)
@@ -330,7 +350,7 @@ def measure(model: str | Path, *, pairs: int, num_prompts: int, prompt_lens=(16,
         telemetry.close()
     return dict(data_dir=str(data_dir), rounds=[r.as_dict() for r in rounds],
                 summary=summarize(rounds), store=store,
-                workload=dict(num_prompts=num_prompts, prompt_tokens=workload.prompt_tokens,
+                workload=dict(num_prompts=len(workload.prompts), prompt_tokens=workload.prompt_tokens,
                               output_tokens=workload.output_tokens, prompt_lens=list(prompt_lens),
                               output_lens=list(output_lens), max_num_seqs=max_num_seqs, threads=threads,
                               flush_interval=flush_interval, sidecar_session=sidecar_session))
@@ -355,7 +375,8 @@ def report(result: dict) -> str:
     background = share(cpu["process_on"] - cpu["engine_on"], cpu["process_off"] - cpu["engine_off"])
     sidecar = share(cpu["sidecar_on"], cpu["sidecar_off"])
     return "\n".join([
-        line("throughput (wall)", s["wall"], "tok/s") + f"   goal: loss <= {GOAL_LOSS * 100:.0f}%",
+        line("CPU, whole process", s["process_cpu"], "tok/cpu-s") + f"   goal: loss <= {GOAL_LOSS * 100:.0f}%",
+        line("throughput (wall)", s["wall"], "tok/s"),
         line("throughput, drain timed", s["wall_with_drain"], "tok/s"),
         line("engine thread CPU", s["engine_thread_cpu"], "tok/s"),
         f"CPU us per output token, OFF -> ON: engine thread {cpu['engine_off']:.0f} -> {cpu['engine_on']:.0f}, "
@@ -386,6 +407,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rounds", type=int, default=8, help="OFF/ON pairs (each pair is two rounds)")
     parser.add_argument("--num-prompts", type=int, default=16,
                         help="prompts per round, the same every round (short rounds follow the machine's drift)")
+    parser.add_argument("--round-seconds", type=float, default=None,
+                        help="draw more prompts until an OFF round lasts about this long (a probe round after "
+                             "the warm-up measures it): on a busy machine ~1 s rounds are mostly noise")
     parser.add_argument("--min-prompt-len", type=int, default=16)
     parser.add_argument("--max-prompt-len", type=int, default=256)
     parser.add_argument("--min-output-len", type=int, default=16)
@@ -413,7 +437,8 @@ def run(args) -> int:
     result = measure(model, pairs=args.rounds, num_prompts=args.num_prompts,
                      prompt_lens=(args.min_prompt_len, args.max_prompt_len),
                      output_lens=(args.min_output_len, args.max_output_len), seed=args.seed,
-                     threads=args.threads, max_num_seqs=args.max_num_seqs, flush_interval=args.flush_interval,
+                     threads=args.threads, max_num_seqs=args.max_num_seqs, round_seconds=args.round_seconds,
+                     flush_interval=args.flush_interval,
                      sidecar_session=args.sidecar_session, progress=lambda line: print(line, flush=True))
     print(report(result))
     if args.json:

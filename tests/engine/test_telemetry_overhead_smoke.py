@@ -17,12 +17,14 @@ def test_rounds_alternate_abba_so_drift_hits_both_sides():
 def test_one_pair_runs_and_every_on_request_is_stored_with_its_token_ids(tiny_llama, tmp_path):
     result = measure(tiny_llama, pairs=1, num_prompts=2, prompt_lens=(4, 12), output_lens=(2, 6),
                      max_num_seqs=4, flush_interval=0.2, replica_id="overhead-smoke", data_dir=tmp_path / "store",
-                     progress=lambda line: None)
+                     round_seconds=0.5, progress=lambda line: None)
 
     assert [r["mode"] for r in result["rounds"]] == ["off", "on"]
     assert all(r["output_tokens"] == result["workload"]["output_tokens"] for r in result["rounds"])
+    prompts = result["workload"]["num_prompts"]
+    assert prompts >= 2  # more prompts drawn for a round of about round_seconds (a probe round measured it)
     store = result["store"]
-    assert store["expected_requests"] == 4  # 2 warm-up ON requests + 2 in the ON round
+    assert store["expected_requests"] == 2 + prompts  # 2 warm-up ON requests + the ON round's
     assert store["stored_requests"] == store["matching_token_ids"] == store["expected_requests"]
     assert store["replica_rows"] == 1
     assert store["step_rows"] >= 2 * 2  # each ON request needs a prefill step and at least one decode step
@@ -32,6 +34,8 @@ def test_one_pair_runs_and_every_on_request_is_stored_with_its_token_ids(tiny_ll
     assert store["recorder_stats"]["requests"]["dropped"] == 0
     wall = result["summary"]["wall"]
     assert wall["median_off"] > 0 and wall["median_on"] > 0 and len(wall["pair_losses"]) == 1
+    cpu = result["summary"]["process_cpu"]  # the primary figure: output tokens per CPU second, every thread
+    assert cpu["median_off"] > 0 and cpu["median_on"] > 0 and len(cpu["pair_losses"]) == 1
 
 
 def test_bootstrap_interval_of_the_median():
