@@ -90,6 +90,7 @@ def main() -> int:
     args = p.parse_args()
     options = json.loads(args.options)
     args.model = str(resolve(args.model))
+    print(f"model {args.model}, options {options}, {args.threads} threads", flush=True)
     if args.restarts_only:
         for r in range(args.rounds):
             warm = start_once(args.model, dict(options, compile_decode=True), args.restarts_only, args.threads)
@@ -97,7 +98,6 @@ def main() -> int:
                   f"process {warm['process_s']:.1f} s, CPU {warm['cpu_s']:.1f} s; {rss_line(warm)}; caches {warm['caches']}",
                   flush=True)
         return 0
-    print(f"model {args.model}, options {options}, {args.threads} threads", flush=True)
     for r in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="infersight-compile-cache-") as root:
             eager = start_once(args.model, dict(options, compile_decode=False), root, args.threads)
