@@ -10,6 +10,8 @@ Marking the package absent (`sys.modules["triton"] = None`: every later `import 
 ImportError, which torch's probes and xgrammar's CUDA-only kernel path read as "not installed") must
 happen before torch._dynamo is first imported: `keep_triton_out` is called first thing where the engine
 starts the compiler (model_runner.py `_compile`). A process that imported triton already keeps it.
+Inductor's FX graph cache keys on triton's version (None here), so graphs a process built with triton
+loaded are not read by one without it: one first start, then restarts hit as before.
 """
 
 from __future__ import annotations
