@@ -9,7 +9,12 @@ eager (no compile), compiled on an empty
 cache directory (first start on a fresh host), compiled again on that directory (a restart), in that order,
 `--rounds` times with a new empty directory each round. Prints each start's seconds and the ratios.
 
-    python -m engine.benchmarks.compile_restart [--model DIR] [--rounds 1] [--options '{"pack_weights": true}']
+    python -m engine.benchmarks.compile_restart [--model DIR|reference|135m] [--rounds 1] [--restarts-only DIR]
+        [--options '{"pack_weights": true}']
+
+Each start also reports its RSS once its build is done (and its peak): what compile costs a replica in memory.
+`--restarts-only DIR`: only compiled restarts, on the compile cache under DIR (made by an earlier run: an
+empty DIR makes the first one a first start).
 """
 
 from __future__ import annotations
@@ -41,11 +46,17 @@ gen([[7, 8, 9], [7, 8, 9, 10, 11, 12]], 12)
 ready = time.perf_counter() - start
 llm.engine.runner.wait_compiled()
 compiled = time.perf_counter() - start
+rss = {{}}
+for line in open("/proc/self/status"):  # after the build (and the requests): what a serving replica holds
+    key, _, value = line.partition(":")
+    if key in ("VmRSS", "VmHWM"):
+        rss[key] = int(value.split()[0]) / 1024
 caches = {{}}
 if "torch._dynamo" in sys.modules:  # which caches a compiled start hit (a restart should miss none)
     from torch._dynamo.utils import counters
     caches = {{k: v for group in ("aot_autograd", "inductor") for k, v in counters[group].items() if "cache" in k}}
-print(json.dumps(dict(built_s=built, ready_s=ready, compiled_s=compiled, caches=caches)))
+print(json.dumps(dict(built_s=built, ready_s=ready, compiled_s=compiled, caches=caches,
+                      rss_mib=rss.get("VmRSS", 0), peak_mib=rss.get("VmHWM", 0))))
 """
 
 
@@ -62,17 +73,31 @@ def start_once(model: str, options: dict, cache_root: str, threads: int) -> dict
     return result
 
 
+def rss_line(start: dict) -> str:
+    return f"{start['rss_mib']:.0f} MiB ({start['peak_mib']:.0f})"
+
+
 def main() -> int:
-    from engine.core.model_refs import REFERENCE_MODEL
+    from engine.benchmarks.peers.models import resolve
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=str(REFERENCE_MODEL))
+    p.add_argument("--model", default="reference", help="a model directory, 'reference' or '135m' (SmolLM2's shape, "
+                   "random weights: engine/benchmarks/peers/models.py)")
+    p.add_argument("--restarts-only", metavar="DIR", help="compiled starts only, on this persistent cache root")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--options", default="{}", help="EngineConfig fields (JSON) for every start; compile_decode is set per start")
     args = p.parse_args()
     options = json.loads(args.options)
+    args.model = str(resolve(args.model))
     print(f"model {args.model}, options {options}, {args.threads} threads", flush=True)
+    if args.restarts_only:
+        for r in range(args.rounds):
+            warm = start_once(args.model, dict(options, compile_decode=True), args.restarts_only, args.threads)
+            print(f"restart {r + 1}: ready (served) {warm['ready_s']:.1f} s, decode graphs built {warm['compiled_s']:.1f} s, "
+                  f"process {warm['process_s']:.1f} s, CPU {warm['cpu_s']:.1f} s; {rss_line(warm)}; caches {warm['caches']}",
+                  flush=True)
+        return 0
     for r in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="infersight-compile-cache-") as root:
             eager = start_once(args.model, dict(options, compile_decode=False), root, args.threads)
@@ -86,6 +111,8 @@ def main() -> int:
               f"{eager['cpu_s']:.1f} | empty cache {cold['cpu_s']:.1f} | restart {warm['cpu_s']:.1f} "
               f"(restart / eager {warm['cpu_s'] / eager['cpu_s']:.2f}x); caches: empty {cold['caches']}, "
               f"restart {warm['caches']}", flush=True)
+        print(f"  RSS after the build (peak): eager {rss_line(eager)} | empty cache {rss_line(cold)} | restart "
+              f"{rss_line(warm)}", flush=True)
     return 0
 
 

@@ -84,8 +84,11 @@ class BackgroundCompile:
     it joins threads): a daemon thread would be killed inside the compiler's C++ frames at finalization, and
     the process abort ("terminate called ... exception not rethrown", SIGABRT) instead of exiting."""
 
-    def __init__(self, build: Callable[[], None]):
+    def __init__(self, build: Callable[[], None], memory: Callable[[], str] | None = None):
+        """`memory`: the process's memory line (process_memory.py), logged once the build is done: the start
+        summary's line is read before the compiler is imported, and the build is what compile costs."""
         self.error: BaseException | None = None
+        self._memory = memory
         self.seconds: float | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(build,), name="compile-decode")
@@ -109,6 +112,8 @@ class BackgroundCompile:
             build()
             self.seconds = time.perf_counter() - start
             log.info("compiled decode steps ready after %.1f s; decode steps take them from now on", self.seconds)
+            if self._memory is not None:
+                log.info("after the compiled decode steps' build: %s", self._memory())
         except BuildStopped as e:
             self.error = e
         except BaseException as e:  # noqa: BLE001 - any failure of the compiler leaves the engine eager

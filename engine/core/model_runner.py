@@ -41,9 +41,11 @@ from engine.core.compile_warmup import BackgroundCompile, warm_up
 from engine.core.cuda_graph import DecodeGraphs
 from engine.core.host_tensor import host_tensor
 from engine.core.models.gemv import choose_compiled_rows
+from engine.core.process_memory import memory_at_start
 from engine.core.sampler import sampled_logprobs
 from engine.core.scheduler import ScheduledBatch
 from engine.core.step_result import StepResult
+from engine.core.triton_gate import keep_triton_out
 
 # compile_decode's torch.compile backend (tests trace with "eager": dynamo's graph, no inductor build)
 COMPILE_BACKEND = "inductor"
@@ -107,7 +109,8 @@ class ModelRunner:
         self.compiled_ready = True
         if compile_decode and BACKGROUND_COMPILE and backend.traceable:
             self.compiled_ready = False
-            self.background = BackgroundCompile(lambda: self._build_compiled(multi_step))
+            self.background = BackgroundCompile(lambda: self._build_compiled(multi_step),
+                                                memory=lambda: memory_at_start(self.model, self.kv_caches).describe())
 
     @classmethod
     def from_config(cls, config, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -259,6 +262,7 @@ class ModelRunner:
     def _compile(self, fn):
         """torch.compile of a decode function (`_decode_step`, `_argmax_step`): each has graphs of its own."""
         if self._step_backend is None:
+            keep_triton_out()  # before torch._dynamo's import, which would load it (~65 MiB): engine/core/triton_gate.py
             if COMPILE_BACKEND == "inductor":
                 use_persistent_compile_cache()  # a restart replays the built kernels (engine/core/compile_cache.py)
             choose_compiled_rows()  # one-row projections: the reduction or the BLAS call (models/gemv.py)

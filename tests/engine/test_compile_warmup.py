@@ -125,6 +125,38 @@ def test_a_build_that_fails_leaves_the_engine_eager(tiny_llama, background):
     assert not seen
 
 
+def test_the_scratch_pool_is_released_and_the_memory_logged_once_the_build_is_done(tiny_llama, background,
+                                                                                 monkeypatch, caplog):
+    """The build's decodes write a pool of the engine pool's shapes: nothing may keep it (a graph, a guard, the
+    runner) once the graphs are built, or a replica holds a second KV pool's pages it touched. The build's end
+    logs the process's memory line, what compile cost."""
+    import gc
+    import logging
+    import weakref
+
+    import engine.core.compile_warmup as compile_warmup
+    from engine.core.engine import LLMEngine
+
+    pools, make = [], compile_warmup.scratch_pool
+
+    def kept_track_of(kv_caches):
+        pool = make(kv_caches)
+        pools.extend(weakref.ref(t) for pair in pool for t in pair)
+        return pool
+
+    monkeypatch.setattr(compile_warmup, "scratch_pool", kept_track_of)
+    caplog.set_level(logging.INFO, logger=compile_warmup.__name__)
+    kw = dict(block_size=4, num_kv_blocks=64)
+    compiled = LLMEngine(tiny_llama, compile_decode=True, **kw)
+    assert compiled.runner.wait_compiled(timeout=600), compiled.runner.background.error
+    eager = LLMEngine(tiny_llama, compile_decode=False, **kw)
+    assert _generate(compiled, BATCHES[1]) == _generate(eager, BATCHES[1])  # the built graphs serve
+    gc.collect()
+    assert pools and all(ref() is None for ref in pools)
+    lines = [r.getMessage() for r in caplog.records if "after the compiled decode steps' build" in r.getMessage()]
+    assert len(lines) == 1 and "memory: RSS " in lines[0] and "+ KV pool " in lines[0], lines
+
+
 def test_compile_decode_is_on_for_the_torch_backend_on_a_cpu_unless_turned_off(monkeypatch):
     from engine.core.attention import compile_decode_for, with_block_size
     from engine.core.config import COMPILE_DECODE_ENV, EngineConfig
