@@ -41,6 +41,7 @@ from engine.core.compile_warmup import BackgroundCompile, warm_up
 from engine.core.cuda_graph import DecodeGraphs
 from engine.core.host_tensor import host_tensor
 from engine.core.models.gemv import choose_compiled_rows
+from engine.core.multi_step import configured_steps
 from engine.core.sampler import sampled_logprobs
 from engine.core.scheduler import ScheduledBatch
 from engine.core.step_result import StepResult
@@ -114,7 +115,7 @@ class ModelRunner:
                     backend: AttentionBackend) -> ModelRunner:
         """The engine's runner: block size, device and compile_decode from the (resolved) EngineConfig."""
         return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), bool(config.compile_decode),
-                   multi_step=config.num_scheduler_steps > 1)
+                   multi_step=configured_steps(config) != 1)
 
     @property
     def compile_state(self) -> str:
