@@ -5,6 +5,7 @@
     python -m engine.benchmarks.decode_host --only 135m --quant int8 [--quant-skip ''] [--int8-exact]
     python -m engine.benchmarks.decode_host --only batch1 --no-compile   # eager decode steps (A/B)
     python -m engine.benchmarks.decode_host --only batch1,decode16 --sweep-steps 1,4,8,16,32 --rounds 5
+    python -m engine.benchmarks.decode_host --only batch1,decode16 --sweep-steps 1,auto --rounds 5  # the default
 
 `--sweep-steps`: one engine per workload and run, built once, then each num_scheduler_steps in turn, round
 after round (interleaved, so the machine's load falls on every K alike); per K, medians over rounds of the
@@ -145,7 +146,7 @@ def sweep_steps(model: str, workload, threads: int, engine_args: dict, ks: list[
     from engine.core.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
-    llm = LLM(model, **{**engine_args, "num_scheduler_steps": max(ks)})
+    llm = LLM(model, **{**engine_args, "num_scheduler_steps": max(k or 2 for k in ks)})
     engine = llm.engine
     warm = workload.head(2)
     llm.generate(warm.prompts, [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * len(warm.prompts),
@@ -169,7 +170,7 @@ def sweep_steps(model: str, workload, threads: int, engine_args: dict, ks: list[
     per_k = {k: {"p10_ms_per_token": [], "cpu_ms_per_token": [], "tokens_per_s": []} for k in ks}
     for _ in range(rounds):
         for k in ks:
-            engine.scheduler.num_scheduler_steps = k
+            engine.scheduler.num_scheduler_steps = k  # None: auto, its measured step times kept between rounds
             engine.kv_cache.reset_prefix_cache()
             timed.clear()
             start, cpu = time.perf_counter(), time.process_time()
@@ -254,10 +255,10 @@ def main(argv=None) -> int:
         if name not in chosen:
             continue
         if args.sweep_steps:
-            ks = [int(k) for k in args.sweep_steps.split(",")]
+            ks = [None if k == "auto" else int(k) for k in args.sweep_steps.split(",")]
             results[name] = r = _sweep_run((model, workload, args.threads, engine_args, ks, args.rounds), args.runs)
             for k, m in r.items():
-                print(f"{name:9s} K={k:<3d} p10 {m['p10_ms_per_token']:.3f} ms/token  cpu {m['cpu_ms_per_token']:.3f} "
+                print(f"{name:9s} K={k or 'auto':<4} p10 {m['p10_ms_per_token']:.3f} ms/token  cpu {m['cpu_ms_per_token']:.3f} "
                       f"ms/token  {m['tokens_per_s']:8.1f} tok/s", flush=True)
             continue
         r = _median_run((model, workload, args.threads, engine_args, args.int8_exact, args.gather_decode), args.runs)

@@ -27,8 +27,11 @@ K per sequence, appended by the same postprocess as every other step's.
 How many steps at most (K), by default (`num_scheduler_steps` None, "auto": `AutoSteps`):
   K = clamp(floor(STEP_BUDGET_S / t), 1, K_MAX)
 where t is the measured wall time of one decode sub-step for batches of this size class (sizes 1, 2-3, 4-7,
-...): an exponentially weighted mean (weight EWMA_WEIGHT for the newest) of the engine's pure-decode steps,
-each step's seconds from its schedule to its postprocess's end over the sub-steps it ran. A size class not
+...): the smallest of its last WINDOW pure-decode steps, each step's seconds from its schedule to its
+postprocess's end over the sub-steps it ran. The smallest, not a mean: on a loaded host most steps are
+stretched 2-5x by the OS taking the core away, which is no cost of the step's own and which a mean would
+read as a slow step, turning multi-step off where the host's CPU is scarcest; the window still follows a
+step that became slower (longer contexts) within WINDOW steps. A size class not
 measured yet takes one step, which measures it. K = 1 is an ordinary step (the sampler's path); K >= 2 is
 then capped by `steps_for` as a fixed K is. So the host's work between forwards is spread over K tokens
 where a step is short, and where it is long (a 135M model's ~25 ms) a batch takes one step, as without
@@ -44,6 +47,8 @@ the schedule and prepare go on the first, the postprocess on the last, each its 
 
 from __future__ import annotations
 
+from collections import deque
+
 from engine.core.logits_processors import needs_raw_processing
 from engine.core.sequence import Sequence
 
@@ -51,7 +56,7 @@ from engine.core.sequence import Sequence
 # at 10-30 ms a step (100-300 ms bursts); here K is as many as fit in a few ms (README, "Defaults and why")
 STEP_BUDGET_S = 0.004
 K_MAX = 16  # where the reference model's batch-1 gain per token flattens (README, "Decode paths, measured")
-EWMA_WEIGHT = 0.25  # the newest step's weight in the mean sub-step time
+WINDOW = 16  # the recent pure-decode steps of a size class whose fastest sub-step is t
 
 
 def configured_steps(config) -> int | None:
@@ -71,7 +76,7 @@ class AutoSteps:
     def __init__(self, budget_s: float = STEP_BUDGET_S, k_max: int = K_MAX):
         self.budget_s = budget_s
         self.k_max = k_max
-        self.sub_step_s: dict[int, float] = {}  # size class -> mean seconds of one decode sub-step
+        self.recent_s: dict[int, deque[float]] = {}  # size class -> seconds of one decode sub-step, last WINDOW steps
 
     @staticmethod
     def size_class(num_seqs: int) -> int:
@@ -79,16 +84,14 @@ class AutoSteps:
 
     def observe(self, num_seqs: int, num_steps: int, seconds: float) -> None:
         """A pure-decode step of `num_seqs` sequences ran `num_steps` sub-steps in `seconds` (host included)."""
-        c, t = self.size_class(num_seqs), seconds / num_steps
-        mean = self.sub_step_s.get(c)
-        self.sub_step_s[c] = t if mean is None else mean + EWMA_WEIGHT * (t - mean)
+        self.recent_s.setdefault(self.size_class(num_seqs), deque(maxlen=WINDOW)).append(seconds / num_steps)
 
     def k_for(self, num_seqs: int) -> int:
         """K for a decode batch of `num_seqs` sequences now: 1 until its size class has been measured."""
-        t = self.sub_step_s.get(self.size_class(num_seqs))
-        if t is None:
+        recent = self.recent_s.get(self.size_class(num_seqs))
+        if not recent:
             return 1
-        return max(1, min(self.k_max, int(self.budget_s / t)))
+        return max(1, min(self.k_max, int(self.budget_s / min(recent))))
 
 
 def host_free(seq: Sequence) -> bool:

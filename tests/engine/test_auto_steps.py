@@ -8,7 +8,7 @@ import pytest
 
 from engine.core.config import EngineConfig
 from engine.core.engine import LLMEngine
-from engine.core.multi_step import K_MAX, STEP_BUDGET_S, AutoSteps
+from engine.core.multi_step import K_MAX, STEP_BUDGET_S, WINDOW, AutoSteps
 from engine.core.sampling_params import SamplingParams
 
 PROMPTS = [[5, 9, 17, 3, 11, 8, 2], [7, 7, 1, 30], [4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24]]
@@ -37,15 +37,16 @@ def test_k_is_the_budget_over_the_measured_sub_step_time():
     assert multi.k_for(1) == 8
 
 
-def test_the_mean_follows_the_recent_steps():
+def test_t_is_the_fastest_recent_step():
     auto = AutoSteps()
-    auto.observe(1, 1, STEP_BUDGET_S / 100)
-    for _ in range(40):  # the steps became slow (a loaded machine, or the compiled path not built)
-        auto.observe(1, 1, 2 * STEP_BUDGET_S)
-    assert auto.k_for(1) == 1
-    for _ in range(40):
-        auto.observe(1, 1, STEP_BUDGET_S / 4.5)
+    auto.observe(1, 1, STEP_BUDGET_S / 4.5)
+    for _ in range(WINDOW - 1):  # steps stretched by a loaded host: the fastest recent one decides
+        auto.observe(1, 1, 3 * STEP_BUDGET_S)
     assert auto.k_for(1) == 4
+    auto.observe(1, 1, 3 * STEP_BUDGET_S)  # every recent step slow now (longer contexts, say): one step
+    assert auto.k_for(1) == 1
+    auto.observe(1, 1, STEP_BUDGET_S / 10)  # the compiled path became ready: faster at once
+    assert auto.k_for(1) == 10
 
 
 def _fake_clock(engine, sub_step_seconds: float) -> None:
