@@ -229,7 +229,8 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="engine option compile_decode (default: the engine's, on; --no-compile: eager)")
     p.add_argument("--steps", type=int, default=1, help="engine option num_scheduler_steps (multi-step decode)")
-    p.add_argument("--sweep-steps", help="comma-separated num_scheduler_steps values measured on one engine, interleaved")
+    p.add_argument("--sweep-steps",
+                   help="comma-separated num_scheduler_steps values (N or auto) measured on one engine, interleaved")
     p.add_argument("--rounds", type=int, default=5, help="with --sweep-steps: rounds over the values")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--quant", default="none", help="engine option quantization (none | int8 | int4)")
@@ -258,8 +259,8 @@ def main(argv=None) -> int:
             ks = [None if k == "auto" else int(k) for k in args.sweep_steps.split(",")]
             results[name] = r = _sweep_run((model, workload, args.threads, engine_args, ks, args.rounds), args.runs)
             for k, m in r.items():
-                print(f"{name:9s} K={k or 'auto':<4} p10 {m['p10_ms_per_token']:.3f} ms/token  cpu {m['cpu_ms_per_token']:.3f} "
-                      f"ms/token  {m['tokens_per_s']:8.1f} tok/s", flush=True)
+                print(f"{name:9s} K={k or 'auto':<4} p10 {m['p10_ms_per_token']:.3f} ms/token  "
+                      f"cpu {m['cpu_ms_per_token']:.3f} ms/token  {m['tokens_per_s']:8.1f} tok/s", flush=True)
             continue
         r = _median_run((model, workload, args.threads, engine_args, args.int8_exact, args.gather_decode), args.runs)
         results[name] = r

@@ -212,7 +212,8 @@ class ModelRunner:
             positions = [p + j for p in starts]
             slots = [table[p // bs] * bs + p % bs for table, p in zip(tables, positions)]
             sub = AttentionMetadata(query_lens=md.query_lens, context_lens=[n + j for n in md.context_lens],
-                                    block_tables=tables, block_size=bs, slot_mapping=host_tensor(slots, torch.long, dev))
+                                    block_tables=tables, block_size=bs,
+                                    slot_mapping=host_tensor(slots, torch.long, dev))
             self.backend.prepare(sub)
             # its own input buffer, made here outside inference mode: the compiled step guards on that
             # (an argmax made under inference mode as the input recompiled the graph, 20 s)

@@ -1,8 +1,8 @@
 """infersight's side: `engine.core.llm.LLM` as it comes (variant "default": no speed option given), fp32, or its weight-only int8 path (variant "int8", lm_head included),
 or decode steps through torch.compile (EngineConfig.compile_decode) in fp32 (variant "compile") or int8
 ("int8-compile"); the compile happens in the warm-up, `warmup_s`. "-steps" adds multi-step decode
-(EngineConfig.num_scheduler_steps = STEPS, engine/core/multi_step.py; the default's is "auto", the others' 1), "packed" (alone or as a suffix) float32
-projections through oneDNN's packed weights (EngineConfig.pack_weights, engine/core/models/packed_linear.py).
+(EngineConfig.num_scheduler_steps = STEPS, engine/core/multi_step.py; the default's is "auto", the others' 1),
+"packed" (alone or as a suffix) float32 projections through oneDNN's packed weights (EngineConfig.pack_weights, engine/core/models/packed_linear.py).
 
 Runs in infersight's own interpreter. Engine settings as `bench throughput`'s defaults; the prefix
 cache is emptied before each workload, so the shared-prefix workload measures reuse within itself.
