@@ -91,7 +91,9 @@ def test_requests_are_served_eager_while_the_graphs_build(tiny_llama, background
 
     background.COMPILE_BACKEND = held_backend
     kw = dict(block_size=4, num_kv_blocks=64)
-    compiled = LLMEngine(tiny_llama, compile_decode=True, **kw)
+    # one step per schedule: the spy watches the one-step compiled function (auto multi-step's fast steps would
+    # go through the multi-step one, built and checked in the test above)
+    compiled = LLMEngine(tiny_llama, compile_decode=True, num_scheduler_steps=1, **kw)
     seen = _compiled_calls(compiled)
     eager = LLMEngine(tiny_llama, compile_decode=False, **kw)
     prompts = BATCHES[2]
