@@ -4,6 +4,12 @@
     python -m engine.benchmarks.decode_host --only batch1 --runs 1 --json out.json
     python -m engine.benchmarks.decode_host --only 135m --quant int8 [--quant-skip ''] [--int8-exact]
     python -m engine.benchmarks.decode_host --only batch1 --no-compile   # eager decode steps (A/B)
+    python -m engine.benchmarks.decode_host --only batch1,decode16 --sweep-steps 1,4,8,16,32 --rounds 5
+    python -m engine.benchmarks.decode_host --only batch1,decode16 --sweep-steps 1,auto --rounds 5  # the default
+
+`--sweep-steps`: one engine per workload and run, built once, then each num_scheduler_steps in turn, round
+after round (interleaved, so the machine's load falls on every K alike); per K, medians over rounds of the
+schedule's wall time per token at its 10th percentile and the CPU per token.
 
 The engine's default path is measured: compile_decode on, its graphs built in the background at start; a run
 is measured once that build is done (its seconds count in the warm-up).
@@ -130,6 +136,54 @@ def run_once(model: str, workload, threads: int, engine_args: dict, int8_exact: 
                 first_tokens=outs[0].token_ids[:8])
 
 
+def sweep_steps(model: str, workload, threads: int, engine_args: dict, ks: list[int], rounds: int) -> dict:
+    """Each K of `ks` as the engine's fixed num_scheduler_steps, interleaved over `rounds`, on one engine whose
+    compiled steps (multi-step's included) are built first. Per K and round: the 10th percentile of an engine
+    step's wall seconds per token it produced (a schedule of K sub-steps is one step), CPU ms per token."""
+    import torch
+
+    from engine.core.llm import LLM
+    from engine.core.sampling_params import SamplingParams
+
+    torch.set_num_threads(threads)
+    llm = LLM(model, **{**engine_args, "num_scheduler_steps": max(k or 2 for k in ks)})
+    engine = llm.engine
+    warm = workload.head(2)
+    llm.generate(warm.prompts, [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * len(warm.prompts),
+                 use_tqdm=False)
+    engine.runner.wait_compiled()
+    step, schedule, timed, batches = engine.step, engine.scheduler.schedule, [], []
+
+    def scheduled():
+        batches.append(schedule())
+        return batches[-1]
+
+    def timed_step():  # a decode step's seconds and the tokens it produced (prefill steps: none counted)
+        t0 = time.perf_counter()
+        outs = step()
+        batch = batches.pop()
+        timed.append((time.perf_counter() - t0, 0 if batch.num_prefill_tokens else len(batch.seqs) * batch.num_steps))
+        return outs
+
+    engine.scheduler.schedule, engine.step = scheduled, timed_step
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
+    per_k = {k: {"p10_ms_per_token": [], "cpu_ms_per_token": [], "tokens_per_s": []} for k in ks}
+    for _ in range(rounds):
+        for k in ks:
+            engine.scheduler.num_scheduler_steps = k  # None: auto, its measured step times kept between rounds
+            engine.kv_cache.reset_prefix_cache()
+            timed.clear()
+            start, cpu = time.perf_counter(), time.process_time()
+            outs = llm.generate(workload.prompts, params, use_tqdm=False)
+            elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+            produced = sum(len(o.token_ids) for o in outs)
+            per_token = sorted(1e3 * s / n for s, n in timed if n)
+            per_k[k]["p10_ms_per_token"].append(per_token[len(per_token) // 10])
+            per_k[k]["cpu_ms_per_token"].append(1e3 * cpu / produced)
+            per_k[k]["tokens_per_s"].append(produced / elapsed)
+    return per_k
+
+
 def _median_run(fn_args, runs: int) -> dict:
     import multiprocessing as mp
 
@@ -150,6 +204,23 @@ def _median_run(fn_args, runs: int) -> dict:
     return med
 
 
+def _sweep_run(fn_args, runs: int) -> dict:
+    """`sweep_steps` in `runs` fresh processes; per K, the median over every run's rounds."""
+    import multiprocessing as mp
+
+    merged: dict = {}
+    for _ in range(runs):
+        pool = mp.get_context("spawn").Pool(1)
+        try:
+            for k, m in pool.apply(sweep_steps, fn_args).items():
+                for key, values in m.items():
+                    merged.setdefault(k, {}).setdefault(key, []).extend(values)
+        finally:
+            pool.close()
+            pool.join()
+    return {k: {key: statistics.median(v) for key, v in m.items()} for k, m in merged.items()}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", help="comma-separated workloads (batch1,decode16,mixed,135m)")
@@ -158,6 +229,9 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="engine option compile_decode (default: the engine's, on; --no-compile: eager)")
     p.add_argument("--steps", type=int, default=1, help="engine option num_scheduler_steps (multi-step decode)")
+    p.add_argument("--sweep-steps",
+                   help="comma-separated num_scheduler_steps values (N or auto) measured on one engine, interleaved")
+    p.add_argument("--rounds", type=int, default=5, help="with --sweep-steps: rounds over the values")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--quant", default="none", help="engine option quantization (none | int8 | int4)")
     p.add_argument("--quant-skip", default="lm_head", help="comma-separated layers left in float ('' for none)")
@@ -180,6 +254,13 @@ def main(argv=None) -> int:
     print(f"{args.threads} torch threads, {args.runs} runs per workload (medians)", flush=True)
     for name, (model, workload) in workloads().items():
         if name not in chosen:
+            continue
+        if args.sweep_steps:
+            ks = [None if k == "auto" else int(k) for k in args.sweep_steps.split(",")]
+            results[name] = r = _sweep_run((model, workload, args.threads, engine_args, ks, args.rounds), args.runs)
+            for k, m in r.items():
+                print(f"{name:9s} K={k or 'auto':<4} p10 {m['p10_ms_per_token']:.3f} ms/token  "
+                      f"cpu {m['cpu_ms_per_token']:.3f} ms/token  {m['tokens_per_s']:8.1f} tok/s", flush=True)
             continue
         r = _median_run((model, workload, args.threads, engine_args, args.int8_exact, args.gather_decode), args.runs)
         results[name] = r

@@ -21,7 +21,8 @@ What makes that safe to run beside the engine's own steps:
 The decodes are the shapes a compiled step's guards tell apart: batch 1 (dynamo specializes a size of 1),
 a batch of equal lengths, and one of unequal lengths (a length mask where attention gathers); each with
 lengths that coincide with no other size in the step, so no size is taken for another (duck sizing).
-Multi-step decode's sub-step function (`_argmax_step`) is warmed the same way when the engine uses it.
+Multi-step decode's sub-step function (`_argmax_step`) is warmed the same way when the engine may use it
+(a fixed K > 1, or "auto", the default, which takes K > 1 once a step is measured fast).
 
 The thread runs at a lower CPU priority (Linux: `nice` is per thread; the compiler processes it starts
 inherit it) so that on a small machine the requests being served eagerly keep the cores. It still holds

@@ -69,8 +69,9 @@ class EngineConfig:
     # those steps from compile_decode. Off by default until engine/benchmarks/gpu_check.py has passed on a GPU
     cuda_graphs: bool = False
     # multi-step decode (engine/core/multi_step.py): up to this many decode steps per schedule, when the
-    # batch is decodes only, nothing waits and every sequence is greedy without logits processors
-    num_scheduler_steps: int = 1
+    # batch is decodes only, nothing waits and every sequence is greedy without logits processors; None ("auto",
+    # --num-scheduler-steps auto): as many as fit in a few ms by the measured step time; 1: off
+    num_scheduler_steps: int | None = field(default=None, metadata={"auto": True})
     # the model's sampling defaults for requests that leave them unset (engine/core/generation_defaults.py), vLLM's
     # --generation-config: "auto" (the model directory's generation_config.json), "vllm" (none), or a directory
     generation_config: str = "auto"

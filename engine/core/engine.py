@@ -115,7 +115,7 @@ class LLMEngine:
         self.structured_output = StructuredOutput(self.tokenizer.hf, self.vocab_size, self.eos_token_ids)
         self.speculator = None
         if config.speculative_mode not in ("none", "", None):
-            if config.num_scheduler_steps > 1:
+            if config.num_scheduler_steps not in (None, 1):
                 raise ValueError("speculative decoding and multi-step decode (num_scheduler_steps > 1) exclude "
                                  "each other: both put several tokens in one step")
             from engine.core.spec_decode.speculator import Speculator
@@ -251,6 +251,7 @@ class LLMEngine:
             return self._fail_step(batch, e)
         outputs, finished = self._postprocess(batch, sampling, result)
         timer.lap("postprocess")
+        self.scheduler.observe_step(batch, timer.elapsed)  # auto multi-step's measure
         if self.observer.enabled:
             self.telemetry.steps(self.step_id, batch, timer, result, finished, context_lens)
         self.step_id += len(result.forward_seconds) or 1  # one per forward

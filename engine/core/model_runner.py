@@ -41,6 +41,7 @@ from engine.core.compile_warmup import BackgroundCompile, warm_up
 from engine.core.cuda_graph import DecodeGraphs
 from engine.core.host_tensor import host_tensor
 from engine.core.models.gemv import choose_compiled_rows
+from engine.core.multi_step import configured_steps
 from engine.core.process_memory import memory_at_start
 from engine.core.sampler import sampled_logprobs
 from engine.core.scheduler import ScheduledBatch
@@ -117,7 +118,7 @@ class ModelRunner:
                     backend: AttentionBackend) -> ModelRunner:
         """The engine's runner: block size, device and compile_decode from the (resolved) EngineConfig."""
         return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), bool(config.compile_decode),
-                   multi_step=config.num_scheduler_steps > 1)
+                   multi_step=configured_steps(config) != 1)
 
     @property
     def compile_state(self) -> str:
@@ -205,20 +206,22 @@ class ModelRunner:
         first = self.prepare(batch)
         # multi-step sub-steps do not replay CUDA graphs: plan the first one too (prepare left it to the graph)
         self.backend.prepare(first.metadata)
-        steps, bs, md = [first], self.block_size, first.metadata
+        steps, bs, md, dev = [first], self.block_size, first.metadata, self.device
+        starts = [seq.num_computed_tokens for seq in batch.seqs]
+        tables = md.block_tables
         for j in range(1, batch.num_steps):
-            slots = []
-            for seq in batch.seqs:
-                p = seq.num_computed_tokens + j
-                slots.append(seq.block_table[p // bs] * bs + p % bs)
+            # positions and slots from Python ints through host_tensor, as the first sub-step's: a tensor op
+            # (positions + j) or torch.tensor each cost as much again, per sub-step
+            positions = [p + j for p in starts]
+            slots = [table[p // bs] * bs + p % bs for table, p in zip(tables, positions)]
             sub = AttentionMetadata(query_lens=md.query_lens, context_lens=[n + j for n in md.context_lens],
-                                    block_tables=md.block_tables, block_size=bs,
-                                    slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device))
+                                    block_tables=tables, block_size=bs,
+                                    slot_mapping=host_tensor(slots, torch.long, dev))
             self.backend.prepare(sub)
             # its own input buffer, made here outside inference mode: the compiled step guards on that
             # (an argmax made under inference mode as the input recompiled the graph, 20 s)
             ids = torch.empty_like(first.input_ids)
-            steps.append(ModelInputs(ids, first.positions + j, sub, first.sample_rows, []))
+            steps.append(ModelInputs(ids, host_tensor(positions, torch.long, dev), sub, first.sample_rows, []))
         return steps
 
     @torch.inference_mode()

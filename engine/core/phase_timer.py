@@ -20,6 +20,11 @@ class PhaseTimer:
         self.seconds[phase] += now - self._last
         self._last = now
 
+    @property
+    def elapsed(self) -> float:
+        """Seconds from the step's start to its last lap."""
+        return self._last - self.start
+
     def move(self, seconds: float, source: str, target: str) -> None:
         """Charge `seconds` of `source` to `target` instead (a draft model's forwards, inside prepare)."""
         self.seconds[source] -= seconds

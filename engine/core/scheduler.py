@@ -15,11 +15,14 @@ preempted). Each step:
    first takes whatever prefix the cache holds. With chunked prefill a prompt
    may take only part of the remaining budget and continue next step (without
    it, only a preempted sequence longer than the whole budget is split).
-3. Multi-step decode (`num_scheduler_steps` K > 1, engine/core/multi_step.py): when the
-   batch is decodes only, nothing waits, and every sequence is greedy with nothing
-   for the host to shape, each gets the KV slots of k tokens and the batch runs k
-   steps: k is K, or fewer where a sequence has fewer tokens left. It is all or
-   none, and only from free blocks: more steps never preempt anyone.
+3. Multi-step decode (engine/core/multi_step.py): when the batch is decodes only,
+   nothing waits, and every sequence is greedy with nothing for the host to shape,
+   each gets the KV slots of k tokens and the batch runs k steps. K, the most, is
+   `num_scheduler_steps` where it is fixed; by default ("auto", None) it is
+   clamp(floor(STEP_BUDGET_S / t), 1, K_MAX) with t the measured seconds of one
+   decode sub-step at this batch size (`observe_step`, after each step), and K = 1
+   is an ordinary step. k is K, or fewer where a sequence has fewer tokens left. It
+   is all or none, and only from free blocks: more steps never preempt anyone.
 
 A request that could never run (prompt at least as long as the context, or
 longer than the whole pool) is rejected in `check_prompt` before it queues.
@@ -32,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.core.kv_cache import KVCacheManager
-from engine.core.multi_step import steps_for
+from engine.core.multi_step import AutoSteps, configured_steps, steps_for
 from engine.core.sequence import Sequence, SequenceStatus
 
 
@@ -70,12 +73,15 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, kv_cache: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, enable_chunked_prefill: bool = True, num_scheduler_steps: int = 1):
+                 max_model_len: int, enable_chunked_prefill: bool = True, num_scheduler_steps: int | None = None):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        if num_scheduler_steps < 1:
-            raise ValueError(f"num_scheduler_steps must be >= 1 (1: one step per schedule), got {num_scheduler_steps}")
+        if num_scheduler_steps is not None and num_scheduler_steps < 1:
+            raise ValueError("num_scheduler_steps must be >= 1 (1: one step per schedule) or auto (None), "
+                             f"got {num_scheduler_steps}")
+        # a fixed K, or None: K by the measured step time (auto_steps)
         self.num_scheduler_steps = num_scheduler_steps
+        self.auto_steps = AutoSteps()
         self.kv_cache = kv_cache
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -97,7 +103,7 @@ class Scheduler:
         """The engine's scheduler: its budgets from the EngineConfig, the context its model allows."""
         return cls(kv_cache, max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                    max_model_len=max_model_len, enable_chunked_prefill=config.enable_chunked_prefill,
-                   num_scheduler_steps=config.num_scheduler_steps)
+                   num_scheduler_steps=configured_steps(config))
 
     # --- admission -----------------------------------------------------------
 
@@ -191,7 +197,7 @@ class Scheduler:
                 budget -= num_new
                 if kv.enable_prefix_caching:
                     filling.update(kv.prefix_block_hashes(seq, computed + num_new))
-        if self.num_scheduler_steps > 1 and not self.waiting and not batch.preempted:
+        if self.num_scheduler_steps != 1 and not self.waiting and not batch.preempted:
             self._take_steps(batch)
         return batch
 
@@ -200,7 +206,8 @@ class Scheduler:
         blocks hold every sequence's k slots."""
         if batch.num_decode_seqs < len(batch.seqs):  # a prefill is in it
             return
-        k = steps_for(batch.seqs, self.num_scheduler_steps, self.max_seq_len)
+        most = self.num_scheduler_steps or self.auto_steps.k_for(len(batch.seqs))
+        k = steps_for(batch.seqs, most, self.max_seq_len)
         if k == 0:
             return
         kv = self.kv_cache
@@ -210,6 +217,12 @@ class Scheduler:
         for seq in batch.seqs:
             kv.allocate(seq, k)
         batch.num_steps, batch.stepped = k, True
+
+    def observe_step(self, batch: ScheduledBatch, seconds: float) -> None:
+        """A step ran `batch` in `seconds` (schedule to postprocess): a pure-decode one's time per sub-step is
+        what auto K is chosen by."""
+        if self.num_scheduler_steps is None and batch.seqs and batch.num_decode_seqs == len(batch.seqs):
+            self.auto_steps.observe(len(batch.seqs), batch.num_steps, seconds)
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv_cache.free(seq)

@@ -64,7 +64,8 @@ def test_each_decode_graph_is_traced_and_lowered_once(tiny_llama, monkeypatch, t
     monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     counters.clear()
-    llm = LLM(tiny_llama, compile_decode=True, block_size=4, num_kv_blocks=64)
+    # one step per schedule: the one-step function's graphs are counted (auto multi-step compiles its own too)
+    llm = LLM(tiny_llama, compile_decode=True, block_size=4, num_kv_blocks=64, num_scheduler_steps=1)
     out = llm.generate([[5, 9, 17, 3], [7, 7, 1]],
                        [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)] * 2, use_tqdm=False)
     assert [len(o.token_ids) for o in out] == [6, 6]

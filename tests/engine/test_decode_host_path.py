@@ -137,7 +137,9 @@ def test_compiled_decode_is_one_graph_and_gives_the_eager_tokens(tiny_llama, mon
 
     torch._dynamo.reset()
     counters.clear()
-    compiled = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64, compile_decode=True)
+    # one step per schedule: the graphs counted are the one-step function's (auto multi-step would compile its
+    # own function too, on the request path here; test_multi_step's compiled run checks that one)
+    compiled = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64, compile_decode=True, num_scheduler_steps=1)
     eager = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64)
     for prompts in batches:
         assert _generate(compiled, prompts, params) == _generate(eager, prompts, params)
@@ -174,7 +176,7 @@ def test_compiled_int8_decode_is_one_graph_and_gives_the_eager_int8_tokens(tiny_
     torch._dynamo.reset()
     counters.clear()
     kw = dict(block_size=4, num_kv_blocks=64, quantization="int8", quant_skip_layers=[])
-    compiled = LLMEngine(tiny_llama, compile_decode=True, **kw)
+    compiled = LLMEngine(tiny_llama, compile_decode=True, num_scheduler_steps=1, **kw)  # one-step graphs (above)
     eager = LLMEngine(tiny_llama, **kw)
     assert _generate(compiled, prompts, params) == _generate(eager, prompts, params)
     assert compiled.runner._compiled is not None

@@ -44,8 +44,10 @@ def _run(engine, prompts, params):
 
 def test_each_step_records_the_sum_of_its_sequences_lengths(tiny_llama):
     observer = Steps()
+    # one step per schedule: `_run` records per schedule, and a multi-step schedule has a StepRecord per
+    # sub-step (their context lengths: test_multi_step)
     engine = LLMEngine(EngineConfig(model=str(tiny_llama), block_size=4, num_kv_blocks=64,
-                                    max_num_batched_tokens=64), observer)
+                                    max_num_batched_tokens=64, num_scheduler_steps=1), observer)
     prompts = [list(range(10, 15)), list(range(20, 40))]  # 5 and 20 tokens, one prefill step
     expected, full = _run(engine, prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     got = [s.num_context_tokens for s in observer.steps]

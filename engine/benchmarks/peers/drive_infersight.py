@@ -1,8 +1,8 @@
 """infersight's side: `engine.core.llm.LLM` as it comes (variant "default": no speed option given), fp32, or its weight-only int8 path (variant "int8", lm_head included),
 or decode steps through torch.compile (EngineConfig.compile_decode) in fp32 (variant "compile") or int8
 ("int8-compile"); the compile happens in the warm-up, `warmup_s`. "-steps" adds multi-step decode
-(EngineConfig.num_scheduler_steps = STEPS, engine/core/multi_step.py), "packed" (alone or as a suffix) float32
-projections through oneDNN's packed weights (EngineConfig.pack_weights, engine/core/models/packed_linear.py).
+(EngineConfig.num_scheduler_steps = STEPS, engine/core/multi_step.py; the default's is "auto", the others' 1),
+"packed" (alone or as a suffix) float32 projections through oneDNN's packed weights (EngineConfig.pack_weights, engine/core/models/packed_linear.py).
 
 Runs in infersight's own interpreter. Engine settings as `bench throughput`'s defaults; the prefix
 cache is emptied before each workload, so the shared-prefix workload measures reuse within itself.
@@ -24,6 +24,7 @@ def main() -> None:
 
     import engine
     from engine.core.llm import LLM
+    from engine.core.multi_step import K_MAX
     from engine.core.sampling_params import SamplingParams
 
     torch.set_num_threads(req["threads"])
@@ -42,7 +43,8 @@ def main() -> None:
                                                  pack_weights=packed)
     llm = LLM(req["model_dir"], dtype="float32", quantization=quant, quant_skip_layers=[], max_num_seqs=128,
               max_num_batched_tokens=2048, kv_cache_memory_bytes=io.KV_CACHE_GIB * 2**30, **speed)
-    compiled, steps = llm.engine.config.compile_decode, llm.engine.config.num_scheduler_steps
+    # "auto" K (the default, None) may take up to K_MAX steps once its steps are measured fast
+    compiled, steps = llm.engine.config.compile_decode, llm.engine.scheduler.num_scheduler_steps or K_MAX
     load_s = time.perf_counter() - start
 
     def generate(prompts, output_lens):

@@ -37,9 +37,17 @@ def _str_list(text: str) -> list[str]:
     return [s for s in (p.strip() for p in text.split(",")) if s]
 
 
+def _int_or_auto(text: str) -> int | None:
+    """'auto' -> None (the field's default: decided by the engine), else an int."""
+    return None if text.strip().lower() == "auto" else int(text)
+
+
 def _converter(f: dataclasses.Field):
-    """argparse type for a field, from its (string) annotation."""
+    """argparse type for a field, from its (string) annotation; a field marked `auto` (metadata) also takes
+    "auto", its None default."""
     t = str(f.type)
+    if f.metadata.get("auto"):
+        return _int_or_auto
     if f.name.endswith("_bytes"):
         return parse_size
     if t.startswith("list"):
@@ -68,6 +76,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             metavar = "A,B,..." if conv is _str_list else f.name.split("_")[-1].upper()
+            if conv is _int_or_auto:
+                metavar, help_text = f"auto|{metavar}", "default: auto"
             group.add_argument(flag, dest=f.name, type=conv, default=None, metavar=metavar, help=help_text)
 
 
@@ -119,7 +129,9 @@ def check_engine_option(key: str, value) -> None:
         except argparse.ArgumentTypeError as e:
             raise ValueError(f"engine option {key!r}: {e}") from None
         return
-    kinds = {_str_list: (list, str), float: float, int: int, bool: bool}.get(conv, str)
+    if conv is _int_or_auto and value == "auto":
+        return
+    kinds = {_str_list: (list, str), float: float, int: int, _int_or_auto: int, bool: bool}.get(conv, str)
     problem = wrong_type(f"engine option {key!r}", value, kinds)
     if problem:
         raise ValueError(problem)
