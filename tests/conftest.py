@@ -32,6 +32,25 @@ def pytest_configure(config):
     model_runner.BACKGROUND_COMPILE = False
 
 
+def pytest_collection_modifyitems(config, items):
+    # the parallel run keeps every vLLM test on one worker by its directory (tests/worker_scheduling.py)
+    from worker_scheduling import VLLM_DIRS
+
+    astray = [item.nodeid for item in items
+              if item.get_closest_marker("vllm") and not item.nodeid.startswith(VLLM_DIRS)]
+    if astray:
+        raise pytest.UsageError(f"tests marked vllm belong under {' or '.join(VLLM_DIRS)}: {astray[:3]}")
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown to a pytest without it
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadscope":
+        from worker_scheduling import ModulesAndVllm
+
+        return ModulesAndVllm(config, log)
+    return None
+
+
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
     """`factory(arch="llama", **overrides) -> Path`: a saved random model, cached per arguments."""
