@@ -5,9 +5,12 @@ Protocol: `python drive_X.py REQUEST.json RESULT.json`. The request holds `model
 {"name", "prompts": [[token ids]], "output_lens": [n]}. The driver warms up, then times each
 workload's generation alone (conversion and loading excluded), and writes
 {"peer", "variant", "version", "load_s", "results": {name: {"seconds", "output_counts",
-"first_tokens"}}, "vm_hwm_mib", "ready_s"}: the driver's own peak RSS, read from /proc at the end, and its
-ready-to-serve time: from the process's start (interpreter, imports, loading, conversion, warm-up and any
-compile included) to the first timed workload, as a replica's start would be seen from outside.
+"first_tokens"}}, "vm_hwm_mib", "answers_s", "ready_s"}: the driver's own peak RSS, read from /proc at the
+end; when it could answer a first request (`answers_s`: from the process's start through interpreter, imports,
+conversion and loading, before any warm-up); and its ready-to-serve time (`ready_s`: from the process's start,
+warm-up and any compile included, to the first timed workload). The two differ where a side serves while it
+still builds: infersight's compiled decode steps are built in the background while it serves eager ones, and
+its driver waits for them so that the timed workloads measure the compiled path.
 """
 
 from __future__ import annotations
@@ -50,10 +53,17 @@ def seconds_since_process_start() -> float | None:
         return None
 
 
+def mark_answering() -> None:
+    """The side could answer its first request from now on (`answers_s` in the result)."""
+    if "answers_s" not in _ready:
+        _ready["answers_s"] = seconds_since_process_start()
+
+
 def run_workloads(workloads: list[dict], generate) -> dict:
     """`generate(prompts, output_lens) -> list of generated token-id lists`, timed per workload. The side
     is ready to serve when the first one starts (`ready_s` in the result)."""
     _ready.setdefault("ready_s", seconds_since_process_start())
+    mark_answering()
     results = {}
     for w in workloads:
         start = time.perf_counter()
@@ -83,7 +93,8 @@ def vm_hwm_mib() -> float | None:
 
 def write_result(out_path: str, **fields) -> None:
     with open(out_path, "w") as f:
-        json.dump(dict(fields, vm_hwm_mib=vm_hwm_mib(), ready_s=_ready.get("ready_s")), f)
+        json.dump(dict(fields, vm_hwm_mib=vm_hwm_mib(), answers_s=_ready.get("answers_s"),
+                       ready_s=_ready.get("ready_s")), f)
 
 
 def converted_path(req: dict, kind: str) -> str:

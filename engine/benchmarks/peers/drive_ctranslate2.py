@@ -32,6 +32,7 @@ def main() -> None:
     gen = ctranslate2.Generator(path, device="cpu", compute_type="int8" if quant else "float32",
                                 inter_threads=1, intra_threads=req["threads"])
     load_s = time.perf_counter() - start
+    io.mark_answering()
     # generate_batch takes token strings: map through the converted model's own vocabulary
     vocab_file = next(f for f in ("vocabulary.json", "vocabulary.txt") if os.path.exists(os.path.join(path, f)))
     with open(os.path.join(path, vocab_file)) as f:

@@ -46,6 +46,7 @@ def main() -> None:
     # "auto" K (the default, None) may take up to K_MAX steps once its steps are measured fast
     compiled, steps = llm.engine.config.compile_decode, llm.engine.scheduler.num_scheduler_steps or K_MAX
     load_s = time.perf_counter() - start
+    io.mark_answering()
 
     def generate(prompts, output_lens):
         llm.engine.kv_cache.reset_prefix_cache()

@@ -32,6 +32,7 @@ def main() -> None:
     llm = llama_cpp.Llama(model_path=path, n_ctx=cfg["max_position_embeddings"], n_batch=512,
                           n_threads=req["threads"], n_threads_batch=req["threads"], logits_all=False, verbose=False)
     load_s = time.perf_counter() - start
+    io.mark_answering()
 
     def one(prompt, n):
         out = []

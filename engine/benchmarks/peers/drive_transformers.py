@@ -28,6 +28,7 @@ def main() -> None:
     model.generation_config.eos_token_id = None  # ignore EOS: exactly the requested tokens
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     load_s = time.perf_counter() - start
+    io.mark_answering()
 
     def generate(prompts, output_lens):
         w = Workload(prompts, output_lens)

@@ -28,6 +28,7 @@ def main() -> None:
     llm = LLM(model=req["model_dir"], dtype="float32", skip_tokenizer_init=True, enforce_eager=True,
               max_model_len=cfg["max_position_embeddings"], max_num_seqs=128, max_num_batched_tokens=2048, seed=0)
     load_s = time.perf_counter() - start
+    io.mark_answering()
 
     def generate(prompts, output_lens):
         params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n, detokenize=False)

@@ -36,3 +36,22 @@ def test_without_the_default_variant_ratios_are_to_fp32():
 def test_a_driver_knows_how_long_its_process_has_run():
     age = _driver_io.seconds_since_process_start()
     assert age is not None and 0 < age < 24 * 3600
+
+
+def test_a_side_that_answers_before_it_is_ready_reports_both(tmp_path, monkeypatch):
+    """infersight serves eager steps while its compiled ones build; the driver waits for the build, so
+    `answers_s` (loaded) comes before `ready_s` (first timed workload), and the summary keeps both."""
+    ages = iter([2.0, 30.0])
+    monkeypatch.setattr(_driver_io, "_ready", {})
+    monkeypatch.setattr(_driver_io, "seconds_since_process_start", lambda: next(ages))
+    _driver_io.mark_answering()
+    _driver_io.run_workloads([], lambda prompts, lens: [])
+    out = tmp_path / "result.json"
+    _driver_io.write_result(str(out), peer="infersight")
+    import json
+
+    result = json.loads(out.read_text())
+    assert (result["answers_s"], result["ready_s"]) == (2.0, 30.0)
+    runs = {"infersight/default": [SideRun(True, dict(results={}, load_s=1.0, **result), 300, 10.0)]}
+    start = cli._starts(runs)[0]
+    assert (start["answers_s"], start["ready_s"]) == (2.0, 30.0)
