@@ -49,8 +49,11 @@ def upstream(tiny_llama, sidecar):
     from engine.serving.server.model_info import ServedModel
     from telemetry.replica_wiring import build_observer
 
+    # One token per decode step: the stream tests compare a direct request's chunks with a proxied one's,
+    # one for one, which needs the upstream to cut the same prompt's stream the same way each time; the
+    # "auto" multi-step default picks K from measured step times, so two requests may be cut differently.
     config = EngineConfig(model=str(tiny_llama), max_model_len=MAX_MODEL_LEN, num_kv_blocks=96, block_size=16,
-                          max_num_seqs=8, replica_id="up")
+                          max_num_seqs=8, replica_id="up", num_scheduler_steps=1)
     observer, parts = build_observer("up", Path(tiny_llama).resolve().name, store_target=sidecar.store_url,
                                      metrics=False)
     engine = AsyncLLM(config, observer)
