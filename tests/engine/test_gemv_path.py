@@ -62,9 +62,9 @@ def test_the_choice_follows_the_measured_sgemv_slowdown(monkeypatch):
     assert 0 < slowdown < float("inf")
     for measured, reduction in ((2.8, True), (1.0, False)):  # the EPYC's one-thread sgemv; a streaming one
         monkeypatch.setattr(gemv, "_chosen", False)
-        monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda: measured)
+        monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda *args: measured)
         assert gemv.choose_compiled_rows() is reduction and gemv.rows_as_reduction is reduction
-        monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda: 1 / 0)  # chosen: never measured again
+        monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda *args: 1 / 0)  # chosen: never measured again
         assert gemv.choose_compiled_rows() is reduction
 
 
@@ -96,7 +96,7 @@ def test_the_compiled_batch1_decode_step_has_no_blas_projection(tiny_llama, monk
     monkeypatch.setattr(model_runner, "COMPILE_BACKEND", backend)
     monkeypatch.setattr(gemv, "_chosen", False)
     monkeypatch.setattr(gemv, "rows_as_reduction", True)
-    monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda: slowdown)
+    monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda *args: slowdown)
     monkeypatch.setattr(gemv, "CACHED_WEIGHT_NUMEL", 0)  # the tiny model's weights stand for large ones
     torch._dynamo.reset()
     engine = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64, compile_decode=True)
@@ -123,3 +123,47 @@ def test_eager_one_row_times_a_large_weight_takes_onednn(monkeypatch):
         linear(torch.randn(2, 32), w)  # two rows: F.linear
     assert calls == [1]
     torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_the_measurement_reads_the_models_own_large_weights_and_skips_a_model_without_any(monkeypatch):
+    """What is measured is the working set a batch-1 step streams (the model's weights at or over
+    CACHED_WEIGHT_NUMEL), not a synthetic one whose size decides how much of it a CPU's cache holds;
+    a model whose weights all stay in cache takes the reduction whatever is chosen, so it is not measured
+    and the choice stays open for a model that has large ones."""
+    big, small = torch.nn.Linear(64, 96, bias=False), torch.nn.Linear(8, 8, bias=False)
+    model = torch.nn.Sequential(big, small)
+    monkeypatch.setattr(gemv, "CACHED_WEIGHT_NUMEL", 64 * 96)
+    assert [w is big.weight for w in gemv.large_weights(model)] == [True]
+    measured: list = []
+    monkeypatch.setattr(gemv, "_chosen", False)
+    monkeypatch.setattr(gemv, "rows_as_reduction", True)
+    monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda weights: measured.append(weights) or 1.0)
+    assert gemv.choose_compiled_rows(torch.nn.Sequential(small)) is True and measured == [] and not gemv._chosen
+    assert gemv.choose_compiled_rows(model) is False and gemv._chosen
+    assert len(measured) == 1 and [w is big.weight for w in measured[0]] == [True]
+
+
+def test_a_real_measurement_over_given_weights_is_a_finite_ratio():
+    weights = [torch.randn(256, 512), torch.randn(512, 256)]
+    assert 0 < gemv.blas_gemv_slowdown(weights, repeats=1) < float("inf")
+
+
+def test_the_runner_measures_in_the_thread_that_builds_it_before_any_build_or_step(tiny_llama, monkeypatch):
+    """Measured in the background build's thread, beside the engine's eager steps, the read is slower
+    (a second OpenMP team) and the choice comes out wrong and varies between starts (models/gemv.py)."""
+    import threading
+
+    import engine.core.model_runner as model_runner
+    from engine.core.engine import LLMEngine
+
+    threads: list = []
+    monkeypatch.setattr(model_runner, "BACKGROUND_COMPILE", True)
+    monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "eager")  # dynamo's graph, no inductor build
+    monkeypatch.setattr(gemv, "_chosen", False)
+    monkeypatch.setattr(gemv, "CACHED_WEIGHT_NUMEL", 0)  # the tiny model's weights stand for large ones
+    monkeypatch.setattr(gemv, "blas_gemv_slowdown", lambda weights: threads.append(threading.current_thread()) or 1.0)
+    engine = LLMEngine(tiny_llama, block_size=4, num_kv_blocks=64, compile_decode=True)
+    try:
+        assert threads == [threading.current_thread()]  # measured once, here, while the engine was built
+    finally:
+        engine.runner.wait_compiled(timeout=600)

@@ -11,8 +11,18 @@ cache): 48.9 ms -> 26.4 ms a step. On an Intel Xeon with AVX-512, sgemv streams 
 the sum, and the reduction is the slower one: the 135M model at batch 1 compiled read 24.9
 tok/s against 30.6 eager (bench peers, 2 rounds each). So the choice is measured, once per
 process, before the first compile (`choose_compiled_rows`): sgemv against a plain
-multi-threaded read of the same out-of-cache weights; past `SLOW_GEMV` times the read, the
-reduction. A weight that stays in cache (`CACHED_WEIGHT_NUMEL`) takes the reduction either way.
+multi-threaded read of the model's own large weights (the working set a batch-1 step streams);
+past `SLOW_GEMV` times the read, the reduction. A weight that stays in cache
+(`CACHED_WEIGHT_NUMEL`) takes the reduction either way, so a model with none is not measured.
+
+Where it is measured matters. The runner measures in the thread that builds it, before the
+background build starts and before any step (model_runner.py), not in the build thread beside the
+engine's eager steps: a second thread's torch reads run slower on a small machine (a second
+OpenMP team: on the 2-core EPYC, w.sum() over the 135M model's 488 MiB took 19-21 ms in the first
+thread, 28-32 ms in another), so a build-thread measurement read sgemv as 0.97-1.18x the read
+where it is 1.9-2.0x, and took the BLAS call (13.8 GB/s) over the reduction (20.3 GB/s). The
+choice is baked into the batch-1 graphs and so into their compile-cache keys: a choice that
+flips between starts also compiles them again.
 Only inside a compiled graph (eager, the same expression would materialize the [N, K] product:
 222 ms) and only for one float32 row on the CPU; anything else is F.linear.
 Results differ from sgemv's in the last bits (summation order: 3.8e-5 on logits of magnitude 100).
@@ -49,17 +59,25 @@ rows_as_reduction = True
 _chosen = False
 
 
-def blas_gemv_slowdown(mib: int = 64, repeats: int = 5) -> float:
-    """sgemv's time over a multi-threaded sum's, both over the same `mib` of weights (out of cache), best of
-    `repeats` each, interleaved so that a busy moment of the machine hits both."""
-    weights = [torch.ones(1024, 1024) for _ in range(mib // 4)]
-    x = torch.ones(1, 1024)
+def large_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The model's float32 CPU matrices that a one-row projection streams from memory (`CACHED_WEIGHT_NUMEL`
+    and up): the weights the choice is about."""
+    return [p for p in model.parameters() if p.dim() == 2 and p.dtype == torch.float32 and p.device.type == "cpu"
+            and p.numel() >= CACHED_WEIGHT_NUMEL]
+
+
+def blas_gemv_slowdown(weights: list[torch.Tensor] | None = None, mib: int = 64, repeats: int = 3) -> float:
+    """sgemv's time over a multi-threaded sum's, both over `weights` (else `mib` of fresh 1024 x 1024 ones),
+    best of `repeats` each, interleaved so that a busy moment of the machine hits both."""
+    if weights is None:
+        weights = [torch.ones(1024, 1024) for _ in range(mib // 4)]
+    rows = {w.shape[1]: torch.ones(1, w.shape[1]) for w in weights}
     best_gemv = best_read = float("inf")
     with torch.inference_mode():
         for _ in range(repeats + 1):  # the first pass of each warms the allocator and the BLAS up
             start = time.perf_counter()
             for w in weights:
-                F.linear(x, w)
+                F.linear(rows[w.shape[1]], w)
             best_gemv = min(best_gemv, time.perf_counter() - start)
             start = time.perf_counter()
             for w in weights:
@@ -68,11 +86,16 @@ def blas_gemv_slowdown(mib: int = 64, repeats: int = 5) -> float:
     return best_gemv / best_read
 
 
-def choose_compiled_rows() -> bool:
-    """Measure once per process whether compiled graphs take the reduction for one-row projections."""
+def choose_compiled_rows(model: torch.nn.Module | None = None) -> bool:
+    """Measure once per process whether compiled graphs take the reduction for one-row projections, over
+    `model`'s large weights (a model with none leaves the choice open: each of its weights takes the
+    reduction whatever is chosen)."""
     global rows_as_reduction, _chosen
     if not _chosen:
-        slowdown = blas_gemv_slowdown()
+        weights = None if model is None else large_weights(model)
+        if model is not None and not weights:
+            return rows_as_reduction
+        slowdown = blas_gemv_slowdown(weights)
         rows_as_reduction, _chosen = slowdown > SLOW_GEMV, True
         log.info("one-row float32 projections in compiled graphs: %s (sgemv %.2fx a plain read)",
                  "inductor's reduction" if rows_as_reduction else "the BLAS call", slowdown)
