@@ -20,7 +20,7 @@ background build starts and before any step (model_runner.py), not in the build 
 engine's eager steps: a second thread's torch reads run slower on a small machine (a second
 OpenMP team: on the 2-core EPYC, w.sum() over the 135M model's 488 MiB took 19-21 ms in the first
 thread, 28-32 ms in another), so a build-thread measurement read sgemv as 0.97-1.18x the read
-where it is 1.9-2.0x, and took the BLAS call (13.8 GB/s) over the reduction (20.3 GB/s). The
+where it is 1.9-2.1x, and took the BLAS call (13.8 GB/s) over the reduction (20.3 GB/s). The
 choice is baked into the batch-1 graphs and so into their compile-cache keys: a choice that
 flips between starts also compiles them again.
 Only inside a compiled graph (eager, the same expression would materialize the [N, K] product:
