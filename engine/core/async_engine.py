@@ -29,6 +29,7 @@ from pathlib import Path
 
 from engine.core.config import EngineConfig
 from engine.core.engine import LLMEngine
+from engine.core.omp_pool import free_this_threads_pool
 from telemetry.contract.hooks import EngineObserver
 from engine.core.outputs import RequestOutput
 from engine.core.prompt import Prompt
@@ -74,6 +75,9 @@ class AsyncLLM:
     def __init__(self, config: EngineConfig | str | Path, observer: EngineObserver | None = None,
                  **config_overrides):
         self.engine = LLMEngine(config, observer, **config_overrides)
+        # this thread loaded the model and the engine thread steps it: its idle OpenMP pool would slow
+        # every step's parallel regions (engine/core/omp_pool.py)
+        free_this_threads_pool()
         self.tokenizer = self.engine.tokenizer
         self.model_name = self.engine.model_name
         self._inbox: queue.SimpleQueue[AddRequest | AbortRequest] = queue.SimpleQueue()
