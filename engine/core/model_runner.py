@@ -99,8 +99,8 @@ class ModelRunner:
         self.compile_decode = compile_decode
         if compile_decode and backend.traceable:  # one decode group, the pool read in place (torch_backend.py)
             backend.for_compiled_decode(kv_caches[0][0], COMPILE_BACKEND == "inductor")
-            # here, before any step and before the build thread: measured there, it reads wrong (models/gemv.py)
-            choose_compiled_rows(model)
+        if compile_decode:  # one-row projections: the reduction or the BLAS call (models/gemv.py), measured
+            choose_compiled_rows(model)  # here, before any step and the build thread: measured there, it reads wrong
         self._compiled = None  # _decode_step, compiled
         self._compiled_argmax = None  # _argmax_step, compiled (multi-step decode)
         self._step_backend = None
@@ -270,7 +270,6 @@ class ModelRunner:
             keep_triton_out()  # before torch._dynamo's import, which would load it (~65 MiB): engine/core/triton_gate.py
             if COMPILE_BACKEND == "inductor":
                 use_persistent_compile_cache()  # a restart replays the built kernels (engine/core/compile_cache.py)
-            choose_compiled_rows(self.model)  # one-row projections: the reduction or the BLAS call (models/gemv.py)
             # the pool never changes shape: static, or dynamo's duck sizing would take a batch of
             # 2 (or 16, 32) for the cache's kv heads (block size, head dim) and compile per batch size
             for k_cache, v_cache in self.kv_caches:

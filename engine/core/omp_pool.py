@@ -14,10 +14,7 @@ thread runs parallel work later.
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
-
-log = logging.getLogger(__name__)
 
 OMP_PAUSE_SOFT = 1  # OpenMP 5.0: release the pool's threads, keep the settings
 
