@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 
 from engine.core.attention.base import AttentionBackend, AttentionMetadata
+from engine.core.omp_pool import free_this_threads_pool
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,9 @@ class BackgroundCompile:
                 return
             log.warning("compiling decode steps failed; decode steps stay eager: %r", e)
         finally:
+            # the build's torch work made this thread an OpenMP pool; left idle beside the engine's, it makes
+            # libgomp throttle its spin-wait and every short parallel region of a step pays a wake-up
+            free_this_threads_pool()
             self._done.set()
 
     def wait(self, timeout: float | None = None) -> bool:

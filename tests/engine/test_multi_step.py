@@ -72,6 +72,8 @@ def test_k_steps_give_the_one_step_tokens_and_logprobs(tiny_llama, monkeypatch, 
         assert many[rid].finish_reason == out.finish_reason == "length"
     if compile_decode:  # a sub-step (forward, logits, argmax, logprob) is one graph, its inputs the buffers
         assert stepped.runner._compiled_argmax is not None  # that prepare_steps made: no recompile per sub-step
+        # and the sub-steps after the first called that graph directly (engine/core/compiled_replay.py)
+        assert stepped.runner._compiled_argmax.replays > 0
         assert not counters["graph_break"], dict(counters["graph_break"])
         assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     stepped.kv_cache.check_invariants()

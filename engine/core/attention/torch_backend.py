@@ -55,13 +55,14 @@ class _Group:
     # compile_decode on a CPU that can: the block mask of attending the pool in place (paged_decode.py)
     paged: paged_decode.DecodeBlocks | None = None
 
-    def kv_rows(self, num_kv_heads: int) -> torch.Tensor:
+    def kv_rows(self, num_kv_heads: int, memo: bool = True) -> torch.Tensor:
         """Flat [B * KVH * Lmax] index of (slot, kv head) rows, so a gather lands head-major."""
         rows = self.head_rows.get(num_kv_heads)
         if rows is None:
             heads = torch.arange(num_kv_heads, device=self.slots.device)
             rows = (self.slots[:, None, :] * num_kv_heads + heads[None, :, None]).reshape(-1)
-            self.head_rows[num_kv_heads] = rows
+            if memo:
+                self.head_rows[num_kv_heads] = rows
         return rows
 
 
@@ -404,7 +405,9 @@ class TorchAttentionBackend(AttentionBackend):
             return paged_decode.attend(q if in_order else q[g.out_index], k_flat, v_flat, g.paged, scale)
         shape = (b, num_kv_heads, g.slots.shape[1], head_dim)
         if torch.compiler.is_compiling():  # compile_decode: a plain gather, inductor plans the memory
-            rows = g.kv_rows(num_kv_heads)
+            # not memoized in the plan: a mutation dynamo would replay after every call of the graph, and
+            # a graph with side effects is not replayed directly (engine/core/compiled_replay.py)
+            rows = g.kv_rows(num_kv_heads, memo=False)
             ks = k_flat.view(-1, head_dim).index_select(0, rows).view(shape)
             vs = v_flat.view(-1, head_dim).index_select(0, rows).view(shape)
         else:

@@ -1,0 +1,111 @@
+"""A compiled function's graph called directly (engine/core/compiled_replay.py): replayed only where dynamo's
+guards pass and dynamo's code around the graph does nothing else, with dynamo's results."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from engine.core.compiled_replay import ReplayedFunction
+
+
+class Step:
+    """A runner-like object whose bound methods are compiled, as ModelRunner's decode functions are."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        self.weight = torch.randn(8, 8)
+        self.double = False  # a Python flag the trace specializes on: dynamo guards it
+        self.last: torch.Tensor | None = None
+        self.touched = False
+
+    def pure(self, x, y):
+        out = x @ self.weight + y
+        return (out * 2 if self.double else out).relu(), x.sum(-1)
+
+    def with_side_effect(self, x):
+        self.touched = True  # an attribute set: dynamo's code sets it after the graph, on every call
+        return x * 2, x + 1
+
+    def with_side_effect_output(self, x):
+        self.last = x * 3  # set from one more output of the graph than the function returns
+        return x * 2, x + 1
+
+    def with_graph_break(self, x):
+        y = x + 1
+        torch._dynamo.graph_break()
+        return y * 2, y
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _equal(a, b):
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_a_learned_graph_is_called_directly_with_dynamos_results():
+    step = Step()
+    fn = ReplayedFunction(step.pure, "eager")
+    for batch in (3, 5, 5, 7, 3, 2):  # dynamic batch sizes: one graph past the first specializations
+        x, y = torch.randn(batch, 8), torch.randn(batch, 8)
+        assert _equal(fn(x, y), step.pure(x, y))
+    assert fn.replays >= 3
+    assert fn.dynamo_calls + fn.replays == 6
+    assert not fn.refused
+
+
+def test_guards_still_decide_which_graph_runs():
+    """A flag the trace specialized on flips: dynamo's guards fail for the learned graph, dynamo compiles
+    another, and each call gets its own branch's result (without the guard check, the learned graph would
+    answer for the other branch too)."""
+    step = Step()
+    fn = ReplayedFunction(step.pure, "eager")
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    fn(x, y), fn(x, y)
+    assert fn.replays == 1
+    for flag in (True, False, True, False):
+        step.double = flag
+        assert _equal(fn(x, y), step.pure(x, y))
+    assert len(fn.learned) == 2  # one per branch, both replayed once learned
+    assert fn.replays >= 3
+    x32, x64 = torch.randn(4, 8), torch.randn(4, 8, dtype=torch.float64)  # a dtype the graphs were not made for
+    step.weight = step.weight.double()
+    assert _equal(fn(x64, x64), step.pure(x64, x64))
+    step.weight = step.weight.float()
+    assert _equal(fn(x32, y), step.pure(x32, y))
+
+
+def test_a_graph_with_side_effects_runs_through_dynamo_every_time():
+    step = Step()
+    fn = ReplayedFunction(step.with_side_effect, "eager")
+    for _ in range(5):
+        step.touched = False
+        x = torch.randn(4, 8)
+        assert _equal(fn(x), (x * 2, x + 1))
+        assert step.touched  # set by this call too
+    assert fn.replays == 0 and fn.refused and not fn.learned
+
+
+def test_a_graph_with_more_outputs_than_the_result_runs_through_dynamo_every_time():
+    step = Step()
+    fn = ReplayedFunction(step.with_side_effect_output, "eager")
+    for _ in range(5):
+        x = torch.randn(4, 8)
+        assert _equal(fn(x), (x * 2, x + 1))
+        assert torch.equal(step.last, x * 3)  # set by this call, not left from the one before
+    assert fn.replays == 0 and fn.refused and not fn.learned
+
+
+def test_a_function_with_a_graph_break_runs_through_dynamo_every_time():
+    step = Step()
+    fn = ReplayedFunction(step.with_graph_break, "eager")
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        assert _equal(fn(x), ((x + 1) * 2, x + 1))
+    assert fn.replays == 0 and not fn.learned
