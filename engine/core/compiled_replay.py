@@ -124,11 +124,20 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _equal_tensors(x: Any, y: Any) -> bool:
+    """Value for value, NaN equal to NaN: a warm-up decode reads a scratch pool's unwritten positions, which
+    may hold NaN, and both calls then return it."""
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    if not x.is_floating_point():
+        return torch.equal(x, y)
+    return bool(((x == y) | (x.isnan() & y.isnan())).all())
+
+
 def _equal_outputs(a: Any, b: Any) -> bool:
     if not isinstance(a, (tuple, list)) or not isinstance(b, (tuple, list)) or len(a) != len(b):
         return False
-    return all(isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape
-               and x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
+    return all(map(_equal_tensors, a, b))
 
 
 class ReplayedFunction:

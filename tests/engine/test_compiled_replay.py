@@ -32,6 +32,9 @@ class Step:
         self.last = x * 3  # set from one more output of the graph than the function returns
         return x * 2, x + 1
 
+    def with_nan(self, x):
+        return x * float("nan"), x.sum(-1)  # as a warm-up decode over a pool's unwritten (NaN) slots returns
+
     def with_graph_break(self, x):
         y = x + 1
         torch._dynamo.graph_break()
@@ -109,3 +112,15 @@ def test_a_function_with_a_graph_break_runs_through_dynamo_every_time():
     for _ in range(3):
         assert _equal(fn(x), ((x + 1) * 2, x + 1))
     assert fn.replays == 0 and not fn.learned
+
+
+def test_a_graph_whose_outputs_hold_nan_is_still_replayed():
+    """Learning compares the graph's outputs called again with dynamo's, NaN equal to NaN: the build's warm-up
+    decodes read a scratch pool's unwritten slots, and a NaN there refused the multi-step graph at random."""
+    step = Step()
+    fn = ReplayedFunction(step.with_nan, "eager")
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        out = fn(x)
+        assert out[0].isnan().all() and torch.equal(out[1], x.sum(-1))
+    assert fn.learned and not fn.refused and fn.replays == 2
