@@ -96,7 +96,7 @@ def _one_call(llm, runner, params, prompts, torch) -> None:
         llm.generate(prompts, params, use_tqdm=False)
     finally:
         runner.forward_steps = forward_steps
-    steps = max(captured, key=len)
+    steps = max(captured, key=len, default=[])
     if len(steps) < 2:
         print("no multi-step batch was taken: no per-call split")
         return
