@@ -282,7 +282,7 @@ class ModelRunner:
         # (forward 0.71 -> 0.62 ms at batch 1; cold compile ~25 s either way)
         options = {"cpp_wrapper": True} if COMPILE_BACKEND == "inductor" else None
         # torch.compile(fn, dynamic=True), its graphs called directly where dynamo's guards pass
-        # (engine/core/compiled_replay.py: ~0.2 ms a call less at batch 1 on the reference model)
+        # (engine/core/compiled_replay.py: 381-389 -> 333-344 us a call at batch 1 on the reference model)
         return ReplayedFunction(fn, COMPILE_BACKEND, options)
 
     def _decode_forward(self, input_ids, positions, metadata) -> tuple[torch.Tensor, torch.Tensor]:
