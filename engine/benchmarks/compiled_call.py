@@ -8,7 +8,8 @@ Each round generates `--batch` greedy sequences of `--tokens` tokens 5 times wit
 times through dynamo (`ReplayedFunction.dynamo`, what every call was before), the order alternating by
 round, so that the machine's load falls on both alike; prints the median tokens/s of each, their ratio, and
 whether the tokens were the same. Then, on one captured multi-step sub-step, the parts of one call in
-microseconds: through dynamo, replayed, the guard check and the fetch of the graph's inputs alone.
+microseconds: through dynamo, replayed, the guard check, the graph as replayed (its inputs fetched), the fetch
+alone, and the graph called through torch.compile's wrappers as dynamo calls it.
 """
 
 from __future__ import annotations
@@ -115,12 +116,13 @@ def _one_call(llm, runner, params, prompts, torch) -> None:
             "through dynamo": lambda: fn.dynamo(*call_args),
             "replayed": lambda: fn(*call_args),
             "  guard check": lambda: entry.guard_manager.check(frame_locals),
+            "  graph, as replayed (fetch included)": lambda: graph.replay(frame_locals),
             "  input fetch": lambda: graph.fetch(frame_locals),
-            "  graph alone": lambda: graph.compiled(*fetched),
+            "  graph through torch.compile's wrappers": lambda: graph.compiled(*fetched),
         }
         print(f"one sub-step call, batch {len(prompts)}:")
         for name, call in parts.items():
-            print(f"  {name:16s} {_per_call_us(call):8.1f} us")
+            print(f"  {name:42s} {_per_call_us(call):8.1f} us")
 
 
 if __name__ == "__main__":

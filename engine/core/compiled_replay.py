@@ -25,6 +25,13 @@ How (`ReplayedFunction`):
     functions replayed here are decode steps, whose only write is the KV of their own positions: a
     second call writes the same values again.
   An entry that fails any of these runs through dynamo on every call, as without replay.
+- where the graph is inductor's with `cpp_wrapper` (the runner's), a replay also skips what is around the
+  graph's C++ entry: torch.compile's wrappers (dynamo's `disable`, AOTAutograd's argument list), called at
+  AOTAutograd's runtime wrapper with the boxed argument list it gets; and the Python ints among the inputs
+  (sizes: batch, context length) are passed as the 0-d tensors the cpp wrapper reads them from, made once
+  per value rather than by `torch.tensor` on every call. That is ~60 us of a ~360 us call at batch 1 on the
+  reference model (`python -m engine.benchmarks.compiled_call`). Learned only when that call returns what
+  dynamo's did; else the graph is called through torch.compile's wrappers, as the graph of any backend is.
 """
 
 from __future__ import annotations
@@ -51,14 +58,32 @@ class CompiledGraph:
 
     compiled: Callable
     fetch: Callable[[dict], tuple] | None  # frame locals -> the graph's inputs; None: a source it cannot read
+    # frame locals -> the inputs as one list, its ints as 0-d tensors (the cpp wrapper's convention)
+    fetch_boxed: Callable[[dict], list] | None = None
     last_args: tuple | None = field(default=None, repr=False)  # what dynamo passed on its last call
+    replay: Callable[[dict], Any] | None = None  # frame locals -> the graph's outputs, once learned
+    boxed: bool = False  # replayed at AOTAutograd's runtime wrapper with `fetch_boxed`'s inputs
 
 
-def _input_fetch(gm: torch.fx.GraphModule, frame_globals: dict) -> Callable[[dict], tuple] | None:
-    """The frame's locals -> the graph's inputs, from dynamo's source of each placeholder. A Python number the
-    trace left unspecialized (a float attribute, with dynamic=True) is passed as a 0-d tensor of its dtype,
-    as dynamo's code passes it."""
-    names, dtypes = [], {}
+class _IntTensors(dict):
+    """int -> the 0-d int64 tensor inductor's cpp wrapper would make of it (`torch.tensor(value)`), made once:
+    the graph reads it (`aoti_torch_item_int64`) and never writes it."""
+
+    def __missing__(self, value: int) -> torch.Tensor:
+        if len(self) >= 4096:  # sizes seen over a long run: bounded, the next calls make theirs again
+            self.clear()
+        tensor = self[value] = torch.tensor(value)
+        return tensor
+
+
+_INT_TENSORS = _IntTensors()
+
+
+def _input_sources(gm: torch.fx.GraphModule) -> tuple[list[str], dict, list[bool]] | None:
+    """Each placeholder's expression over the frame's locals (L) and globals (G), the dtypes those name, and
+    which placeholders are Python ints. A Python number the trace left unspecialized (a float attribute, with
+    dynamic=True) is passed as a 0-d tensor of its dtype, as dynamo's code passes it."""
+    names, dtypes, ints = [], {}, []
     for node in gm.graph.find_nodes(op="placeholder"):
         arg = node.meta.get("grapharg")
         if arg is None or arg.source is None:
@@ -72,23 +97,62 @@ def _input_fetch(gm: torch.fx.GraphModule, frame_globals: dict) -> Callable[[dic
             dtypes[f"_dtype{len(dtypes)}"] = fake.dtype
             name = f"_as_tensor({name}, dtype=_dtype{len(dtypes) - 1})"
         names.append(name)
-    scope = {"G": frame_globals, "_as_tensor": torch.as_tensor, **dtypes}
+        ints.append(isinstance(node.meta.get("example_value"), (int, torch.SymInt))
+                    and not isinstance(node.meta.get("example_value"), bool))
+    return names, dtypes, ints
+
+
+def _input_fetch(gm: torch.fx.GraphModule, frame_globals: dict,
+                 boxed: bool = False) -> Callable[[dict], tuple | list] | None:
+    """The frame's locals -> the graph's inputs, from dynamo's source of each placeholder: a tuple, or with
+    `boxed` a list whose ints are 0-d tensors (`_INT_TENSORS`)."""
+    sources = _input_sources(gm)
+    if sources is None:
+        return None
+    names, dtypes, ints = sources
+    if boxed:
+        names = [f"_T[{n}]" if is_int else n for n, is_int in zip(names, ints)]
+    scope = {"G": frame_globals, "_as_tensor": torch.as_tensor, "_T": _INT_TENSORS, **dtypes}
+    body = "".join(n + ", " for n in names)
     try:
-        return eval(f"lambda L: ({''.join(n + ', ' for n in names)})", scope)  # noqa: S307
+        return eval(f"lambda L: [{body}]" if boxed else f"lambda L: ({body})", scope)  # noqa: S307
     except SyntaxError:
         return None
+
+
+def _runtime_wrapper(compiled: Callable) -> Callable[[list], Any] | None:
+    """AOTAutograd's runtime wrapper inside the function torch.compile's inductor backend returns, which takes
+    the graph's inputs as one list (the boxed convention); None where the wrappers above it add inputs of
+    their own (AOTAutograd's lifted parameters) or are not the ones known here."""
+    from torch._functorch._aot_autograd.runtime_wrappers import SerializableCompiledFunction
+
+    fn = compiled
+    for _ in range(8):
+        if isinstance(fn, SerializableCompiledFunction):
+            return fn.compiled_fn
+        code = getattr(fn, "__code__", None)
+        if code is not None and "params_buffers_flat" in code.co_freevars:
+            cell = fn.__closure__[code.co_freevars.index("params_buffers_flat")]
+            if cell.cell_contents:  # parameters AOTAutograd prepends to the inputs: not handled here
+                return None
+        fn = getattr(fn, "__wrapped__", None)
+        if fn is None:
+            return None
+    return None
 
 
 class ReplayBackend:
     """A torch.compile backend: `inner`'s compiled function per graph, kept with the fetch of its inputs."""
 
-    def __init__(self, inner: Callable, frame_globals: dict):
+    def __init__(self, inner: Callable, frame_globals: dict, boxed_ints: bool = False):
         self.inner = inner
         self.frame_globals = frame_globals
+        self.boxed_ints = boxed_ints  # inductor with cpp_wrapper: ints may be passed as 0-d tensors
         self.last_called: CompiledGraph | None = None
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        graph = CompiledGraph(self.inner(gm, example_inputs), _input_fetch(gm, self.frame_globals))
+        graph = CompiledGraph(self.inner(gm, example_inputs), _input_fetch(gm, self.frame_globals),
+                              _input_fetch(gm, self.frame_globals, boxed=True) if self.boxed_ints else None)
 
         def run(*args):
             graph.last_args, self.last_called = args, graph
@@ -140,12 +204,27 @@ def _equal_outputs(a: Any, b: Any) -> bool:
     return all(map(_equal_tensors, a, b))
 
 
+def module_tensor_guards_only(entries: list) -> list[bool]:
+    """A `guard_filter_fn` for a function over modules that nothing changes once it is compiled: of the guards
+    whose source lies inside an nn.Module, only the tensor guards are kept (a parameter's or buffer's dtype,
+    shape, strides and device), not those on the modules' Python structure (each module's type, `__dict__`,
+    `_modules` and `_parameters` dicts, `training`). Those were ~880 of the ~1,110 lines of the multi-step
+    decode's guard tree on the reference model; its check went from 35-60 us to ~24 us a call. A module whose
+    attributes change after compiling (a flag flipped, a submodule swapped) is not seen by these guards: the
+    caller vouches that its modules are frozen. Tensors are still checked, so a weight replaced by one of
+    another dtype or shape still recompiles rather than running a graph made for the old one."""
+    return [entry.guard_type == "TENSOR_MATCH" or not entry.orig_guard.source.is_unspecialized_nn_module()
+            for entry in entries]
+
+
 class ReplayedFunction:
     """`fn` compiled with `torch.compile(fn, dynamic=True, backend=...)`, called with its graph replayed
     where dynamo's guards allow (see the module's docstring). `fn` takes positional arguments, the first
-    `self` when it is a bound method; it returns a tuple of tensors."""
+    `self` when it is a bound method; it returns a tuple of tensors. `guard_filter`: torch.compile's
+    `guard_filter_fn` (which of dynamo's guards are kept), for dynamo's calls and replays alike."""
 
-    def __init__(self, fn: Callable, backend: str | Callable = "inductor", options: dict | None = None):
+    def __init__(self, fn: Callable, backend: str | Callable = "inductor", options: dict | None = None,
+                 guard_filter: Callable | None = None):
         func = getattr(fn, "__func__", fn)
         self.code = func.__code__
         self.frame_globals = func.__globals__
@@ -157,8 +236,10 @@ class ReplayedFunction:
             from torch._dynamo.backends.registry import lookup_backend
 
             inner = lookup_backend(backend)
-        self.backend = ReplayBackend(inner, self.frame_globals)
-        self.dynamo = torch.compile(fn, dynamic=True, backend=self.backend)
+        cpp_wrapper = backend == "inductor" and bool((options or {}).get("cpp_wrapper"))
+        self.backend = ReplayBackend(inner, self.frame_globals, boxed_ints=cpp_wrapper)
+        compile_options = {"guard_filter_fn": guard_filter} if guard_filter is not None else None
+        self.dynamo = torch.compile(fn, dynamic=True, backend=self.backend, options=compile_options)
         self.learned: list[tuple[Any, CompiledGraph]] = []  # (cache entry, its graph), in the order learned
         self.refused: set[int] = set()  # ids of cache entries that run through dynamo every time
         self.replays = self.dynamo_calls = 0
@@ -175,7 +256,7 @@ class ReplayedFunction:
                 if i:  # most recently used first, as dynamo orders its entries: a steady batch checks one
                     self.learned.insert(0, self.learned.pop(i))
                 self.replays += 1
-                return graph.compiled(*graph.fetch(frame_locals))
+                return graph.replay(frame_locals)
         self.dynamo_calls += 1
         self.backend.last_called = None
         result = self.dynamo(*args)
@@ -202,6 +283,7 @@ class ReplayedFunction:
                 self.refused.add(id(entry))
                 log.info("compiled %s: entry %s runs through dynamo (%s)", self.code.co_name, entry.compile_id, why)
             else:
+                graph.replay = self._replay(graph, frame_locals, result)
                 self.learned.append((entry, graph))
             return
 
@@ -220,3 +302,21 @@ class ReplayedFunction:
         if not _equal_outputs(graph.compiled(*fetched), result):
             return "the graph's outputs are not the function's result"
         return None
+
+    @staticmethod
+    def _replay(graph: CompiledGraph, frame_locals: dict, result: Any) -> Callable[[dict], Any]:
+        """The call a learned graph replays with: at AOTAutograd's runtime wrapper with the boxed inputs where
+        that returns dynamo's result (see the module's docstring), else the compiled function as dynamo calls it."""
+        compiled, fetch = graph.compiled, graph.fetch
+        direct = _runtime_wrapper(compiled) if graph.fetch_boxed is not None else None
+        if direct is not None:
+            fetch_boxed = graph.fetch_boxed
+            try:
+                same = _equal_outputs(direct(fetch_boxed(frame_locals)), result)
+            except Exception as e:  # a wrapper that is not what it was when this was written
+                log.info("compiled graph: called through torch.compile's wrappers (%r)", e)
+                same = False
+            if same:
+                graph.boxed = True
+                return lambda frame_locals: direct(fetch_boxed(frame_locals))
+        return lambda frame_locals: compiled(*fetch(frame_locals))

@@ -124,3 +124,68 @@ def test_a_graph_whose_outputs_hold_nan_is_still_replayed():
         out = fn(x)
         assert out[0].isnan().all() and torch.equal(out[1], x.sum(-1))
     assert fn.learned and not fn.refused and fn.replays == 2
+
+
+def test_an_inductor_cpp_wrapper_graph_is_replayed_at_its_runtime_wrapper_with_its_ints_as_tensors(tmp_path,
+                                                                                               monkeypatch):
+    """The runner's graphs (inductor, cpp_wrapper) skip torch.compile's wrappers and take their size inputs as
+    0-d tensors made once per value: the same results as eager over changing sizes, the sizes among the inputs."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    step = Step()
+    fn = ReplayedFunction(step.pure, "inductor", {"cpp_wrapper": True})
+    for batch in (3, 5, 5, 7, 3, 6, 6):
+        x, y = torch.randn(batch, 8), torch.randn(batch, 8)
+        out, expected = fn(x, y), step.pure(x, y)
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(out, expected))
+    assert fn.replays >= 3 and not fn.refused
+    boxed = [graph for _, graph in fn.learned if graph.boxed]
+    assert boxed, "no learned graph replays at AOTAutograd's runtime wrapper"
+    frame_locals = fn._locals((torch.randn(6, 8), torch.randn(6, 8)))
+    ints = [v for v in boxed[0].fetch_boxed(frame_locals) if v.dim() == 0]
+    assert ints and all(v.dtype == torch.int64 for v in ints)  # the batch size, as the cpp wrapper reads it
+    assert 6 in [int(v) for v in ints]
+
+
+def test_a_backend_without_the_cpp_wrapper_replays_through_torch_compiles_wrappers():
+    step = Step()
+    fn = ReplayedFunction(step.pure, "eager")
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    fn(x, y), fn(x, y)
+    assert fn.replays == 1 and not any(graph.boxed for _, graph in fn.learned)
+
+
+class Frozen(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return (self.proj(x) * (3.0 if self.training else 1.0),)
+
+
+def test_module_tensor_guards_only_keeps_tensor_guards_and_drops_the_modules_structure():
+    """With the filter a module's Python attributes are no longer guarded (the caller vouches they do not change):
+    flipping `training` reuses the graph. Its tensors still are: a weight of another dtype recompiles, and the
+    result is that weight's."""
+    from engine.core.compiled_replay import module_tensor_guards_only
+
+    def call(module, x):
+        return module(x)
+
+    x = torch.randn(4, 8)
+    unfiltered, filtered = Frozen().eval(), Frozen().eval()
+    plain = ReplayedFunction(call, "eager")
+    kept = ReplayedFunction(call, "eager", guard_filter=module_tensor_guards_only)
+    for fn, module in ((plain, unfiltered), (kept, filtered)):
+        assert _equal(fn(module, x), module(x))
+    unfiltered.train(), filtered.train()
+    assert _equal(plain(unfiltered, x), unfiltered(x))  # the full guards see the flag: recompiled, 3x
+    kept(filtered, x)
+    assert plain.dynamo_calls == 2 and kept.dynamo_calls == 1  # the filtered guards do not
+    filtered.eval()
+    filtered.proj.weight = torch.nn.Parameter(filtered.proj.weight.double())
+    filtered.proj.bias = torch.nn.Parameter(filtered.proj.bias.double())
+    x64 = x.double()
+    assert _equal(kept(filtered, x64), filtered(x64))
+    assert kept.dynamo_calls == 2
