@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dis
 import logging
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -211,10 +212,20 @@ def module_tensor_guards_only(entries: list) -> list[bool]:
     `_modules` and `_parameters` dicts, `training`). Those were ~880 of the ~1,110 lines of the multi-step
     decode's guard tree on the reference model; its check went from 35-60 us to ~24 us a call. A module whose
     attributes change after compiling (a flag flipped, a submodule swapped) is not seen by these guards: the
-    caller vouches that its modules are frozen. Tensors are still checked, so a weight replaced by one of
+    caller vouches that its modules are frozen; with `ReplayedFunction`, whose entries are its own (one per
+    runner), no other model meets its graphs. Tensors are still checked, so a weight replaced by one of
     another dtype or shape still recompiles rather than running a graph made for the old one."""
     return [entry.guard_type == "TENSOR_MATCH" or not entry.orig_guard.source.is_unspecialized_nn_module()
             for entry in entries]
+
+
+def _own_copy(func: Callable) -> Callable:
+    """`func` with a new code object (equal to its own) and everything else the same."""
+    copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
+                              func.__closure__)
+    copy.__kwdefaults__, copy.__qualname__ = func.__kwdefaults__, func.__qualname__
+    copy.__dict__.update(func.__dict__)
+    return copy
 
 
 class ReplayedFunction:
@@ -226,10 +237,15 @@ class ReplayedFunction:
     def __init__(self, fn: Callable, backend: str | Callable = "inductor", options: dict | None = None,
                  guard_filter: Callable | None = None):
         func = getattr(fn, "__func__", fn)
+        self.bound_self = getattr(fn, "__self__", None)
+        # a copy of the function with a code object of its own: dynamo keeps its cache entries (and counts its
+        # recompiles) per code object, so this instance's entries are its own. Two runners' models in one
+        # process never meet each other's graphs, which `guard_filter` may no longer tell apart
+        func = _own_copy(func)
+        fn = func if self.bound_self is None else types.MethodType(func, self.bound_self)
         self.code = func.__code__
         self.frame_globals = func.__globals__
         self.arg_names = self.code.co_varnames[:self.code.co_argcount]
-        self.bound_self = getattr(fn, "__self__", None)
         if backend == "inductor":
             inner = torch._TorchCompileInductorWrapper(None, options, True)
         else:

@@ -161,7 +161,7 @@ class Frozen(torch.nn.Module):
         self.scale = 2.0
 
     def forward(self, x):
-        return (self.proj(x) * (3.0 if self.training else 1.0),)
+        return (self.proj(x) * self.scale * (3.0 if self.training else 1.0),)
 
 
 def test_module_tensor_guards_only_keeps_tensor_guards_and_drops_the_modules_structure():
@@ -189,3 +189,32 @@ def test_module_tensor_guards_only_keeps_tensor_guards_and_drops_the_modules_str
     x64 = x.double()
     assert _equal(kept(filtered, x64), filtered(x64))
     assert kept.dynamo_calls == 2
+
+
+class Runner:
+    """Holds a frozen model and compiles a method over it, as ModelRunner does."""
+
+    def __init__(self, scale: float):
+        from engine.core.compiled_replay import module_tensor_guards_only
+
+        torch.manual_seed(0)
+        self.model = Frozen().eval()
+        self.model.scale = scale  # a Python constant the trace bakes into the graph
+        self.compiled = ReplayedFunction(self.step, "eager", guard_filter=module_tensor_guards_only)
+
+    def step(self, x):
+        return self.model(x)
+
+
+def test_each_replayed_function_has_cache_entries_of_its_own():
+    """Two runners whose models differ only in a constant the module guards would have told apart: with those
+    guards filtered out, each still gets its own model's result, because each compiled its own copy of the
+    method's code (dynamo's entries are per code object)."""
+    x = torch.randn(4, 8)
+    first, second = Runner(2.0), Runner(5.0)
+    for _ in range(3):
+        assert _equal(first.compiled(x), first.step(x))
+        assert _equal(second.compiled(x), second.step(x))
+    assert first.compiled.code is not second.compiled.code
+    assert first.compiled.dynamo_calls == second.compiled.dynamo_calls == 1  # each traced its own, once
+    assert first.compiled.replays == second.compiled.replays == 2
