@@ -1,15 +1,18 @@
 """The compiled decode call: its graph called directly (engine/core/compiled_replay.py) against the same graph
-called through dynamo, side by side in one process, and what one call of each costs.
+called as the replay first did, and through dynamo, side by side in one process, and what one call costs.
 
     python -m engine.benchmarks.compiled_call [--model DIR] [--batch 1] [--tokens 128] [--rounds 6] [--threads 2]
 
-One engine on the default path (compile_decode, multi-step auto), built and warm before anything is timed.
-Each round generates `--batch` greedy sequences of `--tokens` tokens 5 times with the graphs replayed and 5
-times through dynamo (`ReplayedFunction.dynamo`, what every call was before), the order alternating by
-round, so that the machine's load falls on both alike; prints the median tokens/s of each, their ratio, and
-whether the tokens were the same. Then, on one captured multi-step sub-step, the parts of one call in
-microseconds: through dynamo, replayed, the guard check, the graph as replayed (its inputs fetched), the fetch
-alone, and the graph called through torch.compile's wrappers as dynamo calls it.
+Two engines on the default path (compile_decode, multi-step auto), built and warm before anything is timed:
+one as the runner makes it, one whose replays go through torch.compile's wrappers with the sizes as Python
+ints and whose dynamo guards are all kept (no `module_tensor_guards_only`), as the replay was first written.
+Each round generates `--batch` greedy sequences of `--tokens` tokens 5 times with each side: the default
+engine replayed; the first-replay engine; the default engine through dynamo (`ReplayedFunction.dynamo`, what
+every call was before any replay). The order alternates by round, so that the machine's load falls on all
+alike; prints the median tokens/s of each, the ratios, and whether the tokens were the same. Then, on one
+captured multi-step sub-step of the default engine, the parts of one call in microseconds: through dynamo,
+replayed, the guard check, the graph as replayed (its inputs fetched), the fetch alone, and the graph called
+through torch.compile's wrappers as dynamo calls it.
 """
 
 from __future__ import annotations
@@ -45,38 +48,65 @@ def main(argv: list[str] | None = None) -> None:
     from engine.core.model_refs import REFERENCE_MODEL
     from engine.core.sampling_params import SamplingParams
 
-    llm = LLM(args.model or str(REFERENCE_MODEL))
+    from engine.core import model_runner
+
+    model = args.model or str(REFERENCE_MODEL)
+    llm = LLM(model)
     runner = llm.engine.runner
     if not runner.wait_compiled():
         raise SystemExit("the compiled decode steps did not build: nothing to compare")
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     prompts = [[(7 * i + j) % 100 + 1 for j in range(32)] for i in range(args.batch)]
+    first_replay = _first_replay_engine(LLM, model, model_runner, compiled_replay, prompts, params)
     replayed = compiled_replay.ReplayedFunction.__call__
 
     def through_dynamo(self, *call_args):
         return self.dynamo(*call_args)
 
-    sides = {"replayed": replayed, "dynamo": through_dynamo}
+    sides = {"replayed": (llm, replayed), "first replay": (first_replay, replayed), "dynamo": (llm, through_dynamo)}
     rates: dict[str, list[float]] = {side: [] for side in sides}
     tokens: dict[str, list] = {}
     try:
         for round_ in range(args.rounds):
             for side in sides if round_ % 2 == 0 else reversed(list(sides)):
-                compiled_replay.ReplayedFunction.__call__ = sides[side]
-                llm.generate(prompts, params, use_tqdm=False)  # this side's entries learned, caches warm
+                engine, call = sides[side]
+                compiled_replay.ReplayedFunction.__call__ = call
+                engine.generate(prompts, params, use_tqdm=False)  # this side's entries learned, caches warm
                 start = time.perf_counter()
                 for _ in range(5):
-                    outputs = llm.generate(prompts, params, use_tqdm=False)
+                    outputs = engine.generate(prompts, params, use_tqdm=False)
                 rates[side].append(5 * args.batch * args.tokens / (time.perf_counter() - start))
                 tokens[side] = [out.token_ids for out in outputs]
     finally:
         compiled_replay.ReplayedFunction.__call__ = replayed
     for side, values in rates.items():
-        print(f"{side:9s} median {statistics.median(values):8.1f} tok/s   rounds: "
+        print(f"{side:12s} median {statistics.median(values):8.1f} tok/s   rounds: "
               + " ".join(f"{v:.0f}" for v in values))
-    print(f"replayed / dynamo: {statistics.median(rates['replayed']) / statistics.median(rates['dynamo']):.2f}x"
-          f"   same tokens: {tokens['replayed'] == tokens['dynamo']}")
+    median = {side: statistics.median(values) for side, values in rates.items()}
+    print(f"replayed / first replay: {median['replayed'] / median['first replay']:.2f}x   "
+          f"replayed / dynamo: {median['replayed'] / median['dynamo']:.2f}x   "
+          f"same tokens: {tokens['replayed'] == tokens['first replay'] == tokens['dynamo']}")
     _one_call(llm, runner, params, prompts, torch)
+
+
+def _first_replay_engine(LLM, model, model_runner, compiled_replay, prompts, params):
+    """An engine whose replays call the graph through torch.compile's wrappers, under all of dynamo's guards
+    (its graphs for these prompts learned while that replay is in place)."""
+    def through_wrappers(graph, frame_locals, result):
+        return lambda frame_locals: graph.compiled(*graph.fetch(frame_locals))
+
+    saved = model_runner.module_tensor_guards_only, compiled_replay.ReplayedFunction._replay
+    model_runner.module_tensor_guards_only = None
+    compiled_replay.ReplayedFunction._replay = staticmethod(through_wrappers)
+    try:
+        llm = LLM(model)
+        if not llm.engine.runner.wait_compiled():
+            raise SystemExit("the compiled decode steps did not build: nothing to compare")
+        llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        model_runner.module_tensor_guards_only, replay = saved
+        compiled_replay.ReplayedFunction._replay = staticmethod(replay)
+    return llm
 
 
 def _one_call(llm, runner, params, prompts, torch) -> None:
