@@ -103,11 +103,10 @@ def _input_sources(gm: torch.fx.GraphModule) -> tuple[list[str], dict, list[bool
     return names, dtypes, ints
 
 
-def _input_fetch(gm: torch.fx.GraphModule, frame_globals: dict,
+def _input_fetch(sources: tuple[list[str], dict, list[bool]] | None, frame_globals: dict,
                  boxed: bool = False) -> Callable[[dict], tuple | list] | None:
-    """The frame's locals -> the graph's inputs, from dynamo's source of each placeholder: a tuple, or with
-    `boxed` a list whose ints are 0-d tensors (`_INT_TENSORS`)."""
-    sources = _input_sources(gm)
+    """The frame's locals -> the graph's inputs, from `_input_sources`: a tuple, or with `boxed` a list whose
+    ints are 0-d tensors (`_INT_TENSORS`)."""
     if sources is None:
         return None
     names, dtypes, ints = sources
@@ -152,8 +151,9 @@ class ReplayBackend:
         self.last_called: CompiledGraph | None = None
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        graph = CompiledGraph(self.inner(gm, example_inputs), _input_fetch(gm, self.frame_globals),
-                              _input_fetch(gm, self.frame_globals, boxed=True) if self.boxed_ints else None)
+        sources = _input_sources(gm)
+        graph = CompiledGraph(self.inner(gm, example_inputs), _input_fetch(sources, self.frame_globals),
+                              _input_fetch(sources, self.frame_globals, boxed=True) if self.boxed_ints else None)
 
         def run(*args):
             graph.last_args, self.last_called = args, graph

@@ -75,8 +75,9 @@ def steps_of(rid: str, t0: float, *, seed: int, seconds: float = SECONDS, seqs=(
 
 # each fleet's window of its own, all ending before T0 (the last whole hour: never after now). Windows past T0
 # lay in the future for part of each hour: run at 20:12, a gap-fit test late in the module lost its report
-_WINDOWS = iter(range(1, 100))
+_WINDOW_COUNT = 99
 _WINDOW_SECONDS = 2_000
+_WINDOWS = iter(range(1, _WINDOW_COUNT + 1))
 
 
 def fleet(store, model: str, specs: dict[str, dict], identities: dict[str, dict] | None = None,
@@ -84,7 +85,7 @@ def fleet(store, model: str, specs: dict[str, dict], identities: dict[str, dict]
     """Insert one replica start and the steps of each replica (`specs`: replica -> kwargs of `steps`,
     steps_of by default) in a window of its own; returns that window's scope."""
     steps = steps or steps_of
-    t0 = T0 - _WINDOW_SECONDS * (100 + 1) + _WINDOW_SECONDS * next(_WINDOWS)
+    t0 = T0 - _WINDOW_SECONDS * (_WINDOW_COUNT + 2) + _WINDOW_SECONDS * next(_WINDOWS)
     identities = identities or {}
     store.insert_records("replicas", [replica(rid, t0 - 60, model_name=model, **identities.get(rid, {}))
                                       for rid in specs])
