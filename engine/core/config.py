@@ -61,10 +61,12 @@ class EngineConfig:
     # for every engine of a process) keeps torch._dynamo and inductor out of the replica (~140 MB of RSS) and
     # the build's work off its CPU
     compile_decode: bool | None = field(default_factory=lambda: compile_decode_default())
-    # float32 projections of PACKED_MIN_ROWS (4)+ rows on the CPU through oneDNN's packed weights
-    # (engine/core/models/packed_linear.py: a 135M model's decode at batch 4-12 1.28-1.55x); off by default: a second
-    # copy of those weights, made at start
-    pack_weights: bool = False
+    # float32 projections of several rows on the CPU through oneDNN's packed weights, reordered once at start
+    # (engine/core/models/packed_linear.py; the row threshold measured per process). None: on for a CPU engine
+    # (the 135M model's batched decode ~2x, prefill-heavy work 1.3-1.8x: README, "Defaults and why"), written
+    # back at start; it costs a second copy of the weights it packs (those of 1 MiB and up: none of the reference
+    # model's). --no-pack-weights keeps one copy
+    pack_weights: bool | None = None
     # CUDA only: pure decode steps replay CUDA graphs captured per batch size (engine/core/cuda_graph.py); they take
     # those steps from compile_decode. Off by default until engine/benchmarks/gpu_check.py has passed on a GPU
     cuda_graphs: bool = False

@@ -34,7 +34,7 @@ from engine.core.engine_records import EngineTelemetry, build_replica_record, id
 from engine.core.kv_cache import KVCacheManager, kv_pool_blocks
 from engine.core.model_runner import ModelRunner
 from engine.core.models import allocate_kv_cache, kv_bytes_per_block, load_model
-from engine.core.models.packed_linear import PACKED_MIN_ROWS
+from engine.core.models.packed_linear import choose_min_rows
 from engine.core.outputs import RequestOutput, error_text
 from engine.core.phase_timer import PhaseTimer
 from engine.core.prompt import Prompt, chat_prompt, ids_prompt, invalid_token_ids, is_token_ids, text_prompt
@@ -75,11 +75,17 @@ class LLMEngine:
             report = quantize_model(self.loaded.model, config.quantization, config.quant_group_size,
                                     config.quant_skip_layers)
             self.quantization = report.label
+        pack = getattr(self.loaded.model, "pack_weights", None)
+        if config.pack_weights is None:  # auto: on the CPU, where a model has packed projections (config.py)
+            self.config = config = dataclasses.replace(config, pack_weights=self.device.type == "cpu"
+                                                       and pack is not None)
         if config.pack_weights:  # after quantization: what stayed float32 (models/packed_linear.py)
-            pack = getattr(self.loaded.model, "pack_weights", None)
             if pack is None:
                 raise ValueError(f"pack_weights: {type(self.loaded.model).__name__} has no packed projections")
-            log.info("pack_weights: %d projections take oneDNN's packed weights for %d+ rows", pack(), PACKED_MIN_ROWS)
+            matmuls = pack()
+            if matmuls:
+                log.info("pack_weights: %d projections take oneDNN's packed weights from %d rows", len(matmuls),
+                         choose_min_rows(matmuls))
         self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, observer)
         if config.chat_template is not None:
             self.tokenizer.use_chat_template(load_chat_template(config.chat_template))

@@ -1,7 +1,8 @@
-"""EngineConfig.pack_weights (engine/core/models/packed_linear.py): float32 projections of 16+ rows go through
-oneDNN's matmul over a weight reordered once, fewer rows through F.linear on the plain weight, one row
-through models/gemv.py; a weight written in place is reordered again; a compiled graph sees one opaque op;
-an engine with packed weights gives the tokens of one without."""
+"""EngineConfig.pack_weights (engine/core/models/packed_linear.py): float32 projections of `min_rows`+ rows go
+through oneDNN's matmul over a weight reordered once, fewer rows through F.linear on the plain weight, one row
+through models/gemv.py; the row threshold is measured once per process; a weight written in place is reordered
+again; a compiled graph sees one opaque op; a CPU engine packs by default; an engine with packed weights gives
+the tokens of one without."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ from engine.core.models.packed_linear import PACKED_MIN_NUMEL, PACKED_MIN_ROWS, 
 pytestmark = pytest.mark.skipif(not packed_linear._HAS_ONEDNN, reason="this torch has no oneDNN")
 
 OUT, IN = 600, 512  # 307,200 weights: past PACKED_MIN_NUMEL
+
+
+@pytest.fixture(autouse=True)
+def _threshold_as_without_measuring(monkeypatch):
+    """Each test starts from the unmeasured threshold (an engine built earlier in the process measured it)."""
+    monkeypatch.setattr(packed_linear, "min_rows", PACKED_MIN_ROWS)
+    monkeypatch.setattr(packed_linear, "_chosen", False)
 
 
 def _count_packed_products(monkeypatch) -> list[int]:
@@ -127,10 +135,14 @@ def test_an_engine_with_packed_weights_gives_the_same_tokens(packable_llama, mon
     prompts = [[(7 * i + j) % 1000 + 3 for j in range(5 + i % 7)] for i in range(20)]  # 20 decode rows
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
     kw = dict(num_kv_blocks=128, block_size=16, max_num_seqs=32)
-    plain = LLM(str(packable_llama), **kw).generate(prompts, params, use_tqdm=False)
+    plain = LLM(str(packable_llama), pack_weights=False, **kw)
+    assert type(plain.engine.loaded.model.lm_head) is nn.Linear
+    plain = plain.generate(prompts, params, use_tqdm=False)
     calls = _count_packed_products(monkeypatch)
     torch._dynamo.reset()
-    llm = LLM(str(packable_llama), pack_weights=True, compile_decode=compile_decode, **kw)
+    monkeypatch.setattr(packed_linear, "few_rows_gain", lambda matmuls: 1.0)  # the Xeon's threshold: rows of 4+
+    llm = LLM(str(packable_llama), compile_decode=compile_decode, **kw)  # the default: packed on the CPU
+    assert llm.engine.config.pack_weights is True  # auto, written back (the replica's identity shows it)
     model = llm.engine.loaded.model
     assert type(model.lm_head) is PackedLinear and model.model.layers[0].mlp._gate_up._packed is not None
     packed = llm.generate(prompts, params, use_tqdm=False)
@@ -153,3 +165,26 @@ def test_pack_weights_leaves_quantized_projections_alone(packable_llama):
     assert type(model.model.layers[0].mlp.down_proj) is Int8Linear
     assert model.model.layers[0].mlp._gate_up._packed is None  # int8: its own kernel
     assert type(model.lm_head) is PackedLinear  # quant_skip_layers keeps lm_head in float32 by default
+
+
+def test_the_row_threshold_is_measured_once_and_follows_the_gain(monkeypatch):
+    mms = [PackedMatmul(torch.randn(OUT, IN), None)]
+    gains = iter([3.0, 1.0])
+    monkeypatch.setattr(packed_linear, "few_rows_gain", lambda matmuls: next(gains))
+    assert packed_linear.choose_min_rows(mms) == 2  # where MKL takes a generic path for few rows
+    assert packed_linear.choose_min_rows(mms) == 2  # once per process: the second gain is never read
+    monkeypatch.setattr(packed_linear, "_chosen", False)
+    gains = iter([packed_linear.FEW_ROWS_GAIN * 0.9])
+    assert packed_linear.choose_min_rows(mms) == PACKED_MIN_ROWS  # MKL keeps 2-3 rows (a Xeon)
+    calls = _count_packed_products(monkeypatch)
+    monkeypatch.setattr(packed_linear, "min_rows", 2)
+    with torch.inference_mode():
+        for rows in (1, 2, 3):
+            x = torch.randn(rows, IN)
+            torch.testing.assert_close(mms[0](x), F.linear(x, mms[0].weight), rtol=1e-5, atol=1e-4)
+    assert calls == [2, 3]
+
+
+def test_the_gain_is_measured_over_real_products():
+    gain = packed_linear.few_rows_gain([PackedMatmul(torch.randn(OUT, IN), torch.randn(OUT))], repeats=1)
+    assert 0.01 < gain < 100.0

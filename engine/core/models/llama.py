@@ -101,12 +101,12 @@ class FusedLinear:
         self._int8 = Int8Matmul(q, scale, bias)
         self._expected = [(m, m.qweight.data_ptr()) for m in mods]
 
-    def pack(self) -> bool:
-        """Products of many rows through the packed weight, where that pays; whether it does."""
+    def pack(self) -> PackedMatmul | None:
+        """Products of many rows through the packed weight, where that pays; its matmul, or None."""
         if self.weight is None or not can_pack(self.weight):
-            return False
+            return None
         self._packed = PackedMatmul(self.weight, self.bias)
-        return True
+        return self._packed
 
     def _stale(self) -> bool:
         # straight through the modules' dicts: nn.Module.__getattr__ costs ~0.5 us a lookup, 6 a
@@ -241,16 +241,18 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn._qkv.fuse()
             layer.mlp._gate_up.fuse()
 
-    def pack_weights(self) -> int:
+    def pack_weights(self) -> list[PackedMatmul]:
         """EngineConfig.pack_weights, after loading and quantization: float32 projections of many rows take
-        oneDNN's packed weights (models/packed_linear.py). How many projections will."""
-        packed = 0
+        oneDNN's packed weights (models/packed_linear.py). The matmuls that do."""
+        packed = []
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             for group in (attn._qkv, mlp._gate_up):  # a group that did not fuse runs its modules one by one
-                packed += group.pack() or sum(pack_linear(getattr(group.owner, n)) for n in group.names)
-            packed += pack_linear(attn.o_proj) + pack_linear(mlp.down_proj)
-        return packed + pack_linear(self.lm_head)
+                fused = group.pack()
+                packed += [fused] if fused else [pack_linear(getattr(group.owner, n)) for n in group.names]
+            packed += [pack_linear(attn.o_proj), pack_linear(mlp.down_proj)]
+        packed.append(pack_linear(self.lm_head))
+        return [mm for mm in packed if mm is not None]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend) -> torch.Tensor:

@@ -22,6 +22,9 @@ order: ~1e-6 relative). A weight replaced or written in place is reordered again
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,8 +32,16 @@ from torch import nn
 from engine.core.models.gemv import linear
 from engine.core.opaque_matmul import OpaqueMatmul, tensor_version
 
-# from this many rows the packed product pays (the module docstring; it was 16, which left batches of 4-15 to MKL)
+log = logging.getLogger(__name__)
+
+# from this many rows the packed product pays where MKL keeps 2-3 rows (the module docstring; it was 16, which
+# left batches of 4-15 to MKL)
 PACKED_MIN_ROWS = 4
+# the packed product at 2 rows this much faster than F.linear, measured, and it takes 2 rows up (`choose_min_rows`)
+FEW_ROWS_GAIN = 1.25
+# the threshold in force: PACKED_MIN_ROWS until `choose_min_rows` measured this CPU
+min_rows = PACKED_MIN_ROWS
+_chosen = False
 # below this many weights (1 MiB of float32) oneDNN's fixed cost a call exceeds what the packing saves
 PACKED_MIN_NUMEL = 1 << 18
 # the batch size oneDNN is told to expect when it picks its blocking (32 and 256 measured alike)
@@ -71,11 +82,45 @@ class PackedMatmul(OpaqueMatmul, op="packed_linear"):
             return torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS_HINT)
 
     def eager(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() < PACKED_MIN_ROWS * x.shape[-1]:
+        if x.numel() < min_rows * x.shape[-1]:
             return F.linear(x, self.weight, self.bias)
         if self._packed_for != self._key():  # the weight was written in place since
             self._packed = self._pack()
         return _packed_product(x, self._packed, self.bias)
+
+
+def few_rows_gain(matmuls: list[PackedMatmul], repeats: int = 3) -> float:
+    """F.linear's time over the packed product's at 2 rows through all of `matmuls` (a model's own weights:
+    the working set a step streams), best of `repeats` each, interleaved so that a busy moment hits both."""
+    if not matmuls:
+        return 1.0
+    rows = {mm.weight.shape[1]: torch.ones(2, mm.weight.shape[1]) for mm in matmuls}
+    best_plain = best_packed = float("inf")
+    with torch.inference_mode():
+        for i in range(repeats + 1):  # the first pass of each warms the allocator and the BLAS up
+            start = time.perf_counter()
+            for mm in matmuls:
+                F.linear(rows[mm.weight.shape[1]], mm.weight, mm.bias)
+            plain = time.perf_counter() - start
+            start = time.perf_counter()
+            for mm in matmuls:
+                _packed_product(rows[mm.weight.shape[1]], mm._packed, mm.bias)
+            packed = time.perf_counter() - start
+            if i:
+                best_plain, best_packed = min(best_plain, plain), min(best_packed, packed)
+    return best_plain / best_packed
+
+
+def choose_min_rows(matmuls: list[PackedMatmul]) -> int:
+    """The row threshold for this process, measured once over the first packed model's matmuls (the module
+    docstring): 2 where the packed product is FEW_ROWS_GAIN faster at 2 rows, else PACKED_MIN_ROWS. It is
+    read inside the op at each call, so no compiled graph bakes it in."""
+    global min_rows, _chosen
+    if not _chosen and matmuls:
+        gain = few_rows_gain(matmuls)
+        min_rows, _chosen = (2 if gain >= FEW_ROWS_GAIN else PACKED_MIN_ROWS), True
+        log.info("packed weights: F.linear / packed at 2 rows %.2fx: the packed product from %d rows", gain, min_rows)
+    return min_rows
 
 
 class PackedLinear(nn.Linear):
@@ -98,10 +143,9 @@ class PackedLinear(nn.Linear):
         return self.matmul()(x)
 
 
-def pack_linear(module: nn.Module) -> bool:
-    """Make a plain float32 nn.Linear a PackedLinear in place, where packing pays; whether it did."""
+def pack_linear(module: nn.Module) -> PackedMatmul | None:
+    """Make a plain float32 nn.Linear a PackedLinear in place, where packing pays; its matmul, or None."""
     if type(module) is not nn.Linear or not can_pack(module.weight):
-        return False
+        return None
     module.__class__ = PackedLinear
-    module.matmul()
-    return True
+    return module.matmul()
