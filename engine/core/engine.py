@@ -84,8 +84,11 @@ class LLMEngine:
                 raise ValueError(f"pack_weights: {type(self.loaded.model).__name__} has no packed projections")
             matmuls = pack()
             if matmuls:
-                log.info("pack_weights: %d projections take oneDNN's packed weights from %d rows", len(matmuls),
-                         choose_min_rows(matmuls))
+                rows = choose_min_rows(matmuls)
+                # one row too: the packed copies are the weights, the plain ones go (memory in proportion)
+                dropped = self.loaded.model.drop_plain_weights() if rows == 1 else 0
+                log.info("pack_weights: %d projections take oneDNN's packed weights from %d row(s); %d plain "
+                         "copies freed", len(matmuls), rows, dropped)
         self.tokenizer = Tokenizer(config.model, config.tokenization_cache_size, observer)
         if config.chat_template is not None:
             self.tokenizer.use_chat_template(load_chat_template(config.chat_template))

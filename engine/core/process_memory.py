@@ -17,7 +17,7 @@ import torch
 class MemoryAtStart:
     rss_bytes: int
     peak_rss_bytes: int
-    weights_bytes: int  # parameters and buffers, each storage counted once (tied embeddings, views)
+    weights_bytes: int  # parameters and buffers, each storage counted once (tied embeddings, views); packed copies
     kv_bytes: int
 
     @property
@@ -58,6 +58,8 @@ def _storage_bytes(tensors) -> int:
 
 def memory_at_start(model: torch.nn.Module, kv_caches) -> MemoryAtStart:
     rss, peak = process_rss()
-    weights = _storage_bytes([*model.parameters(), *model.buffers()])
+    # meta tensors stand for plain weights freed once their packed copies served every row (models/packed_linear.py)
+    weights = _storage_bytes([t for t in (*model.parameters(), *model.buffers()) if t.device.type != "meta"])
+    weights += sum(mm.nbytes for mm in getattr(model, "packed_matmuls", ()))
     kv = _storage_bytes([t for pair in kv_caches for t in pair])
     return MemoryAtStart(rss, peak, weights, kv)

@@ -123,8 +123,10 @@ def packable_llama(tiny_model_factory):
                               vocab_size=1024)
 
 
+@pytest.mark.parametrize("one_row_gain", [1.0, 3.0], ids=["plain-kept", "packed-only"])
 @pytest.mark.parametrize("compile_decode", [False, True], ids=["eager", "compiled"])
-def test_an_engine_with_packed_weights_gives_the_same_tokens(packable_llama, monkeypatch, compile_decode):
+def test_an_engine_with_packed_weights_gives_the_same_tokens(packable_llama, monkeypatch, compile_decode,
+                                                              one_row_gain):
     import torch._dynamo
 
     import engine.core.model_runner as model_runner
@@ -133,27 +135,48 @@ def test_an_engine_with_packed_weights_gives_the_same_tokens(packable_llama, mon
 
     monkeypatch.setattr(model_runner, "COMPILE_BACKEND", "eager")  # dynamo's graph; inductor is torch's to test
     prompts = [[(7 * i + j) % 1000 + 3 for j in range(5 + i % 7)] for i in range(20)]  # 20 decode rows
+    one = [[11, 12, 13, 14]]  # and one row at a time
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
     kw = dict(num_kv_blocks=128, block_size=16, max_num_seqs=32)
     plain = LLM(str(packable_llama), pack_weights=False, **kw)
     assert type(plain.engine.loaded.model.lm_head) is nn.Linear
-    plain = plain.generate(prompts, params, use_tqdm=False)
+    plain = plain.generate(prompts, params, use_tqdm=False) + plain.generate(one, params, use_tqdm=False)
     calls = _count_packed_products(monkeypatch)
     torch._dynamo.reset()
-    monkeypatch.setattr(packed_linear, "few_rows_gain", lambda matmuls: 1.0)  # the Xeon's threshold: rows of 4+
+    # the measured gains: 1.0 (a Xeon: rows of 4+, the plain copies kept), 3.0 (the EPYC: every row, freed)
+    monkeypatch.setattr(packed_linear, "packed_gain", lambda matmuls, rows: one_row_gain if rows == 1 else 1.0)
     llm = LLM(str(packable_llama), compile_decode=compile_decode, **kw)  # the default: packed on the CPU
     assert llm.engine.config.pack_weights is True  # auto, written back (the replica's identity shows it)
     model = llm.engine.loaded.model
-    assert type(model.lm_head) is PackedLinear and model.model.layers[0].mlp._gate_up._packed is not None
-    packed = llm.generate(prompts, params, use_tqdm=False)
+    gate_up = model.model.layers[0].mlp._gate_up
+    assert type(model.lm_head) is PackedLinear and gate_up._packed is not None
+    packed_only = one_row_gain > packed_linear.ONE_ROW_GAIN
+    assert gate_up._packed.packed_only is packed_only and model.lm_head.matmul().packed_only is packed_only
+    freed = [p.device.type == "meta" for p in model.parameters()]
+    # per layer q, k, v, o, gate, up, down (the lm_head is not tied here: freed too)
+    assert sum(freed) == (7 * 2 + 1 if packed_only else 0), freed
+    packed = llm.generate(prompts, params, use_tqdm=False) + llm.generate(one, params, use_tqdm=False)
     torch._dynamo.reset()
     assert [o.token_ids for o in packed] == [o.token_ids for o in plain]
     for a, b in zip(packed, plain):
         for la, lb in zip(a.logprobs, b.logprobs, strict=True):
             assert la.token_id == lb.token_id and abs(la.logprob - lb.logprob) < 1e-4
     # the prefill (all prompts in one step) and the decode steps (20 rows) took the packed weights:
-    # per layer qkv, o, gate/up, down, then the lm_head
+    # per layer qkv, o, gate/up, down, then the lm_head; one row only where the plain copies went
     assert calls.count(20) >= 5 * 2 * 4 + 5 and max(calls) > 20, calls
+    assert (calls.count(1) >= 5 * 2 * 4 + 5) is packed_only, calls
+
+
+def test_a_tied_lm_head_keeps_its_plain_weight(tiny_model_factory, monkeypatch):
+    from engine.core.llm import LLM
+
+    path = tiny_model_factory("llama", hidden_size=512, num_heads=8, num_kv_heads=4, intermediate_size=1024,
+                              vocab_size=1024, tie_word_embeddings=True)
+    monkeypatch.setattr(packed_linear, "packed_gain", lambda matmuls, rows: 3.0)
+    model = LLM(str(path), num_kv_blocks=32).engine.loaded.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # the embedding's rows are read by lookup
+    assert model.lm_head.weight.device.type == "cpu" and not model.lm_head.matmul().packed_only
+    assert model.model.layers[0].mlp.down_proj.weight.device.type == "meta"
 
 
 def test_pack_weights_leaves_quantized_projections_alone(packable_llama):
@@ -167,14 +190,18 @@ def test_pack_weights_leaves_quantized_projections_alone(packable_llama):
     assert type(model.lm_head) is PackedLinear  # quant_skip_layers keeps lm_head in float32 by default
 
 
-def test_the_row_threshold_is_measured_once_and_follows_the_gain(monkeypatch):
+def test_the_row_threshold_is_measured_once_and_follows_the_gains(monkeypatch):
     mms = [PackedMatmul(torch.randn(OUT, IN), None)]
-    gains = iter([3.0, 1.0])
-    monkeypatch.setattr(packed_linear, "few_rows_gain", lambda matmuls: next(gains))
-    assert packed_linear.choose_min_rows(mms) == 2  # where MKL takes a generic path for few rows
-    assert packed_linear.choose_min_rows(mms) == 2  # once per process: the second gain is never read
+    gains = {}
+    monkeypatch.setattr(packed_linear, "packed_gain", lambda matmuls, rows: gains[rows])
+    gains.update({1: 1.0, 2: 3.0})
+    assert packed_linear.choose_min_rows(mms) == 2  # MKL's generic path for few rows, sgemv kept for one
+    gains.update({1: 3.0})
+    assert packed_linear.choose_min_rows(mms) == 2  # once per process: not measured again
     monkeypatch.setattr(packed_linear, "_chosen", False)
-    gains = iter([packed_linear.FEW_ROWS_GAIN * 0.9])
+    assert packed_linear.choose_min_rows(mms) == 1  # one row too (the EPYC: sgemv on one thread)
+    monkeypatch.setattr(packed_linear, "_chosen", False)
+    gains.update({1: packed_linear.ONE_ROW_GAIN * 0.9, 2: packed_linear.FEW_ROWS_GAIN * 0.9})
     assert packed_linear.choose_min_rows(mms) == PACKED_MIN_ROWS  # MKL keeps 2-3 rows (a Xeon)
     calls = _count_packed_products(monkeypatch)
     monkeypatch.setattr(packed_linear, "min_rows", 2)
@@ -185,6 +212,23 @@ def test_the_row_threshold_is_measured_once_and_follows_the_gain(monkeypatch):
     assert calls == [2, 3]
 
 
-def test_the_gain_is_measured_over_real_products():
-    gain = packed_linear.few_rows_gain([PackedMatmul(torch.randn(OUT, IN), torch.randn(OUT))], repeats=1)
-    assert 0.01 < gain < 100.0
+def test_the_gains_are_measured_over_real_products():
+    mm = PackedMatmul(torch.randn(OUT, IN), torch.randn(OUT))
+    for rows in (1, 2):
+        assert 0.01 < packed_linear.packed_gain([mm], rows, repeats=1) < 100.0
+
+
+def test_a_packed_only_matmul_serves_every_row_from_its_packed_copy(monkeypatch):
+    calls = _count_packed_products(monkeypatch)
+    w, b = torch.randn(OUT, IN) * 0.05, torch.randn(OUT)
+    lin = nn.Linear(IN, OUT)
+    with torch.no_grad():
+        lin.weight.copy_(w), lin.bias.copy_(b)
+    pack_linear(lin)
+    lin.drop_plain()
+    assert lin.weight.device.type == "meta" and lin.weight.shape == (OUT, IN)  # names and shapes stay
+    with torch.inference_mode():
+        for rows in (1, 2, 40):
+            x = torch.randn(rows, IN)
+            torch.testing.assert_close(lin(x), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+    assert calls == [1, 2, 40]

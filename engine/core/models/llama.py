@@ -21,7 +21,7 @@ from torch import nn
 from engine.core.attention.base import AttentionBackend, AttentionMetadata
 from engine.core.models.gemv import linear, project
 from engine.core.models.model_config import ModelConfig
-from engine.core.models.packed_linear import PackedMatmul, can_pack, pack_linear
+from engine.core.models.packed_linear import PackedLinear, PackedMatmul, can_pack, pack_linear
 from engine.core.models.rope import RotaryEmbedding, apply_rotary
 from engine.core.quantization.int8 import Int8Linear, Int8Matmul
 
@@ -108,6 +108,18 @@ class FusedLinear:
         self._packed = PackedMatmul(self.weight, self.bias)
         return self._packed
 
+    def drop_plain(self) -> bool:
+        """The packed copy serves every row count (models/packed_linear.py `choose_min_rows`): free the fused
+        plain weight; the modules' weights become meta views of its shape. Whether there was one to free."""
+        if self._packed is None or self._packed.packed_only:
+            return False
+        self.weight = self._packed.drop_plain()
+        mods = [getattr(self.owner, n) for n in self.names]
+        for m, part in zip(mods, self.weight.split([m.out_features for m in mods])):
+            m.weight = nn.Parameter(part, requires_grad=False)
+        self._expected = [(m, m.weight.data_ptr()) for m in mods]
+        return True
+
     def _stale(self) -> bool:
         # straight through the modules' dicts: nn.Module.__getattr__ costs ~0.5 us a lookup, 6 a
         # call (a loop here was ~3% of a batch-1 step)
@@ -124,6 +136,8 @@ class FusedLinear:
         return False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        if self._packed is not None and self._packed.packed_only:  # the packed copy is the weight (`drop_plain`)
+            return self._packed(x)
         if self.weight is None and self._int8 is None:
             return None
         if self._stale():
@@ -132,7 +146,7 @@ class FusedLinear:
             return None
         if self._int8 is not None:
             return self._int8(x)
-        if self._packed is not None and x.shape[0] > 1:
+        if self._packed is not None and (x.shape[0] > 1 or self._packed.packed_only):
             return self._packed(x)
         return linear(x, self.weight, self.bias)
 
@@ -252,7 +266,21 @@ class LlamaForCausalLM(nn.Module):
                 packed += [fused] if fused else [pack_linear(getattr(group.owner, n)) for n in group.names]
             packed += [pack_linear(attn.o_proj), pack_linear(mlp.down_proj)]
         packed.append(pack_linear(self.lm_head))
-        return [mm for mm in packed if mm is not None]
+        self.packed_matmuls = [mm for mm in packed if mm is not None]
+        return self.packed_matmuls
+
+    def drop_plain_weights(self) -> int:
+        """Once the packed copies serve every row count (`packed_linear.min_rows` 1): free the plain weights of
+        the packed projections, all but a lm_head tied to the embedding (whose rows a lookup reads). How many."""
+        dropped = 0
+        for layer in self.model.layers:
+            dropped += layer.self_attn._qkv.drop_plain() + layer.mlp._gate_up.drop_plain()
+        for m in self.modules():
+            if type(m) is PackedLinear and not m.matmul().packed_only \
+                    and m.weight is not self.model.embed_tokens.weight:
+                m.drop_plain()
+                dropped += 1
+        return dropped
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend) -> torch.Tensor:

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 PACKED_MIN_ROWS = 4
 # the packed product at 2 rows this much faster than F.linear, measured, and it takes 2 rows up (`choose_min_rows`)
 FEW_ROWS_GAIN = 1.25
+# ... at 1 row this much faster, and it takes every row count: the plain copy is freed. A wider margin: the
+# batch-1 graphs bake this choice in, so a machine near the line must not flip it between starts
+ONE_ROW_GAIN = 1.5
 # the threshold in force: PACKED_MIN_ROWS until `choose_min_rows` measured this CPU
 min_rows = PACKED_MIN_ROWS
 _chosen = False
@@ -61,10 +64,12 @@ def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
 
 
 class PackedMatmul(OpaqueMatmul, op="packed_linear"):
-    """y = x @ weight^T + bias: packed from PACKED_MIN_ROWS rows, F.linear below (see the module docstring)."""
+    """y = x @ weight^T + bias: packed from `min_rows` rows, F.linear below (see the module docstring); every row
+    count once `drop_plain` freed the plain weight."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight, self.bias = weight, bias
+        self.packed_only = False  # `drop_plain`: the plain weight is freed, `weight` a meta tensor of its shape
         self._packed_for: tuple | None = None  # (data_ptr, _version) of the weight the copy was made from
         self._packed = self._pack()
         super().__init__()
@@ -72,6 +77,11 @@ class PackedMatmul(OpaqueMatmul, op="packed_linear"):
     @property
     def out_features(self) -> int:
         return self.weight.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """The packed copy's bytes (for the start summary's weights: engine/core/process_memory.py)."""
+        return self._packed.numel() * self._packed.element_size()
 
     def _key(self) -> tuple:
         return self.weight.data_ptr(), tensor_version(self.weight)
@@ -81,30 +91,40 @@ class PackedMatmul(OpaqueMatmul, op="packed_linear"):
         with torch.no_grad():
             return torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS_HINT)
 
+    def drop_plain(self) -> nn.Parameter:
+        """Serve every row count from the packed copy and let the plain weight go; a meta parameter of its
+        shape, for the owner (which must stop holding the plain one too, or nothing is freed)."""
+        self.weight = nn.Parameter(self.weight.detach().to("meta"), requires_grad=False)
+        self.packed_only = True
+        return self.weight
+
     def eager(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() < min_rows * x.shape[-1]:
-            return F.linear(x, self.weight, self.bias)
-        if self._packed_for != self._key():  # the weight was written in place since
-            self._packed = self._pack()
+        if not self.packed_only:
+            if x.numel() < min_rows * x.shape[-1]:
+                return F.linear(x, self.weight, self.bias)
+            if self._packed_for != self._key():  # the weight was written in place since
+                self._packed = self._pack()
         return _packed_product(x, self._packed, self.bias)
 
 
-def few_rows_gain(matmuls: list[PackedMatmul], repeats: int = 3) -> float:
-    """F.linear's time over the packed product's at 2 rows through all of `matmuls` (a model's own weights:
-    the working set a step streams), best of `repeats` each, interleaved so that a busy moment hits both."""
+def packed_gain(matmuls: list[PackedMatmul], rows: int, repeats: int = 3) -> float:
+    """F.linear's time over the packed product's at `rows` rows through all of `matmuls` (a model's own
+    weights: the working set a step streams), best of `repeats` each, interleaved so that a busy moment of the
+    machine hits both."""
+    matmuls = [mm for mm in matmuls if not mm.packed_only]
     if not matmuls:
         return 1.0
-    rows = {mm.weight.shape[1]: torch.ones(2, mm.weight.shape[1]) for mm in matmuls}
+    xs = {mm.weight.shape[1]: torch.ones(rows, mm.weight.shape[1]) for mm in matmuls}
     best_plain = best_packed = float("inf")
     with torch.inference_mode():
         for i in range(repeats + 1):  # the first pass of each warms the allocator and the BLAS up
             start = time.perf_counter()
             for mm in matmuls:
-                F.linear(rows[mm.weight.shape[1]], mm.weight, mm.bias)
+                F.linear(xs[mm.weight.shape[1]], mm.weight, mm.bias)
             plain = time.perf_counter() - start
             start = time.perf_counter()
             for mm in matmuls:
-                _packed_product(rows[mm.weight.shape[1]], mm._packed, mm.bias)
+                _packed_product(xs[mm.weight.shape[1]], mm._packed, mm.bias)
             packed = time.perf_counter() - start
             if i:
                 best_plain, best_packed = min(best_plain, plain), min(best_packed, packed)
@@ -113,13 +133,17 @@ def few_rows_gain(matmuls: list[PackedMatmul], repeats: int = 3) -> float:
 
 def choose_min_rows(matmuls: list[PackedMatmul]) -> int:
     """The row threshold for this process, measured once over the first packed model's matmuls (the module
-    docstring): 2 where the packed product is FEW_ROWS_GAIN faster at 2 rows, else PACKED_MIN_ROWS. It is
-    read inside the op at each call, so no compiled graph bakes it in."""
+    docstring): 1 where the packed product is ONE_ROW_GAIN faster than F.linear at one row (the model then
+    frees its plain copies: `drop_plain`), else 2 where it is FEW_ROWS_GAIN faster at 2 rows, else
+    PACKED_MIN_ROWS. Rows of 2+ are chosen inside the op at each call, so no compiled graph bakes that in;
+    one row's choice is baked into the batch-1 graphs (packed op or reduction), hence the wide margin."""
     global min_rows, _chosen
     if not _chosen and matmuls:
-        gain = few_rows_gain(matmuls)
-        min_rows, _chosen = (2 if gain >= FEW_ROWS_GAIN else PACKED_MIN_ROWS), True
-        log.info("packed weights: F.linear / packed at 2 rows %.2fx: the packed product from %d rows", gain, min_rows)
+        one, two = packed_gain(matmuls, 1), packed_gain(matmuls, 2)
+        min_rows = 1 if one >= ONE_ROW_GAIN else 2 if two >= FEW_ROWS_GAIN else PACKED_MIN_ROWS
+        _chosen = True
+        log.info("packed weights: F.linear / packed %.2fx at 1 row, %.2fx at 2: the packed product from %d row(s)",
+                 one, two, min_rows)
     return min_rows
 
 
@@ -138,9 +162,17 @@ class PackedLinear(nn.Linear):
         return mm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mm = self._matmul
+        if mm is not None and mm.packed_only:  # the packed copy is the weight (`drop_plain`: not re-packed from a
+            return mm(x)  # weight assigned later; pack a fresh module instead)
         if x.shape[0] == 1 or not can_pack(self.weight):
             return linear(x, self.weight, self.bias)
         return self.matmul()(x)
+
+    def drop_plain(self) -> None:
+        """Free the plain weight (`PackedMatmul.drop_plain`): the parameter becomes a meta tensor of its shape,
+        so the names, shapes and the state dict's keys stay, and any read of its values fails loudly."""
+        self.weight = self.matmul().drop_plain()
 
 
 def pack_linear(module: nn.Module) -> PackedMatmul | None:
