@@ -236,7 +236,8 @@ def main(argv=None) -> int:
     p.add_argument("--quant", default="none", help="engine option quantization (none | int8 | int4)")
     p.add_argument("--quant-skip", default="lm_head", help="comma-separated layers left in float ('' for none)")
     p.add_argument("--int8-exact", action="store_true", help="int8 through the exact cast path (A/B)")
-    p.add_argument("--pack-weights", action="store_true", help="engine option pack_weights=True (A/B)")
+    p.add_argument("--pack-weights", action=argparse.BooleanOptionalAction, default=None,
+                   help="engine option pack_weights (default: the engine's, on for the CPU; --no-pack-weights: A/B)")
     p.add_argument("--gather-decode", action="store_true",
                    help="with --compile: decode attention as the gather + SDPA, not in place (A/B)")
     args = p.parse_args(argv)
@@ -245,8 +246,8 @@ def main(argv=None) -> int:
         engine_args["compile_decode"] = args.compile
     if args.steps > 1:
         engine_args["num_scheduler_steps"] = args.steps
-    if args.pack_weights:
-        engine_args["pack_weights"] = True
+    if args.pack_weights is not None:
+        engine_args["pack_weights"] = args.pack_weights
     if args.quant != "none":
         engine_args.update(quantization=args.quant, quant_skip_layers=[s for s in args.quant_skip.split(",") if s])
     chosen = args.only.split(",") if args.only else ["batch1", "decode16", "mixed", "135m"]

@@ -61,11 +61,11 @@ class EngineConfig:
     # for every engine of a process) keeps torch._dynamo and inductor out of the replica (~140 MB of RSS) and
     # the build's work off its CPU
     compile_decode: bool | None = field(default_factory=lambda: compile_decode_default())
-    # float32 projections of several rows on the CPU through oneDNN's packed weights, reordered once at start
-    # (engine/core/models/packed_linear.py; the row threshold measured per process). None: on for a CPU engine
-    # (the 135M model's batched decode ~2x, prefill-heavy work 1.3-1.8x: README, "Defaults and why"), written
-    # back at start; it costs a second copy of the weights it packs (those of 1 MiB and up: none of the reference
-    # model's). --no-pack-weights keeps one copy
+    # float32 projections on the CPU through oneDNN's packed weights, reordered once at start (weights of 1 MiB and
+    # up: none of the reference model's), from a row count measured per process (engine/core/models/packed_linear.py).
+    # None: on for a CPU engine (the 135M model: batch 1 2x, batched decode 2-3x, prefill-heavy work 1.3-2x;
+    # README, "Defaults and why"), written back at start. Where the packed product also serves one row the plain
+    # copies are freed; else (a BLAS that keeps few rows) it costs a second copy of those weights
     pack_weights: bool | None = None
     # CUDA only: pure decode steps replay CUDA graphs captured per batch size (engine/core/cuda_graph.py); they take
     # those steps from compile_decode. Off by default until engine/benchmarks/gpu_check.py has passed on a GPU

@@ -1,23 +1,36 @@
-"""Float32 projections of many rows through oneDNN, the weight reordered once into its blocked layout.
+"""Float32 projections through oneDNN, the weight reordered once into its blocked layout (EngineConfig.pack_weights:
+on by default on the CPU).
 
 F.linear hands a float32 product to MKL's sgemm, which packs the weight into its own blocks on every
 call. For a few dozen rows (a decode batch) that repacking is a large part of the call: oneDNN's
 matmul over a weight reordered once (`mkldnn._reorder_linear_weight`, what vLLM's CPU build does for
-every dense layer) skips it. MKL keeps 2-3 rows and packing pays from 4, so the packed product is taken
-from `PACKED_MIN_ROWS` rows up and for weights of at least `PACKED_MIN_NUMEL` (below, oneDNN's ~25 us a
-call costs more than the repacking saves); fewer rows go to F.linear on the plain weight, one row to
-models/gemv.py. The measurements behind both thresholds are in the README ("Measured choices").
+every dense layer) skips it. The packed product is taken for weights of at least `PACKED_MIN_NUMEL` (below,
+oneDNN's ~25 us a call costs more than the repacking saves: none of the reference model's) and from
+`min_rows` rows up; fewer rows go to F.linear on the plain weight, one row to models/gemv.py.
 
-The row rule is decided inside the call, not by Python around it: under compile_decode a branch on the
+Where MKL does well with few rows depends on the CPU, so the row threshold is measured once per process,
+when a model is packed (`choose_min_rows`, over the model's own weights, F.linear against the packed product):
+- on a 2-core Xeon MKL keeps 2-3 rows (packed 0.72-0.99x) and sgemv streams one row at full bandwidth:
+  packed from PACKED_MIN_ROWS (4) rows, the plain weights kept;
+- on a 2-core AMD EPYC MKL takes a generic path (`mkl_blas_def_sgemm`) and sgemv runs on one thread: the 135M
+  model's projections at 1 / 2 / 3 rows took 28.8 / 48.6 / 60.4 ms through F.linear and 12.9 / 13.9 / 14.7 ms
+  packed (the compiled one-row reduction of models/gemv.py: 13.4). Where one row is ONE_ROW_GAIN faster
+  packed, the packed copy serves every row count and the plain weights are freed (`drop_plain`): one copy
+  of the weights, as without packing. A lm_head tied to the embedding keeps its plain weight (the embedding's
+  lookup reads it), so that one is held twice (the 135M model: 108 MiB).
+The measurements are in the README ("Measured choices").
+
+Rows of 2+ are routed inside the call, not by Python around it: under compile_decode a branch on the
 batch size would be one more guard, and a graph per side of it (a new one met mid-run costs 10-100 s).
 So a compiled graph calls one opaque op (`infersight::packed_linear`, engine/core/opaque_matmul.py, as the int8
-kernel does) and the op chooses at run time.
+kernel does) and the op chooses at run time. One row is a static shape in the graphs (dynamo specializes
+size 1): the packed op where the plain weight was freed, else models/gemv.py's choice.
 
-Costs: a second copy of the weight (the plain one stays for one-row products, which sgemv does best,
-and for everything that reads `.weight`), so `EngineConfig.pack_weights` is off by default; the copies are
-made when it is turned on (not at a first large batch: a reorder of the 135M model's weights mid-request
-would be a stall a client sees). Results differ from sgemv's in the last bits (another summation
-order: ~1e-6 relative). A weight replaced or written in place is reordered again at its next call.
+The copies are made at start (not at a first large batch: a reorder of the 135M model's weights mid-request
+would be a stall a client sees). Results differ from sgemv's in the last bits (another summation order:
+~1e-6 relative). A kept plain weight replaced or written in place is reordered again at its next call; a
+freed one is a meta tensor of its shape (names, shapes and the state dict's keys stay; reading its values
+fails loudly).
 """
 
 from __future__ import annotations
