@@ -26,7 +26,11 @@ from telemetry.store import open_store
 
 pytestmark = pytest.mark.slow
 
-ENGINE = {"served_model_name": "tiny", "max_num_seqs": 8, "num_kv_blocks": 128, "max_model_len": 256}
+# one decode step per schedule: with multi-step's K up to 16 a filler of the ~200 tokens this context leaves
+# finished in ~13 schedules, and on a loaded host the client's probe, sent once every filler had its first token,
+# was sometimes admitted after they had all finished (the batched probe then ran alone)
+ENGINE = {"served_model_name": "tiny", "max_num_seqs": 8, "num_kv_blocks": 128, "max_model_len": 256,
+          "num_scheduler_steps": 1}
 ROWS = """
 SELECT request_id, replica_id, workload, prompt_token_ids, output_token_ids, scheduled_time, finish_time
 FROM requests WHERE startsWith(request_id, {prefix:String}) ORDER BY request_id
