@@ -60,6 +60,6 @@ def memory_at_start(model: torch.nn.Module, kv_caches) -> MemoryAtStart:
     rss, peak = process_rss()
     # meta tensors stand for plain weights freed once their packed copies served every row (models/packed_linear.py)
     weights = _storage_bytes([t for t in (*model.parameters(), *model.buffers()) if t.device.type != "meta"])
-    weights += sum(mm.nbytes for mm in getattr(model, "packed_matmuls", ()))
+    weights += sum(mm.nbytes for mm in getattr(model, "packed_matmuls", ()))  # models without packing: none
     kv = _storage_bytes([t for pair in kv_caches for t in pair])
     return MemoryAtStart(rss, peak, weights, kv)

@@ -114,8 +114,8 @@ def test_eager_one_row_times_a_large_weight_takes_onednn(monkeypatch):
     if not gemv._HAS_ONEDNN:
         pytest.skip("this torch build has no oneDNN linear: eager one-row calls stay F.linear")
     calls = []
-    real = gemv._onednn_linear
-    monkeypatch.setattr(gemv, "_onednn_linear", lambda *a: calls.append(1) or real(*a))
+    real = gemv.onednn_linear
+    monkeypatch.setattr(gemv, "onednn_linear", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(gemv, "ONEDNN_MIN_NUMEL", 48 * 32)  # a small weight stands for the lm_head
     w, b, x = torch.randn(48, 32), torch.randn(48), torch.randn(1, 32)
     with torch.inference_mode():

@@ -212,10 +212,12 @@ def test_the_row_threshold_is_measured_once_and_follows_the_gains(monkeypatch):
     assert calls == [2, 3]
 
 
-def test_the_gains_are_measured_over_real_products():
+def test_the_gains_are_measured_over_real_products(monkeypatch):
+    calls = _count_packed_products(monkeypatch)
     mm = PackedMatmul(torch.randn(OUT, IN), torch.randn(OUT))
     for rows in (1, 2):
-        assert 0.01 < packed_linear.packed_gain([mm], rows, repeats=1) < 100.0
+        assert 0.01 < packed_linear.packed_gain([mm], rows, repeats=2) < 100.0
+    assert calls == [1] * 3 + [2] * 3  # a warm-up pass and `repeats` timed ones, each through the packed weight
 
 
 def test_a_packed_only_matmul_serves_every_row_from_its_packed_copy(monkeypatch):

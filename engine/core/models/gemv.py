@@ -102,7 +102,8 @@ def choose_compiled_rows(model: torch.nn.Module | None = None) -> bool:
     return rows_as_reduction
 
 
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight^T + bias through oneDNN's matmul: `weight` plain, or reordered once (models/packed_linear.py)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
 
 
@@ -121,7 +122,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 out = (weight * x).sum(-1).unsqueeze(0)
                 return out if bias is None else out + bias
         elif _HAS_ONEDNN and weight.numel() >= ONEDNN_MIN_NUMEL and not torch.is_grad_enabled():
-            return _onednn_linear(x, weight, bias)
+            return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

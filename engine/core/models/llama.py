@@ -117,7 +117,6 @@ class FusedLinear:
         mods = [getattr(self.owner, n) for n in self.names]
         for m, part in zip(mods, self.weight.split([m.out_features for m in mods])):
             m.weight = nn.Parameter(part, requires_grad=False)
-        self._expected = [(m, m.weight.data_ptr()) for m in mods]
         return True
 
     def _stale(self) -> bool:
@@ -146,7 +145,7 @@ class FusedLinear:
             return None
         if self._int8 is not None:
             return self._int8(x)
-        if self._packed is not None and (x.shape[0] > 1 or self._packed.packed_only):
+        if self._packed is not None and x.shape[0] > 1:
             return self._packed(x)
         return linear(x, self.weight, self.bias)
 
@@ -243,6 +242,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.packed_matmuls: list[PackedMatmul] = []  # `pack_weights`; the start summary counts their copies
         self.tie_weights()
 
     def tie_weights(self) -> None:

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.core.models.gemv import linear
+from engine.core.models.gemv import linear, onednn_linear
 from engine.core.opaque_matmul import OpaqueMatmul, tensor_version
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def can_pack(weight: torch.Tensor | None) -> bool:
 
 
 def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+    return onednn_linear(x, packed, bias)  # the same op over a plain or a reordered weight
 
 
 class PackedMatmul(OpaqueMatmul, op="packed_linear"):
@@ -152,11 +152,12 @@ def choose_min_rows(matmuls: list[PackedMatmul]) -> int:
     one row's choice is baked into the batch-1 graphs (packed op or reduction), hence the wide margin."""
     global min_rows, _chosen
     if not _chosen and matmuls:
-        one, two = packed_gain(matmuls, 1), packed_gain(matmuls, 2)
-        min_rows = 1 if one >= ONE_ROW_GAIN else 2 if two >= FEW_ROWS_GAIN else PACKED_MIN_ROWS
+        one = packed_gain(matmuls, 1)
+        two = None if one >= ONE_ROW_GAIN else packed_gain(matmuls, 2)  # one row decided it: 2 rows need no pass
+        min_rows = 1 if two is None else 2 if two >= FEW_ROWS_GAIN else PACKED_MIN_ROWS
         _chosen = True
-        log.info("packed weights: F.linear / packed %.2fx at 1 row, %.2fx at 2: the packed product from %d row(s)",
-                 one, two, min_rows)
+        log.info("packed weights: F.linear / packed %.2fx at 1 row%s: the packed product from %d row(s)",
+                 one, "" if two is None else f", {two:.2f}x at 2", min_rows)
     return min_rows
 
 
