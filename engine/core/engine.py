@@ -32,6 +32,7 @@ from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.generation_defaults import generation_defaults
 from engine.core.engine_records import EngineTelemetry, build_replica_record, identity_sections, request_metrics
 from engine.core.kv_cache import KVCacheManager, kv_pool_blocks
+from engine.core.heap_trim import release_free_heap
 from engine.core.model_runner import ModelRunner
 from engine.core.models import allocate_kv_cache, kv_bytes_per_block, load_model
 from engine.core.models.packed_linear import choose_min_rows
@@ -116,6 +117,7 @@ class LLMEngine:
         self.scheduler = Scheduler.from_config(config, self.kv_cache, self.max_model_len)
         # CUDA graphs pad their batches into one block past the manager's (engine/core/cuda_graph.py)
         kv = allocate_kv_cache(self.loaded, num_blocks + int(config.cuda_graphs), block_size)
+        release_free_heap()  # what loading and packing freed (engine/core/heap_trim.py), before any build thread
         self.runner = ModelRunner.from_config(config, self.loaded.model, kv, self.backend)
         if config.cuda_graphs:
             self.runner.use_cuda_graphs(config.max_num_seqs, self.max_model_len, pad_block=num_blocks)

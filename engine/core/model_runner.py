@@ -30,6 +30,7 @@ Forward paths, each chosen per step (the measurements behind them: README, "Deco
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -42,12 +43,14 @@ from engine.core.compiled_replay import ReplayedFunction, module_tensor_guards_o
 from engine.core.cuda_graph import DecodeGraphs
 from engine.core.host_tensor import host_tensor
 from engine.core.models.gemv import choose_compiled_rows
-from engine.core.multi_step import configured_steps
+from engine.core.multi_step import STEP_BUDGET_S, configured_steps
 from engine.core.process_memory import memory_at_start
 from engine.core.sampler import sampled_logprobs
 from engine.core.scheduler import ScheduledBatch
 from engine.core.step_result import StepResult
 from engine.core.triton_gate import keep_triton_out
+
+log = logging.getLogger(__name__)
 
 # compile_decode's torch.compile backend (tests trace with "eager": dynamo's graph, no inductor build)
 COMPILE_BACKEND = "inductor"
@@ -90,7 +93,7 @@ class _EagerAttention:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                  backend: AttentionBackend, block_size: int, device: torch.device,
-                 compile_decode: bool = False, multi_step: bool = False):
+                 compile_decode: bool = False, multi_step: bool = False, auto_steps: bool = False):
         self.model = model
         self.kv_caches = kv_caches
         self.backend = backend
@@ -104,6 +107,10 @@ class ModelRunner:
             choose_compiled_rows(model)  # here, before any step and the build thread: measured there, it reads wrong
         self._compiled = None  # _decode_step, compiled
         self._compiled_argmax = None  # _argmax_step, compiled (multi-step decode)
+        # auto K (`auto_steps`) and a compiled decode step slower than the sub-steps' budget: K is 1 for every
+        # batch, so the build skips `_argmax_step`'s graphs (see `_build_compiled`); a multi-step batch, should
+        # one come, takes the eager sub-step rather than a compile on the request path
+        self.argmax_skipped = False
         self._step_backend = None
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs (use_cuda_graphs)
         # the compiled functions' first calls, off the request path; None: made by the first step of each shape
@@ -113,15 +120,16 @@ class ModelRunner:
         self.compiled_ready = True
         if compile_decode and BACKGROUND_COMPILE and backend.traceable:
             self.compiled_ready = False
-            self.background = BackgroundCompile(lambda: self._build_compiled(multi_step),
+            self.background = BackgroundCompile(lambda: self._build_compiled(multi_step, auto_steps),
                                                 memory=lambda: memory_at_start(self.model, self.kv_caches).describe())
 
     @classmethod
     def from_config(cls, config, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                     backend: AttentionBackend) -> ModelRunner:
         """The engine's runner: block size, device and compile_decode from the (resolved) EngineConfig."""
+        steps = configured_steps(config)
         return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), bool(config.compile_decode),
-                   multi_step=configured_steps(config) != 1)
+                   multi_step=steps != 1, auto_steps=steps is None)
 
     @property
     def compile_state(self) -> str:
@@ -141,14 +149,25 @@ class ModelRunner:
             self.background.wait(timeout)
         return self.compile_decode and self.compiled_ready
 
-    def _build_compiled(self, multi_step: bool) -> None:
+    def _build_compiled(self, multi_step: bool, auto_steps: bool) -> None:
         """The background build: compile the decode functions the engine's steps will call, by calling them
-        on warm-up decodes of their own (engine/core/compile_warmup.py)."""
+        on warm-up decodes of their own (engine/core/compile_warmup.py).
+
+        Multi-step's sub-step function is built only where it can be taken. Auto K is
+        floor(STEP_BUDGET_S / t), t a step's measured seconds, host included, so at least its forward: where
+        the compiled batch-1 forward (the fastest batch) already takes longer than STEP_BUDGET_S, K is 1 for
+        every batch and its graphs would never run. On the 135M model those are 2 of the build's 4 graphs,
+        about half of a restart's build (dynamo traces each graph again, cache or not)."""
         compiled = self._compile(self._decode_step)
         backend = type(self.backend)()
         inductor = COMPILE_BACKEND == "inductor"
-        warm_up(compiled, self.kv_caches, backend, self.block_size, self.device, inductor, self._decode_step)
-        if multi_step:
+        step_s = warm_up(compiled, self.kv_caches, backend, self.block_size, self.device, inductor, self._decode_step)
+        if multi_step and auto_steps and step_s > STEP_BUDGET_S:
+            self.argmax_skipped = True
+            log.info("multi-step sub-step graphs not built: a compiled batch-1 decode step takes %.1f ms, more "
+                     "than the %.0f ms auto K's sub-steps take together, so every batch takes one step",
+                     step_s * 1e3, STEP_BUDGET_S * 1e3)
+        elif multi_step:
             argmax = self._compile(self._argmax_step)
             warm_up(argmax, self.kv_caches, type(self.backend)(), self.block_size, self.device, inductor)
             self._compiled_argmax = argmax
@@ -239,7 +258,7 @@ class ModelRunner:
             if j:
                 ids.copy_(tokens[-1])
             self.backend.activate(step.metadata)  # all K were prepared before the first ran
-            if self.compile_decode and self.compiled_ready:
+            if self.compile_decode and self.compiled_ready and not self.argmax_skipped:
                 if self._compiled_argmax is None:
                     self._compiled_argmax = self._compile(self._argmax_step)
                 chosen, logprob = self._compiled_argmax(ids, step.positions, step.metadata, self.kv_caches,

@@ -55,10 +55,12 @@ def _compiled_calls(engine) -> list[int]:
 
 @pytest.mark.parametrize("steps", [1, 4, None], ids=["one-step", "multi-step", "auto"])
 def test_the_built_graphs_serve_every_decode_shape_without_a_compile_on_the_request_path(tiny_llama, background,
-                                                                                        steps):
+                                                                                        monkeypatch, steps):
     from torch._dynamo.utils import counters
 
     from engine.core.engine import LLMEngine
+
+    monkeypatch.setattr(background, "STEP_BUDGET_S", 3600.0)  # auto: a step always fits (a loaded host's may not)
 
     kw = dict(block_size=4, num_kv_blocks=64)
     compiled = LLMEngine(tiny_llama, compile_decode=True, num_scheduler_steps=steps, **kw)
@@ -76,6 +78,32 @@ def test_the_built_graphs_serve_every_decode_shape_without_a_compile_on_the_requ
     assert dict(counters["stats"]) == built  # nothing traced on the request path
     assert not counters["graph_break"], dict(counters["graph_break"])
     compiled.kv_cache.check_invariants()
+
+
+@pytest.mark.parametrize("budget_s, built", [(3600.0, True), (0.0, False)], ids=["step-fits", "step-too-slow"])
+def test_auto_multi_step_builds_its_sub_step_graphs_only_where_a_compiled_step_fits_their_budget(
+        tiny_llama, background, monkeypatch, budget_s, built):
+    """Auto K is floor(budget / step seconds): where the compiled batch-1 step alone takes longer than the
+    budget, K is 1 for every batch and the sub-step graphs are not built (half a 135M restart's build). A
+    multi-step batch that comes anyway takes the eager sub-step: no compile on the request path, same tokens.
+    A fixed K builds them whatever the step takes."""
+    from torch._dynamo.utils import counters
+
+    from engine.core.engine import LLMEngine
+
+    monkeypatch.setattr(background, "STEP_BUDGET_S", budget_s)
+    kw = dict(block_size=4, num_kv_blocks=64)
+    auto = LLMEngine(tiny_llama, compile_decode=True, **kw)
+    assert auto.runner.wait_compiled(timeout=600), auto.runner.background.error
+    assert (auto.runner._compiled_argmax is not None, auto.runner.argmax_skipped) == (built, not built)
+    graphs = dict(counters["stats"])
+    auto.scheduler.num_scheduler_steps = 4  # a multi-step batch, whatever auto K would say
+    eager = LLMEngine(tiny_llama, compile_decode=False, **kw)
+    assert _generate(auto, BATCHES[1]) == _generate(eager, BATCHES[1])
+    assert dict(counters["stats"]) == graphs  # nothing traced on the request path
+    fixed = LLMEngine(tiny_llama, compile_decode=True, num_scheduler_steps=4, **kw)
+    assert fixed.runner.wait_compiled(timeout=600), fixed.runner.background.error
+    assert fixed.runner._compiled_argmax is not None and not fixed.runner.argmax_skipped
 
 
 def test_requests_are_served_eager_while_the_graphs_build(tiny_llama, background):
