@@ -93,7 +93,9 @@ class _EagerAttention:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                  backend: AttentionBackend, block_size: int, device: torch.device,
-                 compile_decode: bool = False, multi_step: bool = False, auto_steps: bool = False):
+                 compile_decode: bool = False, steps: int | None = 1):
+        """`steps`: the configured multi-step K (engine/core/multi_step.py `configured_steps`): 1 one step per
+        schedule, an int K > 1 fixed, None auto."""
         self.model = model
         self.kv_caches = kv_caches
         self.backend = backend
@@ -107,7 +109,7 @@ class ModelRunner:
             choose_compiled_rows(model)  # here, before any step and the build thread: measured there, it reads wrong
         self._compiled = None  # _decode_step, compiled
         self._compiled_argmax = None  # _argmax_step, compiled (multi-step decode)
-        # auto K (`auto_steps`) and a compiled decode step slower than the sub-steps' budget: K is 1 for every
+        # auto K (`steps` None) and a compiled decode step slower than the sub-steps' budget: K is 1 for every
         # batch, so the build skips `_argmax_step`'s graphs (see `_build_compiled`); a multi-step batch, should
         # one come, takes the eager sub-step rather than a compile on the request path
         self.argmax_skipped = False
@@ -120,16 +122,15 @@ class ModelRunner:
         self.compiled_ready = True
         if compile_decode and BACKGROUND_COMPILE and backend.traceable:
             self.compiled_ready = False
-            self.background = BackgroundCompile(lambda: self._build_compiled(multi_step, auto_steps),
+            self.background = BackgroundCompile(lambda: self._build_compiled(steps),
                                                 memory=lambda: memory_at_start(self.model, self.kv_caches).describe())
 
     @classmethod
     def from_config(cls, config, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                     backend: AttentionBackend) -> ModelRunner:
         """The engine's runner: block size, device and compile_decode from the (resolved) EngineConfig."""
-        steps = configured_steps(config)
         return cls(model, kv_caches, backend, config.block_size, torch.device(config.device), bool(config.compile_decode),
-                   multi_step=steps != 1, auto_steps=steps is None)
+                   steps=configured_steps(config))
 
     @property
     def compile_state(self) -> str:
@@ -149,7 +150,7 @@ class ModelRunner:
             self.background.wait(timeout)
         return self.compile_decode and self.compiled_ready
 
-    def _build_compiled(self, multi_step: bool, auto_steps: bool) -> None:
+    def _build_compiled(self, steps: int | None) -> None:
         """The background build: compile the decode functions the engine's steps will call, by calling them
         on warm-up decodes of their own (engine/core/compile_warmup.py).
 
@@ -162,12 +163,12 @@ class ModelRunner:
         backend = type(self.backend)()
         inductor = COMPILE_BACKEND == "inductor"
         step_s = warm_up(compiled, self.kv_caches, backend, self.block_size, self.device, inductor, self._decode_step)
-        if multi_step and auto_steps and step_s > STEP_BUDGET_S:
+        if steps is None and step_s > STEP_BUDGET_S:
             self.argmax_skipped = True
             log.info("multi-step sub-step graphs not built: a compiled batch-1 decode step takes %.1f ms, more "
                      "than the %.0f ms auto K's sub-steps take together, so every batch takes one step",
                      step_s * 1e3, STEP_BUDGET_S * 1e3)
-        elif multi_step:
+        elif steps != 1:
             argmax = self._compile(self._argmax_step)
             warm_up(argmax, self.kv_caches, type(self.backend)(), self.block_size, self.device, inductor)
             self._compiled_argmax = argmax
